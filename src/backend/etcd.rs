@@ -1,0 +1,542 @@
+//! [`EtcdBackend`]: the [`Backend`] trait on etcd, with the key layout of etcd's Go recipes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use tokio::time::Instant;
+
+use super::{Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, WriteOp};
+use crate::error::{BoxError, Error, LostReason, Result};
+
+/// Connection options for [`EtcdBackend::connect`].
+///
+/// ```
+/// # use std::time::Duration;
+/// let options = baton::EtcdOptions::new()
+///     .with_connect_timeout(Duration::from_secs(2))
+///     .with_user("app", "secret");
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct EtcdOptions {
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retry_for: Duration,
+    user: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for EtcdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdOptions")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry_for", &self.retry_for)
+            // Never print the password.
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish()
+    }
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EtcdOptions {
+    /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, no
+    /// authentication.
+    pub fn new() -> Self {
+        EtcdOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(10),
+            user: None,
+        }
+    }
+
+    /// How long [`EtcdBackend::connect`] waits for an endpoint to answer.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The limit for one attempt of one request. Waits (watches) are not limited by it.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long a request that fails with a transient error (member down, leader change,
+    /// timeout) is retried, with backoff, before the error is returned.
+    ///
+    /// ## Warning
+    /// Keep it well below your session TTL: a keep-alive that is still retrying when the
+    /// lease deadline passes ends the session anyway.
+    pub fn with_retry_for(mut self, duration: Duration) -> Self {
+        self.retry_for = duration;
+        self
+    }
+
+    /// Authenticates as `user` with `password`.
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+}
+
+/// The etcd backend.
+///
+/// Keys follow etcd's Go `concurrency` package: an entry of queue `name` is the key
+/// `name/<lease id in lowercase hex>`, its position and fencing token are the key's create
+/// revision. A Rust service using baton, a Go service using `concurrency.NewMutex(session,
+/// name)` and `etcdctl lock name` therefore queue on the same lock.
+///
+/// Requests that fail with transient errors are retried with backoff (see
+/// [`EtcdOptions::with_retry_for`]); every retried request is idempotent (create-if-absent,
+/// deletes and writes conditioned on a create revision, reads). Waits re-establish their
+/// watch after a broken stream or a compaction and re-read before they resume, so a
+/// deletion is never missed.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    client: Client,
+    options: EtcdOptions,
+    endpoints: Vec<String>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.endpoints)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    if let E::GRpcStatus(status) = &e {
+        let msg = status.message();
+        let code = status.code() as i32;
+        if code == tonic_code::UNAUTHENTICATED
+            || code == tonic_code::PERMISSION_DENIED
+            || msg.contains("authentication failed")
+            || msg.contains("invalid auth token")
+        {
+            return Error::Auth { source: e.into() };
+        }
+        if msg.contains("requested lease not found") {
+            return Error::SessionLost(LostReason::Revoked);
+        }
+    }
+    Error::Backend {
+        op,
+        source: e.into(),
+    }
+}
+
+/// gRPC status codes, by number, so that no tonic type leaks into our signatures.
+mod tonic_code {
+    use etcd_client::Error as E;
+    pub(super) type Code = i32;
+    pub(super) const DEADLINE_EXCEEDED: Code = 4;
+    pub(super) const PERMISSION_DENIED: Code = 7;
+    pub(super) const UNAVAILABLE: Code = 14;
+    pub(super) const UNAUTHENTICATED: Code = 16;
+    pub(super) const UNKNOWN: Code = 2;
+
+    /// Whether a failed request may succeed when sent again (possibly to another member).
+    pub(super) fn is_transient(e: &E) -> bool {
+        match e {
+            E::GRpcStatus(s) => {
+                let code = s.code() as i32;
+                code == UNAVAILABLE
+                    || code == DEADLINE_EXCEEDED
+                    // etcd reports leader loss and "too many requests" this way.
+                    || (code == UNKNOWN && !s.message().contains("authentication"))
+                    || s.message().contains("leader changed")
+                    || s.message().contains("no leader")
+            }
+            E::TransportError(_) | E::IoError(_) => true,
+            _ => false,
+        }
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster at `endpoints` (`host:port` or `http://host:port`) and checks
+    /// that at least one answers within the connect timeout, and that the credentials, if
+    /// any, are accepted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty endpoint list, [`Error::Connect`] if no
+    /// endpoint answers in time, [`Error::Auth`] for rejected credentials.
+    pub async fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Self> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| e.as_ref().to_owned()).collect();
+        if endpoints.is_empty() || endpoints.iter().any(|e| e.trim().is_empty()) {
+            return Err(Error::InvalidArgument("endpoints must be a non-empty list"));
+        }
+        let connect_error = |source: BoxError| Error::Connect {
+            endpoints: endpoints.clone(),
+            source,
+        };
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(options.connect_timeout)
+            // HTTP/2 pings notice a dead connection under a long-lived watch.
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &options.user {
+            opts = opts.with_user(user.clone(), password.clone());
+        }
+        let connecting = Client::connect(&endpoints, Some(opts));
+        let client = match tokio::time::timeout(options.connect_timeout, connecting).await {
+            Err(elapsed) => return Err(connect_error(elapsed.into())),
+            Ok(Err(e)) => {
+                return Err(match etcd_err("connect", e) {
+                    Error::Backend { source, .. } => connect_error(source),
+                    other => other,
+                });
+            }
+            Ok(Ok(client)) => client,
+        };
+        // The channel is lazy: prove that a member answers (and accepts our token).
+        let mut probe = client.clone();
+        match tokio::time::timeout(options.connect_timeout, probe.get("\0", None)).await {
+            Err(elapsed) => Err(connect_error(elapsed.into())),
+            Ok(Err(e)) => Err(match etcd_err("connect", e) {
+                Error::Backend { source, .. } => connect_error(source),
+                other => other,
+            }),
+            Ok(Ok(_)) => Ok(EtcdBackend {
+                client,
+                options,
+                endpoints,
+            }),
+        }
+    }
+
+    /// The underlying etcd-client, for operations baton does not wrap.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Runs `f` until it succeeds, fails for good, or the retry budget is spent.
+    async fn call<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let give_up = Instant::now() + self.options.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            let attempt = tokio::time::timeout(self.options.request_timeout, f(self.client.clone()));
+            let error: BoxError = match attempt.await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if !tonic_code::is_transient(&e) => return Err(etcd_err(op, e)),
+                Ok(Err(e)) => e.into(),
+                Err(elapsed) => elapsed.into(),
+            };
+            if Instant::now() + backoff >= give_up {
+                return Err(Error::Backend { op, source: error });
+            }
+            tracing::debug!(op, error = %error, ?backoff, "etcd request failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        self.call(op, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    /// A transaction that runs `ops` only if `entry`'s key still has its create revision.
+    async fn if_live(&self, op: &'static str, entry: &Entry, ops: Vec<TxnOp>) -> Result<TxnResponse> {
+        let cmp = Compare::create_revision(
+            entry.key.as_str(),
+            CompareOp::Equal,
+            revision(entry.token),
+        );
+        self.txn(op, Txn::new().when([cmp]).and_then(ops)).await
+    }
+}
+
+fn revision(token: FencingToken) -> i64 {
+    i64::try_from(token.get()).unwrap_or(i64::MAX)
+}
+
+fn to_entry(kv: &KeyValue) -> Entry {
+    let create = u64::try_from(kv.create_revision()).unwrap_or(0);
+    Entry {
+        // Foreign clients may write keys that are not UTF-8; keep them visible and ordered.
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: kv.value().to_vec(),
+        position: Position::new(create),
+        token: FencingToken::new(create),
+        lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
+    }
+}
+
+fn queue_prefix(queue: &str) -> String {
+    format!("{queue}/")
+}
+
+fn oldest_first(limit: i64) -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(limit)
+}
+
+fn first_kv(resp: Option<&TxnOpResponse>) -> Option<Entry> {
+    match resp {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(to_entry),
+        _ => None,
+    }
+}
+
+fn malformed(op: &'static str) -> Error {
+    Error::Backend {
+        op,
+        source: "etcd answered a transaction without the expected responses".into(),
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        if ttl.is_zero() {
+            return Err(Error::InvalidArgument("lease TTL must be greater than zero"));
+        }
+        // etcd counts whole seconds: round up so that the lease is never shorter than asked.
+        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
+            .unwrap_or(i64::MAX);
+        let resp = self
+            .call("grant_lease", |mut c| async move { c.lease_grant(secs, None).await })
+            .await?;
+        Ok(Lease {
+            id: LeaseId(resp.id()),
+            ttl: Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0)),
+        })
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let result = self
+            .call("keep_alive", |mut c| async move {
+                // Opening the stream renews once; renew again to learn the TTL.
+                let (mut keeper, mut stream) = c.lease_keep_alive(lease.0).await?;
+                keeper.keep_alive().await?;
+                Ok(stream.message().await?.map(|r| r.ttl()))
+            })
+            .await;
+        match result {
+            Ok(Some(ttl)) if ttl > 0 => Ok(Some(Duration::from_secs(ttl.unsigned_abs()))),
+            Ok(_) => Ok(None),
+            Err(Error::Backend { source, .. })
+                if source.to_string().contains("lease not found") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let result = self
+            .call("revoke_lease", |mut c| async move { c.lease_revoke(lease.0).await })
+            .await;
+        match result {
+            Ok(_) | Err(Error::SessionLost(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        let key = format!("{queue}/{tag}");
+        let head = TxnOp::get(queue_prefix(queue), Some(oldest_first(1)));
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.0))),
+                head.clone(),
+            ])
+            .or_else([TxnOp::get(key.as_str(), None), head]);
+        let resp = self.txn("enqueue", txn).await?;
+        let ops = resp.op_responses();
+        let entry = if resp.succeeded() {
+            let rev = resp.header().map_or(0, |h| h.revision());
+            let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
+            Entry {
+                key,
+                value: value.to_vec(),
+                position: Position::new(rev),
+                token: FencingToken::new(rev),
+                lease: Some(lease),
+            }
+        } else {
+            // Deleted between the compare and the read cannot happen inside a transaction.
+            first_kv(ops.first()).ok_or_else(|| malformed("enqueue"))?
+        };
+        let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token == entry.token);
+        Ok(Enqueued { entry, is_head })
+    }
+
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        let queue = super::memory::queue_of(&mine.key);
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision(mine.token) - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        let resp = self
+            .if_live("predecessor", mine, vec![TxnOp::get(queue_prefix(queue), Some(before))])
+            .await?;
+        if !resp.succeeded() {
+            return Err(Error::EntryGone {
+                key: mine.key.clone(),
+            });
+        }
+        Ok(first_kv(resp.op_responses().first()))
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            match self.watch_once(entry).await {
+                Ok(()) => return Ok(()),
+                Err(WatchBreak::Retry(why)) => {
+                    tracing::debug!(key = %entry.key, %why, "watch broke; re-reading and watching again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(WatchBreak::Fatal(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn head(&self, queue: &str) -> Result<Option<Entry>> {
+        Ok(self.entries_limited(queue, 1).await?.into_iter().next())
+    }
+
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
+        self.entries_limited(queue, 0).await
+    }
+
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
+        self.guarded(entry, &[WriteOp::delete(entry.key.clone())])
+            .await
+    }
+
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        let put = TxnOp::put(entry.key.as_str(), value, Some(PutOptions::new().with_ignore_lease()));
+        Ok(self.if_live("update_entry", entry, vec![put]).await?.succeeded())
+    }
+
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
+        let ops = ops
+            .iter()
+            .map(|op| match op {
+                WriteOp::Put { key, value } => TxnOp::put(key.as_str(), value.as_slice(), None),
+                WriteOp::Delete { key } => TxnOp::delete(key.as_str(), None),
+            })
+            .collect();
+        Ok(self.if_live("guarded", entry, ops).await?.succeeded())
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let resp = self
+            .call("read", |mut c| async move { c.get(key, None).await })
+            .await?;
+        Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+}
+
+/// Why one watch attempt ended without seeing the deletion.
+enum WatchBreak {
+    Retry(BoxError),
+    Fatal(Error),
+}
+
+impl EtcdBackend {
+    async fn entries_limited(&self, queue: &str, limit: i64) -> Result<Vec<Entry>> {
+        let prefix = queue_prefix(queue);
+        let resp = self
+            .call("entries", |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(oldest_first(limit))).await }
+            })
+            .await?;
+        Ok(resp.kvs().iter().map(to_entry).collect())
+    }
+
+    /// One attempt: watch the key from the current revision, *then* confirm the entry still
+    /// exists, then wait for its deletion. Any deletion after the confirming read has a
+    /// revision the watch covers, so none is missed; a compaction or a broken stream ends
+    /// the attempt and the caller starts over with a fresh read.
+    async fn watch_once(&self, entry: &Entry) -> Result<(), WatchBreak> {
+        let retry = |e: etcd_client::Error| {
+            if tonic_code::is_transient(&e) {
+                WatchBreak::Retry(e.into())
+            } else {
+                WatchBreak::Fatal(etcd_err("wait_gone", e))
+            }
+        };
+        let mut client = self.client.clone();
+        let mut stream = client.watch(entry.key.as_str(), None).await.map_err(retry)?;
+        // Wait for the server to confirm the watch before reading.
+        loop {
+            match stream.message().await.map_err(retry)? {
+                Some(resp) if resp.created() => break,
+                Some(_) => continue,
+                None => return Err(WatchBreak::Retry("watch stream closed before it was created".into())),
+            }
+        }
+        let live = self
+            .if_live("wait_gone", entry, vec![])
+            .await
+            .map_err(WatchBreak::Fatal)?
+            .succeeded();
+        if !live {
+            return Ok(());
+        }
+        loop {
+            let Some(resp) = stream.message().await.map_err(retry)? else {
+                return Err(WatchBreak::Retry("watch stream closed".into()));
+            };
+            if resp.canceled() {
+                return Err(WatchBreak::Retry(
+                    format!(
+                        "watch canceled (compacted at {}): {}",
+                        resp.compact_revision(),
+                        resp.cancel_reason()
+                    )
+                    .into(),
+                ));
+            }
+            let gone = resp.events().iter().any(|ev| match ev.event_type() {
+                EventType::Delete => true,
+                // A put of a new incarnation implies the old one was deleted.
+                EventType::Put => ev
+                    .kv()
+                    .is_some_and(|kv| kv.create_revision() != revision(entry.token)),
+            });
+            if gone {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! [`MemoryBackend`]: the backend's semantics in one process, on tokio time.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+
+use super::{Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, WriteOp};
+use crate::error::{Error, LostReason, Result};
+
+/// An in-process backend with the same semantics as etcd: one global revision counter that
+/// orders every entry, leases that expire on tokio time, and deletion waits that wake exactly
+/// the waiters of the deleted entry.
+///
+/// Use it for single-process programs, examples and fast deterministic tests: under
+/// `#[tokio::test(start_paused = true)]` lease expiry follows the paused clock. It is not
+/// shared between processes.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+/// use baton::{MemoryBackend, Mutex, Session};
+/// let session = Session::new(MemoryBackend::new()).await?;
+/// let guard = Mutex::new(&session, "jobs/nightly")?.lock().await?;
+/// assert_eq!(guard.key(), format!("jobs/nightly/{}", session.lease_id()));
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: StdMutex<State>,
+    /// Wakes the reaper when a lease deadline changes.
+    deadlines_changed: Arc<Notify>,
+    reaper_started: AtomicBool,
+    unavailable: AtomicBool,
+    wakeups: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Kv {
+    value: Vec<u8>,
+    create: u64,
+    lease: Option<LeaseId>,
+}
+
+#[derive(Debug)]
+struct LeaseState {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+struct State {
+    revision: u64,
+    next_lease: i64,
+    kvs: BTreeMap<String, Kv>,
+    leases: HashMap<LeaseId, LeaseState>,
+    /// Per key: waiters of one incarnation (create revision) of that key.
+    waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            revision: 1,
+            // Lease ids that look like etcd's (a member id in the high bits).
+            next_lease: 0x694d_7a5c_1bf9_c800,
+            kvs: BTreeMap::new(),
+            leases: HashMap::new(),
+            waiters: HashMap::new(),
+        }
+    }
+}
+
+impl State {
+    fn entry(&self, key: &str) -> Option<Entry> {
+        self.kvs.get(key).map(|kv| Entry {
+            key: key.to_owned(),
+            value: kv.value.clone(),
+            position: Position::new(kv.create),
+            token: FencingToken::new(kv.create),
+            lease: kv.lease,
+        })
+    }
+
+    fn is_live(&self, entry: &Entry) -> bool {
+        self.kvs
+            .get(&entry.key)
+            .is_some_and(|kv| kv.create == entry.token.get())
+    }
+
+    fn queue(&self, queue: &str) -> Vec<Entry> {
+        let prefix = format!("{queue}/");
+        let mut entries: Vec<Entry> = self
+            .kvs
+            .range(prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&prefix))
+            .filter_map(|(k, _)| self.entry(k))
+            .collect();
+        entries.sort_by_key(|e| e.position);
+        entries
+    }
+
+    /// Removes `key` and wakes the waiters of the removed incarnation. Returns the number
+    /// of waiters woken.
+    fn remove_key(&mut self, key: &str) -> u64 {
+        let Some(kv) = self.kvs.remove(key) else {
+            return 0;
+        };
+        if let Some(lease) = kv.lease.and_then(|l| self.leases.get_mut(&l)) {
+            lease.keys.remove(key);
+        }
+        let mut woken = 0;
+        if let Some(waiters) = self.waiters.remove(key) {
+            for (create, tx) in waiters {
+                if create == kv.create && tx.send(()).is_ok() {
+                    woken += 1;
+                }
+            }
+        }
+        woken
+    }
+
+    fn put(&mut self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) {
+        if let Some(kv) = self.kvs.get_mut(key) {
+            kv.value = value;
+            return;
+        }
+        self.kvs.insert(
+            key.to_owned(),
+            Kv {
+                value,
+                create: self.revision,
+                lease,
+            },
+        );
+        if let Some(l) = lease.and_then(|l| self.leases.get_mut(&l)) {
+            l.keys.insert(key.to_owned());
+        }
+    }
+
+    /// Drops a lease and its keys in one revision, as etcd does.
+    fn drop_lease(&mut self, id: LeaseId) -> u64 {
+        let Some(lease) = self.leases.remove(&id) else {
+            return 0;
+        };
+        if lease.keys.is_empty() {
+            return 0;
+        }
+        self.revision += 1;
+        lease.keys.iter().map(|k| self.remove_key(k)).sum()
+    }
+
+    fn expire(&mut self, now: Instant) -> u64 {
+        let expired: Vec<LeaseId> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| l.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        expired.into_iter().map(|id| self.drop_lease(id)).sum()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.leases.values().map(|l| l.deadline).min()
+    }
+}
+
+impl MemoryBackend {
+    /// A new, empty backend.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fault injection: while `true`, every operation fails with [`Error::Unavailable`], as if
+    /// the network to the server were cut. Leases keep expiring meanwhile.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.shared.unavailable.store(unavailable, Ordering::SeqCst);
+    }
+
+    /// How many deletion waits ([`Backend::wait_gone`]) were woken by a deletion so far: the
+    /// in-process analogue of the watch events etcd sends. One release should add one.
+    pub fn wakeups(&self) -> u64 {
+        self.shared.wakeups.load(Ordering::SeqCst)
+    }
+
+    /// The number of keys stored, leased or not.
+    pub fn key_count(&self) -> usize {
+        self.lock_state().kvs.len()
+    }
+
+    /// Locks the state after expiring every lease whose deadline has passed, so that each
+    /// operation sees the store as of now even if the reaper has not run yet.
+    fn lock_state(&self) -> StdMutexGuard<'_, State> {
+        // A poisoned lock means a panic inside one of the short critical sections below; the
+        // state is still consistent (every section mutates in one step), so keep going.
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let woken = state.expire(Instant::now());
+        self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
+        state
+    }
+
+    fn available(&self) -> Result<StdMutexGuard<'_, State>> {
+        if self.shared.unavailable.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable);
+        }
+        Ok(self.lock_state())
+    }
+
+    fn start_reaper(&self) {
+        if self.shared.reaper_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        let changed = Arc::clone(&self.shared.deadlines_changed);
+        tokio::spawn(async move {
+            loop {
+                let notified = changed.notified();
+                let next = {
+                    let Some(shared) = weak.upgrade() else { return };
+                    let backend = MemoryBackend { shared };
+                    let next = backend.lock_state().next_deadline();
+                    next
+                };
+                match next {
+                    Some(at) => {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(at) => {}
+                            () = notified => {}
+                        }
+                    }
+                    None => notified.await,
+                }
+            }
+        });
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Let the reaper notice that the backend is gone.
+        self.deadlines_changed.notify_one();
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        if ttl.is_zero() {
+            return Err(Error::InvalidArgument("lease TTL must be greater than zero"));
+        }
+        let id = {
+            let mut state = self.available()?;
+            let id = LeaseId(state.next_lease);
+            state.next_lease += 1;
+            let deadline = Instant::now() + ttl;
+            state.leases.insert(
+                id,
+                LeaseState {
+                    ttl,
+                    deadline,
+                    keys: BTreeSet::new(),
+                },
+            );
+            id
+        };
+        self.start_reaper();
+        self.shared.deadlines_changed.notify_one();
+        Ok(Lease { id, ttl })
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let mut state = self.available()?;
+        Ok(state.leases.get_mut(&lease).map(|l| {
+            l.deadline = Instant::now() + l.ttl;
+            l.ttl
+        }))
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let mut state = self.available()?;
+        let woken = state.drop_lease(lease);
+        self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        let mut state = self.available()?;
+        let key = format!("{queue}/{tag}");
+        if !state.kvs.contains_key(&key) {
+            if !state.leases.contains_key(&lease) {
+                return Err(Error::SessionLost(LostReason::Revoked));
+            }
+            state.revision += 1;
+            state.put(&key, value.to_vec(), Some(lease));
+        }
+        let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
+        let is_head = state
+            .queue(queue)
+            .first()
+            .is_some_and(|h| h.key == entry.key);
+        Ok(Enqueued { entry, is_head })
+    }
+
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        let state = self.available()?;
+        if !state.is_live(mine) {
+            return Err(Error::EntryGone {
+                key: mine.key.clone(),
+            });
+        }
+        let queue = queue_of(&mine.key);
+        Ok(state
+            .queue(queue)
+            .into_iter()
+            .take_while(|e| e.position < mine.position)
+            .last())
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let rx = {
+            let mut state = self.available()?;
+            if !state.is_live(entry) {
+                return Ok(());
+            }
+            let (tx, rx) = oneshot::channel();
+            let waiters = state.waiters.entry(entry.key.clone()).or_default();
+            waiters.retain(|(_, tx)| !tx.is_closed());
+            waiters.push((entry.token.get(), tx));
+            rx
+        };
+        // The sender is dropped unsent only if the backend itself is dropped.
+        rx.await.map_err(|_| Error::Unavailable)
+    }
+
+    async fn head(&self, queue: &str) -> Result<Option<Entry>> {
+        Ok(self.available()?.queue(queue).into_iter().next())
+    }
+
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
+        Ok(self.available()?.queue(queue))
+    }
+
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
+        self.guarded(entry, &[WriteOp::delete(entry.key.clone())])
+            .await
+    }
+
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        self.guarded(entry, &[WriteOp::put(entry.key.clone(), value)])
+            .await
+    }
+
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
+        let mut state = self.available()?;
+        if !state.is_live(entry) {
+            return Ok(false);
+        }
+        state.revision += 1;
+        let mut woken = 0;
+        for op in ops {
+            match op {
+                WriteOp::Put { key, value } => state.put(key, value.clone(), None),
+                WriteOp::Delete { key } => woken += state.remove_key(key),
+            }
+        }
+        self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self.available()?.kvs.get(key).map(|kv| kv.value.clone()))
+    }
+}
+
+/// The queue an entry key belongs to: everything before the last `/`.
+pub(crate) fn queue_of(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(q, _)| q)
+}

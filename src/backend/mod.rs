@@ -1,0 +1,214 @@
+//! The [`Backend`] trait: leases and queues of entries, the only thing recipes talk to.
+//!
+//! The trait speaks in queues, entries and leases, not in etcd revisions, so that etcd, the
+//! in-memory model and later ZooKeeper or Redis can implement it without the recipes knowing
+//! which is which.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
+pub(crate) mod memory;
+
+/// A lease: the liveness of one owner. Entries bound to it vanish when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub i64);
+
+impl LeaseId {
+    /// The lease id in lowercase hex: the tag etcd's Go recipes use for a contender's key.
+    pub fn to_hex(self) -> String {
+        format!("{:x}", self.0)
+    }
+}
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:x}", self.0)
+    }
+}
+
+/// A fencing token: strictly increasing in the order a queue grants its head.
+///
+/// For etcd it is the create revision of the holder's key. Pass it to the resource you
+/// protect and have the resource reject any token lower than the highest it accepted
+/// (see `docs/guarantees.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token value (an etcd create revision).
+    pub const fn new(value: u64) -> Self {
+        FencingToken(value)
+    }
+
+    /// The raw value, for storing in a resource that checks it.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// An entry's place in its queue. Only entries of the same queue are comparable; a smaller
+/// position was created earlier and is served earlier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Position(u64);
+
+impl Position {
+    /// Wraps a backend-specific position value.
+    pub const fn new(value: u64) -> Self {
+        Position(value)
+    }
+
+    /// The raw position value.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// One contender in a queue, as last read from the backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The full key, `<queue>/<tag>` for etcd.
+    pub key: String,
+    /// What the owner stored (an owner description, an election proposal); may be empty.
+    pub value: Vec<u8>,
+    /// The place in the queue.
+    pub position: Position,
+    /// The fencing token this entry holds when it reaches the head.
+    pub token: FencingToken,
+    /// The lease the entry is bound to, if any (keys written by foreign clients may have none).
+    pub lease: Option<LeaseId>,
+}
+
+/// The answer to [`Backend::enqueue`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// My entry (created now, or found from an earlier call with the same tag).
+    pub entry: Entry,
+    /// Whether my entry is the oldest of the queue, i.e. holds it.
+    pub is_head: bool,
+}
+
+/// A write applied by [`Backend::guarded`] only while a given entry still exists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteOp {
+    /// Set `key` to `value` (no lease).
+    Put {
+        /// The key to write.
+        key: String,
+        /// The value to write.
+        value: Vec<u8>,
+    },
+    /// Remove `key` if present.
+    Delete {
+        /// The key to remove.
+        key: String,
+    },
+}
+
+impl WriteOp {
+    /// A put of `value` at `key`.
+    pub fn put(key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+        WriteOp::Put {
+            key: key.into(),
+            value: value.into(),
+        }
+    }
+
+    /// A delete of `key`.
+    pub fn delete(key: impl Into<String>) -> Self {
+        WriteOp::Delete { key: key.into() }
+    }
+}
+
+/// A granted lease and the TTL the server actually gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The lease id.
+    pub id: LeaseId,
+    /// The granted TTL; may be larger than asked (etcd rounds up to whole seconds and to its
+    /// minimum TTL).
+    pub ttl: Duration,
+}
+
+/// Storage for the recipes: leases plus queues of entries ordered by creation.
+///
+/// # Contract
+/// - A *queue* is named by a string; its entries are keyed `<queue>/<tag>`. Entries are
+///   ordered by [`Position`]; the oldest entry is the *head*.
+/// - Every entry created through [`enqueue`](Backend::enqueue) is bound to a lease and
+///   vanishes with it (revoked or expired). Foreign entries (written by other clients) may
+///   be present in a queue and take their place by creation order like any other.
+/// - Operations that act on an entry ([`delete_entry`](Backend::delete_entry),
+///   [`update_entry`](Backend::update_entry), [`guarded`](Backend::guarded)) act only on that
+///   exact incarnation (same key *and* same token): a key deleted and created again is a
+///   different entry, and is left alone.
+/// - [`FencingToken`]s of one queue increase strictly in creation order, across all clients.
+/// - Implementations retry idempotent requests on transient failures themselves; an error
+///   returned means the operation is not known to have happened.
+///
+/// Implementors must release everything a dropped future created, or document that the
+/// caller must: the recipes run every call that creates state in a spawned task.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Grants a lease of at least `ttl`. The returned TTL may be larger (server minimum).
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease>;
+
+    /// Renews the lease once. `Ok(Some(ttl))` is the remaining TTL after the renewal;
+    /// `Ok(None)` means the lease no longer exists.
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>>;
+
+    /// Revokes the lease: it and every entry bound to it vanish. Revoking a lease that is
+    /// already gone is not an error.
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()>;
+
+    /// Creates my entry `<queue>/<tag>` bound to `lease` holding `value` unless it already
+    /// exists (then the existing entry is returned unchanged), and tells whether it is the
+    /// head, in one round trip where the backend allows.
+    async fn enqueue(&self, queue: &str, tag: &str, lease: LeaseId, value: &[u8])
+    -> Result<Enqueued>;
+
+    /// The newest live entry of `mine`'s queue created before `mine`, or `None` if `mine` is
+    /// the head. Fails with [`Error::EntryGone`](crate::Error::EntryGone) if `mine` itself no
+    /// longer exists.
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>>;
+
+    /// Resolves once `entry` (this incarnation) no longer exists; at once if it is already
+    /// gone. Never misses a deletion, whatever happens to connections meanwhile.
+    async fn wait_gone(&self, entry: &Entry) -> Result<()>;
+
+    /// The oldest entry of `queue`, if any.
+    async fn head(&self, queue: &str) -> Result<Option<Entry>>;
+
+    /// All entries of `queue`, oldest first.
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>>;
+
+    /// Deletes `entry` if this incarnation still exists; tells whether it did.
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool>;
+
+    /// Replaces the value of `entry` if this incarnation still exists; tells whether it did.
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool>;
+
+    /// Applies `ops` atomically if and only if `entry` (this incarnation) still exists;
+    /// tells whether they were applied. This is the fenced write: it cannot land after the
+    /// entry was lost.
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool>;
+
+    /// Reads a plain key (for example one written by [`guarded`](Backend::guarded)).
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>>;
+}
+
+pub use memory::MemoryBackend;
+#[cfg(feature = "etcd")]
+pub use self::etcd::{EtcdBackend, EtcdOptions};

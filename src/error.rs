@@ -1,0 +1,107 @@
+//! The one error type of the crate.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+/// A boxed cause, kept as the `source` of an [`Error`] rather than turned into a string.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Why a [`Session`](crate::Session) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// No keep-alive succeeded before the lease could have expired on the server. The
+    /// deadline is measured from *before* the last successful renewal was sent, so this fires
+    /// no later than the server's own expiry.
+    Expired,
+    /// The backend reported that the lease no longer exists (revoked from outside, or
+    /// expired on the server).
+    Revoked,
+    /// [`Session::close`](crate::Session::close) was called.
+    Closed,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "lease deadline passed without a renewal",
+            LostReason::Revoked => "lease no longer exists on the server",
+            LostReason::Closed => "session was closed",
+        })
+    }
+}
+
+/// Everything that can go wrong in baton.
+///
+/// Causes from the backend (gRPC status, transport errors) are kept as [`source`]s, never
+/// flattened into strings, and backend-specific types never appear in the variants.
+///
+/// [`source`]: std::error::Error::source
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument was rejected before anything was sent: nothing was created.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+
+    /// [`Mutex::try_lock`](crate::Mutex::try_lock) found the lock held or contended.
+    #[error("lock `{name}` is held or contended")]
+    Locked {
+        /// The lock name.
+        name: String,
+    },
+
+    /// The session's lease is gone; every lock and wait built on it has ended.
+    #[error("session lost: {0}")]
+    SessionLost(LostReason),
+
+    /// Our queue entry vanished (deleted from outside, or its lease expired): the lock or
+    /// the place in the queue is gone.
+    #[error("queue entry `{key}` no longer exists")]
+    EntryGone {
+        /// The key of the entry.
+        key: String,
+    },
+
+    /// A guarded write was not applied because the caller no longer owns the lock.
+    #[error("not the owner of `{key}` any more; nothing was written")]
+    NotOwner {
+        /// The key of the lock entry that was checked.
+        key: String,
+    },
+
+    /// No endpoint answered within the connect timeout.
+    #[error("could not connect to {endpoints:?}")]
+    Connect {
+        /// The endpoints that were tried.
+        endpoints: Vec<String>,
+        /// The last failure seen.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The server rejected the credentials, or the user lacks permission.
+    #[error("authentication failed")]
+    Auth {
+        /// The server's answer.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A request failed after its retries were exhausted.
+    #[error("backend request `{op}` failed")]
+    Backend {
+        /// The operation that failed.
+        op: &'static str,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The backend (or its test double) is shut down or unreachable.
+    #[error("backend unavailable")]
+    Unavailable,
+}
+
+/// Shorthand for `Result<T, baton::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

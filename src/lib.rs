@@ -1,0 +1,63 @@
+//! Fair distributed locks and leader election on etcd, with fencing tokens.
+//!
+//! - **Queue-fair locks without a herd**: contenders queue by creation order; each waiter
+//!   watches only its predecessor, so one release wakes exactly one waiter.
+//! - **Fencing tokens**: the holder's key create revision, strictly increasing in grant
+//!   order ([`MutexGuard::fencing_token`]).
+//! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
+//!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
+//! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
+//!   ([`EtcdBackend`], feature `etcd`, default) and in-process ([`MemoryBackend`]).
+//! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
+//!   Go services and `etcdctl lock` share locks.
+//!
+//! ```toml
+//! [dependencies]
+//! baton = "0.1"
+//! ```
+//!
+//! # Example
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+//! use baton::{MemoryBackend, Mutex, Session};
+//!
+//! // `EtcdBackend::connect(&["127.0.0.1:2379"], EtcdOptions::new()).await?` for real.
+//! let session = Session::new(MemoryBackend::new()).await?;
+//! let mutex = Mutex::new(&session, "reports/daily")?;
+//!
+//! let guard = mutex.lock().await?;
+//! let token = guard.fencing_token();
+//! // Hand `token` to the resource you write to; it rejects lower tokens than it has seen.
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lock lost ({reason}); stop writing"),
+//!     () = async { /* protected work */ } => {}
+//! }
+//! guard.unlock().await?;
+//! # let _ = token;
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//! - `etcd` (default): [`EtcdBackend`].
+//! - `testing`: the [`testing`] module, with etcd fixtures (single node and three-member
+//!   cluster) started through testcontainers.
+//!
+//! See `docs/guarantees.md` for what the lock promises and under which assumptions.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod error;
+mod mutex;
+mod queue;
+mod session;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use backend::{
+    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, MemoryBackend, Position, WriteOp,
+};
+#[cfg(feature = "etcd")]
+pub use backend::{EtcdBackend, EtcdOptions};
+pub use error::{BoxError, Error, LostReason, Result};
+pub use mutex::{Mutex, MutexGuard};
+pub use session::{Session, SessionOptions};

@@ -1,0 +1,225 @@
+//! [`Mutex`]: the queue-fair distributed lock, and its [`MutexGuard`].
+
+use std::future::Future;
+
+use tracing::Instrument;
+
+use crate::backend::{Entry, FencingToken, WriteOp};
+use crate::error::{Error, LostReason, Result};
+use crate::queue::{self, Held, Mode};
+use crate::session::Session;
+
+/// A queue-fair distributed lock with fencing tokens.
+///
+/// Each contender creates one key, `<name>/<lease id in hex>`, bound to its session's lease;
+/// the oldest key holds the lock. A waiter watches only the key created just before its own,
+/// so a release wakes exactly one waiter however long the queue is. The layout is etcd's Go
+/// recipe (`concurrency.NewMutex`), so baton, Go services and `etcdctl lock <name>` share
+/// locks.
+///
+/// # Guarantees
+/// - **FIFO**: the lock is granted in the order contenders entered the queue.
+/// - **Fencing**: [`MutexGuard::fencing_token`] increases strictly in grant order, across all
+///   clients. A resource that rejects tokens lower than the highest it has seen stays safe
+///   even when a holder pauses past its lease.
+/// - **Liveness**: a holder that crashes loses the lock when its lease expires (the session
+///   TTL); a holder whose lease is lost is told through [`MutexGuard::lost`].
+/// - Two tasks of one process using one [`Session`] and one name queue in process first,
+///   then in the backend: they never share a key.
+///
+/// # Failure modes
+/// - The session is lost while waiting: [`lock`](Mutex::lock) fails with
+///   [`Error::SessionLost`], never returns a guard.
+/// - The holder's lease is lost (expiry, revoke, partition longer than the TTL): another
+///   contender may be granted the lock; [`MutexGuard::lost`] resolves and guarded writes
+///   ([`MutexGuard::write`]) fail with [`Error::NotOwner`].
+///
+/// To give up after a while, wrap the call: `tokio::time::timeout(d, mutex.lock())`; the
+/// timed-out call leaves nothing behind.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+/// use baton::{MemoryBackend, Mutex, Session};
+/// let session = Session::new(MemoryBackend::new()).await?;
+/// let mutex = Mutex::new(&session, "orders/lock")?;
+/// let guard = mutex.lock().await?;
+/// println!("holding {} with token {}", guard.key(), guard.fencing_token());
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    session: Session,
+    name: String,
+    owner: Vec<u8>,
+}
+
+impl Mutex {
+    /// A lock named `name` (any non-empty string; keys are `<name>/<lease hex>`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty name.
+    pub fn new(session: &Session, name: impl Into<String>) -> Result<Mutex> {
+        let name = name.into();
+        if name.is_empty() {
+            return Err(Error::InvalidArgument("lock name must not be empty"));
+        }
+        Ok(Mutex {
+            session: session.clone(),
+            name,
+            owner: format!("pid={}", std::process::id()).into_bytes(),
+        })
+    }
+
+    /// Sets the value stored in this contender's key (default `pid=<process id>`): a short
+    /// owner description shown by tools that list the queue. Readers need not parse it.
+    #[must_use]
+    pub fn with_owner_info(mut self, info: impl Into<Vec<u8>>) -> Mutex {
+        self.owner = info.into();
+        self
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Waits in the queue until this contender holds the lock.
+    ///
+    /// # Errors
+    /// [`Error::SessionLost`] if the session is lost before the lock is granted (the key, if
+    /// created, vanishes with the lease); [`Error::EntryGone`] if our key was deleted from
+    /// outside while waiting; backend errors after retries.
+    ///
+    /// # Cancel safety
+    /// Dropping the future at any point gives up the place in the queue and leaves no key:
+    /// a cleanup task, independent of the dropped future, waits for an in-flight create and
+    /// deletes exactly the key it created.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        self.acquire(Mode::Wait).await
+    }
+
+    /// Takes the lock only if no one holds it or waits for it; never waits.
+    ///
+    /// # Errors
+    /// [`Error::Locked`] if it is held or contended (no key is left behind), or another task
+    /// of this process holds it through the same session; otherwise as for
+    /// [`lock`](Mutex::lock).
+    ///
+    /// # Cancel safety
+    /// As for [`lock`](Mutex::lock): a dropped call leaves no key.
+    pub async fn try_lock(&self) -> Result<MutexGuard> {
+        self.acquire(Mode::Try).await
+    }
+
+    async fn acquire(&self, mode: Mode) -> Result<MutexGuard> {
+        let span = tracing::debug_span!(
+            "baton.lock",
+            name = %self.name,
+            try_lock = mode == Mode::Try,
+            key = tracing::field::Empty,
+            token = tracing::field::Empty,
+        );
+        let held = queue::acquire(&self.session, &self.name, self.owner.clone(), mode)
+            .instrument(span.clone())
+            .await?;
+        span.record("key", held.entry().key.as_str());
+        span.record("token", held.entry().token.get());
+        tracing::debug!(parent: &span, "lock acquired");
+        Ok(MutexGuard { held })
+    }
+}
+
+/// Proof of holding a [`Mutex`]. Unlock with [`unlock`](MutexGuard::unlock); dropping the
+/// guard releases the lock in the background.
+#[must_use = "the lock is released in the background as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct MutexGuard {
+    held: Held,
+}
+
+impl MutexGuard {
+    /// The fencing token: our key's create revision. Strictly increasing in grant order.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.held.entry().token
+    }
+
+    /// Our key, `<name>/<lease id hex>`.
+    pub fn key(&self) -> &str {
+        &self.held.entry().key
+    }
+
+    /// The queue entry as it was when the lock was granted.
+    pub fn entry(&self) -> &Entry {
+        self.held.entry()
+    }
+
+    /// Resolves when the session under this lock is lost: from then on, another contender
+    /// may hold the lock. Run protected work in a `select!` against it.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: dropping it only stops this one observer.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.held.session().lost()
+    }
+
+    /// Whether our key still exists with our token, checked against the backend now.
+    ///
+    /// # Errors
+    /// Backend errors after retries.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn is_owner(&self) -> Result<bool> {
+        self.held
+            .session()
+            .backend()
+            .guarded(self.held.entry(), &[])
+            .await
+    }
+
+    /// Applies `ops` atomically in the backend only while we still hold the lock: the
+    /// ownership check (our key's create revision) is in the same transaction as the writes,
+    /// so they cannot land after the lock passed to someone else.
+    ///
+    /// # Errors
+    /// [`Error::NotOwner`] if the lock was lost (nothing was written); backend errors after
+    /// retries.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the writes may or may not have been applied, but never
+    /// after the lock was lost.
+    pub async fn write(&self, ops: &[WriteOp]) -> Result<()> {
+        let entry = self.held.entry();
+        let applied = self.held.session().backend().guarded(entry, ops).await?;
+        if applied {
+            Ok(())
+        } else {
+            Err(Error::NotOwner {
+                key: entry.key.clone(),
+            })
+        }
+    }
+
+    /// Releases the lock: deletes our key if it is still ours (never a successor's key).
+    ///
+    /// # Errors
+    /// Backend errors; the key is then deleted by a background retry, or vanishes with the
+    /// lease.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped before the delete completes, the key is left until the
+    /// session ends or its lease expires. Prefer letting it finish.
+    pub async fn unlock(self) -> Result<()> {
+        let span = tracing::debug_span!(
+            "baton.unlock",
+            key = %self.key(),
+            token = self.fencing_token().get()
+        );
+        let released = self.held.release().instrument(span.clone()).await?;
+        if !released {
+            tracing::debug!(parent: &span, "key was already gone (lease ended or deleted from outside)");
+        }
+        Ok(())
+    }
+}
