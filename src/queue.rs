@@ -112,7 +112,11 @@ pub(crate) async fn acquire(
     }
 
     let backend = session.backend().clone();
-    let (q, tag, lease) = (queue.to_owned(), session.lease_id().to_hex(), session.lease_id());
+    let (q, tag, lease) = (
+        queue.to_owned(),
+        session.lease_id().to_hex(),
+        session.lease_id(),
+    );
     let mut pending = Pending {
         session: session.clone(),
         local: Some(local),

@@ -114,9 +114,14 @@ impl Session {
     ///
     /// # Errors
     /// As for [`with_options`](Session::with_options).
-    pub async fn from_shared(backend: Arc<dyn Backend>, options: SessionOptions) -> Result<Session> {
+    pub async fn from_shared(
+        backend: Arc<dyn Backend>,
+        options: SessionOptions,
+    ) -> Result<Session> {
         if options.ttl.is_zero() {
-            return Err(Error::InvalidArgument("session TTL must be greater than zero"));
+            return Err(Error::InvalidArgument(
+                "session TTL must be greater than zero",
+            ));
         }
         let asked_at = Instant::now();
         let lease = backend.grant_lease(options.ttl).await?;
@@ -204,11 +209,7 @@ impl Session {
 
     /// The in-process FIFO for lock `name` on this session.
     pub(crate) fn local_queue(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locals = self
-            .inner
-            .locals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut locals = self.inner.locals.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(queue) = locals.get(name).and_then(Weak::upgrade) {
             return queue;
         }

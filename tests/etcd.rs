@@ -1,1 +1,278 @@
+//! The conformance suite and etcd-specific tests against a real etcd, started through
+//! testcontainers (see `baton::testing`). One node is shared by the tests of this binary;
+//! each test uses its own key prefix.
 
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::testing::EtcdNode;
+use baton::{Backend, Error, EtcdBackend, EtcdOptions, Mutex, Session, SessionOptions};
+use support::{Rig, eventually, within};
+
+async fn backend() -> EtcdBackend {
+    EtcdNode::shared()
+        .backend()
+        .await
+        .expect("connect to the shared etcd")
+}
+
+async fn rig(test: &str) -> Rig {
+    Rig {
+        backend: Arc::new(backend().await),
+        // A second connection: "someone else" really is another client.
+        outside: Arc::new(backend().await),
+        prefix: format!("etcd-{}/{test}", std::process::id()),
+    }
+}
+
+conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
+
+fn test_name(test: &str) -> String {
+    format!("etcd-{}/{test}", std::process::id())
+}
+
+#[tokio::test]
+async fn connect_rejects_bad_input_and_dead_endpoints() {
+    let empty: [&str; 0] = [];
+    let err = EtcdBackend::connect(&empty, EtcdOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+
+    // A port nobody listens on (bound and closed again), on loopback only.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let err = EtcdBackend::connect(
+        &[format!("http://127.0.0.1:{port}")],
+        EtcdOptions::new().with_connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cause is kept"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up within the connect timeout"
+    );
+}
+
+#[tokio::test]
+async fn granted_ttl_is_used_as_granted() {
+    let backend = backend().await;
+    // etcd counts whole seconds and has a minimum: the session runs on what it was given.
+    let s = Session::with_options(
+        backend.clone(),
+        SessionOptions::new().with_ttl(Duration::from_millis(300)),
+    )
+    .await
+    .unwrap();
+    assert!(s.ttl() >= Duration::from_secs(1), "{:?}", s.ttl());
+    let mut client = backend.client().clone();
+    let ttl = client
+        .lease_time_to_live(s.lease_id().0, None)
+        .await
+        .unwrap();
+    assert_eq!(Duration::from_secs(ttl.granted_ttl() as u64), s.ttl());
+    s.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_survives_compaction() {
+    let backend = backend().await;
+    let name = test_name("compaction");
+    let a = Session::new(backend.clone()).await.unwrap();
+    let b = Session::new(backend.clone()).await.unwrap();
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { Mutex::new(&b, &name).unwrap().lock().await }
+    });
+    eventually("the waiter is queued", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    // Move the store on and compact away every revision the waiter has seen.
+    let mut client = backend.client().clone();
+    let filler = format!("{name}-filler");
+    let mut last = 0;
+    for i in 0..20 {
+        last = client
+            .put(filler.as_str(), i.to_string(), None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+    }
+    client
+        .compact(
+            last,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+    guard.unlock().await.unwrap();
+    let next = within("waiter after compaction", Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    next.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_raw_key_is_respected() {
+    let backend = backend().await;
+    let name = test_name("foreign-raw");
+    // A contender written with raw etcd operations, in the Go recipe's layout.
+    let mut client = backend.client().clone();
+    let lease = client.lease_grant(30, None).await.unwrap().id();
+    let key = format!("{name}/{lease:x}");
+    client
+        .put(
+            key.as_str(),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+
+    let s = Session::new(backend.clone()).await.unwrap();
+    let mutex = Mutex::new(&s, &name).unwrap();
+    assert!(matches!(mutex.try_lock().await, Err(Error::Locked { .. })));
+    let waiter = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.lock().await }
+    });
+    eventually("queued behind the foreign key", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    assert!(!waiter.is_finished());
+    client.delete(key.as_str(), None).await.unwrap();
+    let guard = within(
+        "lock after the foreign key left",
+        Duration::from_secs(10),
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    guard.unlock().await.unwrap();
+    client.lease_revoke(lease).await.unwrap();
+}
+
+/// `etcdctl lock` and baton share one lock, both ways round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interoperates_with_etcdctl_lock() {
+    if which("etcdctl").is_none() {
+        eprintln!("etcdctl not installed; skipping (CI installs it)");
+        assert!(std::env::var("CI").is_err(), "CI must have etcdctl");
+        return;
+    }
+    let node = EtcdNode::shared();
+    let backend = backend().await;
+    let name = test_name("etcdctl");
+    let endpoints = node.endpoints().join(",");
+
+    // etcdctl holds; baton waits behind it.
+    let mut etcdctl = etcdctl_lock(&endpoints, &name);
+    let first_line = read_line(&mut etcdctl).await;
+    assert!(first_line.starts_with(&format!("{name}/")), "{first_line}");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let mutex = Mutex::new(&s, &name).unwrap();
+    assert!(matches!(mutex.try_lock().await, Err(Error::Locked { .. })));
+    let waiter = tokio::spawn({
+        let mutex = mutex.clone();
+        async move { mutex.lock().await }
+    });
+    eventually("baton queued behind etcdctl", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    stop(&mut etcdctl).await;
+    let guard = within(
+        "baton after etcdctl released",
+        Duration::from_secs(10),
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+
+    // baton holds; etcdctl waits behind it.
+    let mut etcdctl = etcdctl_lock(&endpoints, &name);
+    eventually("etcdctl queued behind baton", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let token = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    let line = within(
+        "etcdctl acquires",
+        Duration::from_secs(10),
+        read_line(&mut etcdctl),
+    )
+    .await;
+    assert!(line.starts_with(&format!("{name}/")), "{line}");
+    let entries = backend.entries(&name).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert!(entries[0].token > token);
+    stop(&mut etcdctl).await;
+    eventually("etcdctl released", || async {
+        backend.entries(&name).await.unwrap().is_empty()
+    })
+    .await;
+}
+
+fn which(bin: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(bin))
+            .find(|p| p.is_file())
+    })
+}
+
+fn etcdctl_lock(endpoints: &str, name: &str) -> tokio::process::Child {
+    tokio::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", endpoints, "lock", name])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn etcdctl")
+}
+
+async fn read_line(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncReadExt;
+    let stdout = child.stdout.as_mut().expect("stdout piped");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while stdout.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+/// Stops etcdctl the way a user would (SIGTERM), so that it releases its lock.
+async fn stop(child: &mut tokio::process::Child) {
+    let pid = child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    within("etcdctl exits", Duration::from_secs(10), child.wait())
+        .await
+        .unwrap();
+}

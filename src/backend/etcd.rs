@@ -234,7 +234,8 @@ impl EtcdBackend {
         let give_up = Instant::now() + self.options.retry_for;
         let mut backoff = Duration::from_millis(25);
         loop {
-            let attempt = tokio::time::timeout(self.options.request_timeout, f(self.client.clone()));
+            let attempt =
+                tokio::time::timeout(self.options.request_timeout, f(self.client.clone()));
             let error: BoxError = match attempt.await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if !tonic_code::is_transient(&e) => return Err(etcd_err(op, e)),
@@ -259,12 +260,14 @@ impl EtcdBackend {
     }
 
     /// A transaction that runs `ops` only if `entry`'s key still has its create revision.
-    async fn if_live(&self, op: &'static str, entry: &Entry, ops: Vec<TxnOp>) -> Result<TxnResponse> {
-        let cmp = Compare::create_revision(
-            entry.key.as_str(),
-            CompareOp::Equal,
-            revision(entry.token),
-        );
+    async fn if_live(
+        &self,
+        op: &'static str,
+        entry: &Entry,
+        ops: Vec<TxnOp>,
+    ) -> Result<TxnResponse> {
+        let cmp =
+            Compare::create_revision(entry.key.as_str(), CompareOp::Equal, revision(entry.token));
         self.txn(op, Txn::new().when([cmp]).and_then(ops)).await
     }
 }
@@ -314,13 +317,17 @@ fn malformed(op: &'static str) -> Error {
 impl Backend for EtcdBackend {
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         if ttl.is_zero() {
-            return Err(Error::InvalidArgument("lease TTL must be greater than zero"));
+            return Err(Error::InvalidArgument(
+                "lease TTL must be greater than zero",
+            ));
         }
         // etcd counts whole seconds: round up so that the lease is never shorter than asked.
-        let secs = i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
-            .unwrap_or(i64::MAX);
+        let secs =
+            i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX);
         let resp = self
-            .call("grant_lease", |mut c| async move { c.lease_grant(secs, None).await })
+            .call("grant_lease", |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
             .await?;
         Ok(Lease {
             id: LeaseId(resp.id()),
@@ -351,7 +358,9 @@ impl Backend for EtcdBackend {
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         let result = self
-            .call("revoke_lease", |mut c| async move { c.lease_revoke(lease.0).await })
+            .call("revoke_lease", |mut c| async move {
+                c.lease_revoke(lease.0).await
+            })
             .await;
         match result {
             Ok(_) | Err(Error::SessionLost(_)) => Ok(()),
@@ -371,7 +380,11 @@ impl Backend for EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(lease.0))),
+                TxnOp::put(
+                    key.as_str(),
+                    value,
+                    Some(PutOptions::new().with_lease(lease.0)),
+                ),
                 head.clone(),
             ])
             .or_else([TxnOp::get(key.as_str(), None), head]);
@@ -403,7 +416,11 @@ impl Backend for EtcdBackend {
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(1);
         let resp = self
-            .if_live("predecessor", mine, vec![TxnOp::get(queue_prefix(queue), Some(before))])
+            .if_live(
+                "predecessor",
+                mine,
+                vec![TxnOp::get(queue_prefix(queue), Some(before))],
+            )
             .await?;
         if !resp.succeeded() {
             return Err(Error::EntryGone {
@@ -442,8 +459,15 @@ impl Backend for EtcdBackend {
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
-        let put = TxnOp::put(entry.key.as_str(), value, Some(PutOptions::new().with_ignore_lease()));
-        Ok(self.if_live("update_entry", entry, vec![put]).await?.succeeded())
+        let put = TxnOp::put(
+            entry.key.as_str(),
+            value,
+            Some(PutOptions::new().with_ignore_lease()),
+        );
+        Ok(self
+            .if_live("update_entry", entry, vec![put])
+            .await?
+            .succeeded())
     }
 
     async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
@@ -496,13 +520,20 @@ impl EtcdBackend {
             }
         };
         let mut client = self.client.clone();
-        let mut stream = client.watch(entry.key.as_str(), None).await.map_err(retry)?;
+        let mut stream = client
+            .watch(entry.key.as_str(), None)
+            .await
+            .map_err(retry)?;
         // Wait for the server to confirm the watch before reading.
         loop {
             match stream.message().await.map_err(retry)? {
                 Some(resp) if resp.created() => break,
                 Some(_) => continue,
-                None => return Err(WatchBreak::Retry("watch stream closed before it was created".into())),
+                None => {
+                    return Err(WatchBreak::Retry(
+                        "watch stream closed before it was created".into(),
+                    ));
+                }
             }
         }
         let live = self

@@ -256,7 +256,9 @@ impl Drop for Shared {
 impl Backend for MemoryBackend {
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         if ttl.is_zero() {
-            return Err(Error::InvalidArgument("lease TTL must be greater than zero"));
+            return Err(Error::InvalidArgument(
+                "lease TTL must be greater than zero",
+            ));
         }
         let id = {
             let mut state = self.available()?;

@@ -176,8 +176,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Creates my entry `<queue>/<tag>` bound to `lease` holding `value` unless it already
     /// exists (then the existing entry is returned unchanged), and tells whether it is the
     /// head, in one round trip where the backend allows.
-    async fn enqueue(&self, queue: &str, tag: &str, lease: LeaseId, value: &[u8])
-    -> Result<Enqueued>;
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued>;
 
     /// The newest live entry of `mine`'s queue created before `mine`, or `None` if `mine` is
     /// the head. Fails with [`Error::EntryGone`](crate::Error::EntryGone) if `mine` itself no
@@ -209,6 +214,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>>;
 }
 
-pub use memory::MemoryBackend;
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
+pub use memory::MemoryBackend;

@@ -1,0 +1,121 @@
+//! The conformance suite and memory-specific tests on [`MemoryBackend`], under paused time.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::{Backend, LostReason, MemoryBackend, Mutex, Session, SessionOptions};
+use support::{Rig, within};
+
+async fn rig(test: &str) -> Rig {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    Rig {
+        outside: Arc::clone(&backend),
+        backend,
+        prefix: format!("mem/{test}"),
+    }
+}
+
+conformance!(super::rig; start_paused = true);
+
+#[tokio::test(start_paused = true)]
+async fn one_release_wakes_one_waiter() {
+    let backend = MemoryBackend::new();
+    let mut sessions = Vec::new();
+    for _ in 0..10 {
+        sessions.push(Session::new(backend.clone()).await.unwrap());
+    }
+    let holder = Mutex::new(&sessions[0], "herd")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for s in &sessions[1..] {
+        let (s, tx) = (s.clone(), tx.clone());
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, "herd").unwrap().lock().await.unwrap();
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            tx.send((g.fencing_token(), done_tx)).unwrap();
+            let _ = done_rx.await;
+            g.unlock().await.unwrap();
+        });
+    }
+    support::eventually("all queued", || async {
+        backend.entries("herd").await.unwrap().len() == 10
+    })
+    .await;
+    let before = backend.wakeups();
+    holder.unlock().await.unwrap();
+    for n in 1..=9 {
+        let (_, release) = within("grant", Duration::from_secs(5), rx.recv())
+            .await
+            .unwrap();
+        assert_eq!(backend.wakeups() - before, n, "one wake-up per release");
+        release.send(()).unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_no_later_than_server_expiry() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(9);
+    let s = Session::with_options(backend.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, "partition").unwrap().lock().await.unwrap();
+    // Let one renewal succeed, then cut the network.
+    tokio::time::sleep(ttl / 3 + Duration::from_millis(1)).await;
+    let renewed_by = tokio::time::Instant::now();
+    backend.set_unavailable(true);
+    let reason = guard.lost().await;
+    assert_eq!(reason, LostReason::Expired);
+    let lost_at = tokio::time::Instant::now();
+    // The server still has the lease (it was renewed at ttl/3): the session gave up first.
+    assert!(
+        lost_at <= renewed_by + ttl,
+        "lost() fired after the server's expiry"
+    );
+    backend.set_unavailable(false);
+    // And the server expires it on its own clock afterwards.
+    support::eventually("server-side expiry", || async {
+        backend.entries("partition").await.unwrap().is_empty()
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn keep_alive_keeps_the_lock_past_many_ttls() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(3);
+    let s = Session::with_options(backend.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, "long").unwrap().lock().await.unwrap();
+    tokio::time::sleep(ttl * 20).await;
+    assert!(!s.is_lost());
+    assert!(guard.is_owner().await.unwrap());
+    guard.unlock().await.unwrap();
+}
+
+#[test]
+fn guards_and_futures_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>(_: &T) {}
+    fn send<T: Send>(_: &T) {}
+    fn check(m: &Mutex) {
+        send(&m.lock());
+        send(&m.try_lock());
+    }
+    let _ = check;
+    fn guard_is_send_sync(g: &baton::MutexGuard) {
+        send_sync(g);
+        send(&g.lost());
+    }
+    let _ = guard_is_send_sync;
+    fn session_is_send_sync(s: &Session) {
+        send_sync(s);
+    }
+    let _ = session_is_send_sync;
+}

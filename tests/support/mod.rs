@@ -1,0 +1,530 @@
+//! The conformance suite: behaviour every backend must show, run by `tests/memory.rs` and
+//! `tests/etcd.rs`. Each function takes a [`Rig`] and uses its own lock name.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use baton::{Backend, Error, LostReason, Mutex, Session, SessionOptions, WriteOp};
+use tokio::time::Instant;
+
+/// What a suite function needs: the backend under test, a second handle to it that acts as
+/// "someone else" (another client), and a unique prefix for names.
+pub struct Rig {
+    pub backend: Arc<dyn Backend>,
+    pub outside: Arc<dyn Backend>,
+    pub prefix: String,
+}
+
+impl Rig {
+    pub fn name(&self, test: &str) -> String {
+        format!("{}/{test}", self.prefix)
+    }
+
+    pub async fn session(&self) -> Session {
+        self.session_ttl(SessionOptions::DEFAULT_TTL).await
+    }
+
+    pub async fn session_ttl(&self, ttl: Duration) -> Session {
+        Session::from_shared(
+            Arc::clone(&self.backend),
+            SessionOptions::new().with_ttl(ttl),
+        )
+        .await
+        .expect("session")
+    }
+
+    pub async fn keys(&self, name: &str) -> Vec<String> {
+        self.outside
+            .entries(name)
+            .await
+            .expect("entries")
+            .into_iter()
+            .map(|e| e.key)
+            .collect()
+    }
+}
+
+/// Waits until `cond` holds, re-checking after each short pause; fails the test after 30 s.
+/// This waits for a condition to become true, it does not hope that time made it so.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Bounds a future that the test expects to finish.
+pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
+}
+
+/// A resource that checks fencing tokens: it accepts a token no lower than the highest it
+/// has accepted, and records any overlap of critical sections.
+#[derive(Default)]
+pub struct FencedRegister {
+    state: StdMutex<RegisterState>,
+}
+
+#[derive(Default, Debug, Clone)]
+pub struct RegisterState {
+    pub highest: u64,
+    pub inside: Option<u64>,
+    pub accepted: Vec<u64>,
+    pub rejected: usize,
+    pub overlaps: usize,
+}
+
+impl FencedRegister {
+    pub fn enter(&self, token: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if token < s.highest {
+            s.rejected += 1;
+            return false;
+        }
+        if s.inside.is_some() {
+            s.overlaps += 1;
+        }
+        s.highest = token;
+        s.inside = Some(token);
+        s.accepted.push(token);
+        true
+    }
+
+    pub fn exit(&self, token: u64) {
+        let mut s = self.state.lock().unwrap();
+        if s.inside == Some(token) {
+            s.inside = None;
+        }
+    }
+
+    pub fn snapshot(&self) -> RegisterState {
+        self.state.lock().unwrap().clone()
+    }
+}
+
+pub fn assert_strictly_increasing(tokens: &[u64]) {
+    for w in tokens.windows(2) {
+        assert!(w[0] < w[1], "tokens not strictly increasing: {tokens:?}");
+    }
+}
+
+/// 16 contenders, each with its own session, take the lock twice and write through a fenced
+/// register: no overlap, no rejected write, tokens strictly increasing in grant order.
+pub async fn mutual_exclusion(rig: Rig) {
+    let name = rig.name("mutex16");
+    let register = Arc::new(FencedRegister::default());
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let session = rig.session().await;
+        let (name, register) = (name.clone(), Arc::clone(&register));
+        tasks.push(tokio::spawn(async move {
+            let mutex = Mutex::new(&session, &name).unwrap();
+            for _ in 0..2 {
+                let guard = mutex.lock().await.unwrap();
+                let token = guard.fencing_token().get();
+                assert!(register.enter(token));
+                // Real work inside the critical section: a round trip and a yield.
+                assert!(guard.is_owner().await.unwrap());
+                tokio::task::yield_now().await;
+                register.exit(token);
+                guard.unlock().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let s = register.snapshot();
+    assert_eq!(s.overlaps, 0);
+    assert_eq!(s.rejected, 0);
+    assert_eq!(s.accepted.len(), 32);
+    assert_strictly_increasing(&s.accepted);
+    assert!(rig.keys(&name).await.is_empty(), "keys left behind");
+}
+
+/// Contenders that enter the queue one after another are granted in that order, with
+/// strictly increasing tokens.
+pub async fn fifo_order(rig: Rig) {
+    let name = rig.name("fifo");
+    let holder_session = rig.session().await;
+    let holder = Mutex::new(&holder_session, &name)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut sessions = Vec::new();
+    for i in 0..6 {
+        let session = rig.session().await;
+        sessions.push(session.clone());
+        let (tx, lock_name) = (tx.clone(), name.clone());
+        tokio::spawn(async move {
+            let guard = Mutex::new(&session, &lock_name)
+                .unwrap()
+                .lock()
+                .await
+                .unwrap();
+            tx.send((i, guard.fencing_token().get())).unwrap();
+            guard.unlock().await.unwrap();
+        });
+        eventually("the contender is queued", || async {
+            rig.keys(&name).await.len() == i + 2
+        })
+        .await;
+    }
+    let queued = rig.outside.entries(&name).await.unwrap();
+    holder.unlock().await.unwrap();
+    let mut granted = Vec::new();
+    for _ in 0..6 {
+        granted.push(
+            within("a grant", Duration::from_secs(30), rx.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    let order: Vec<usize> = granted.iter().map(|(i, _)| *i).collect();
+    assert_eq!(
+        order,
+        (0..6).collect::<Vec<_>>(),
+        "grant order is queue order"
+    );
+    let tokens: Vec<u64> = granted.iter().map(|(_, t)| *t).collect();
+    assert_strictly_increasing(&tokens);
+    let queue_tokens: Vec<u64> = queued[1..].iter().map(|e| e.token.get()).collect();
+    assert_eq!(tokens, queue_tokens, "token order is queue order");
+}
+
+/// `try_lock` succeeds on a free lock, fails with `Locked` on a held one and leaves no key.
+pub async fn try_lock_leaves_nothing(rig: Rig) {
+    let name = rig.name("try");
+    let a = rig.session().await;
+    let b = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().try_lock().await.unwrap();
+    let holder_key = guard.key().to_owned();
+
+    let busy = Mutex::new(&b, &name).unwrap().try_lock().await;
+    assert!(matches!(busy, Err(Error::Locked { .. })), "{busy:?}");
+    assert_eq!(rig.keys(&name).await, vec![holder_key.clone()]);
+
+    // Another task of the same process on the same session: refused locally.
+    let same = Mutex::new(&a, &name).unwrap().try_lock().await;
+    assert!(matches!(same, Err(Error::Locked { .. })), "{same:?}");
+    assert_eq!(rig.keys(&name).await, vec![holder_key]);
+
+    guard.unlock().await.unwrap();
+    let again = Mutex::new(&b, &name).unwrap().try_lock().await.unwrap();
+    again.unlock().await.unwrap();
+    assert!(rig.keys(&name).await.is_empty());
+}
+
+/// Dropping `lock()` futures at every await point leaves no key, and the lock keeps working.
+pub async fn dropped_lock_leaves_nothing(rig: Rig) {
+    let name = rig.name("cancel");
+    let a = rig.session().await;
+    let b = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let holder_key = guard.key().to_owned();
+    let mutex_b = Mutex::new(&b, &name).unwrap();
+    let only_holder = || async { rig.keys(&name).await == vec![holder_key.clone()] };
+
+    // Polled k times (k = 1 drops it with the create in flight), then dropped.
+    for k in 1..=6 {
+        let mut fut = Box::pin(mutex_b.lock());
+        for _ in 0..k {
+            assert!(futures::poll!(&mut fut).is_pending());
+            tokio::task::yield_now().await;
+        }
+        drop(fut);
+        eventually("the abandoned key is removed", only_holder).await;
+    }
+
+    // Dropped while queued and watching its predecessor.
+    let mut fut = Box::pin(mutex_b.lock());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while rig.keys(&name).await.len() < 2 {
+        assert!(futures::poll!(&mut fut).is_pending());
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let it reach its watch on the predecessor.
+    for _ in 0..5 {
+        assert!(futures::poll!(&mut fut).is_pending());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(fut);
+    eventually("the queued key is removed", only_holder).await;
+
+    // Dropped while waiting in the in-process queue (same session as the holder).
+    let mutex_a = Mutex::new(&a, &name).unwrap();
+    let mut fut = Box::pin(mutex_a.lock());
+    assert!(futures::poll!(&mut fut).is_pending());
+    drop(fut);
+
+    // A timeout is a drop too.
+    let timed_out = tokio::time::timeout(Duration::from_millis(200), mutex_b.lock()).await;
+    assert!(timed_out.is_err());
+    eventually("the timed-out key is removed", only_holder).await;
+
+    // Nothing is wedged: the lock passes on and the queue ends empty.
+    guard.unlock().await.unwrap();
+    let next = within("next lock", Duration::from_secs(10), mutex_b.lock())
+        .await
+        .unwrap();
+    next.unlock().await.unwrap();
+    let local = within("local lock", Duration::from_secs(10), mutex_a.lock())
+        .await
+        .unwrap();
+    local.unlock().await.unwrap();
+    assert!(rig.keys(&name).await.is_empty());
+}
+
+/// Revoking the holder's lease from outside fires its `lost()`, refuses its guarded writes,
+/// and lets the next waiter acquire.
+pub async fn revoked_holder_is_told(rig: Rig) {
+    let name = rig.name("revoked");
+    let ttl = Duration::from_secs(3);
+    let a = rig.session_ttl(ttl).await;
+    let b = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let data_key = rig.name("revoked-data");
+    guard
+        .write(&[WriteOp::put(&data_key, "first")])
+        .await
+        .unwrap();
+
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { Mutex::new(&b, &name).unwrap().lock().await }
+    });
+    eventually("the waiter is queued", || async {
+        rig.keys(&name).await.len() == 2
+    })
+    .await;
+
+    rig.outside.revoke_lease(a.lease_id()).await.unwrap();
+    // The session learns it at its next renewal: within one keep-alive period (TTL/3).
+    let reason = within("lost()", ttl, guard.lost()).await;
+    assert_eq!(reason, LostReason::Revoked);
+    let late = guard.write(&[WriteOp::put(&data_key, "late")]).await;
+    assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
+    assert_eq!(
+        rig.outside.read(&data_key).await.unwrap().as_deref(),
+        Some(&b"first"[..])
+    );
+
+    let next = within("successor", Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.unlock().await.unwrap();
+    guard.unlock().await.unwrap();
+}
+
+/// A holder that stops renewing (a crash) is followed by its successor within TTL + margin.
+pub async fn crashed_holder_is_followed(rig: Rig) {
+    let name = rig.name("crash");
+    let ttl = Duration::from_secs(2);
+    // The "crashed" holder: a lease nobody renews and a key in the recipe's layout.
+    let lease = rig.outside.grant_lease(ttl).await.unwrap();
+    let crashed = rig
+        .outside
+        .enqueue(&name, &lease.id.to_hex(), lease.id, b"crashed")
+        .await
+        .unwrap();
+    assert!(crashed.is_head);
+
+    let b = rig.session().await;
+    let started = Instant::now();
+    let guard = within(
+        "successor of a crashed holder",
+        lease.ttl + Duration::from_secs(3),
+        Mutex::new(&b, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(started.elapsed() <= lease.ttl + Duration::from_secs(3));
+    assert!(guard.fencing_token() > crashed.entry.token);
+    guard.unlock().await.unwrap();
+}
+
+/// An old guard's late unlock must not delete a newer incarnation of the same key.
+pub async fn late_unlock_spares_successor(rig: Rig) {
+    let name = rig.name("late-unlock");
+    let a = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    // The key vanishes and is created again (as by another process using the same lease).
+    assert!(rig.outside.delete_entry(guard.entry()).await.unwrap());
+    let newer = rig
+        .outside
+        .enqueue(&name, &a.lease_id().to_hex(), a.lease_id(), b"newer")
+        .await
+        .unwrap();
+    assert!(newer.entry.token > guard.fencing_token());
+
+    guard.unlock().await.unwrap();
+    let left = rig.outside.entries(&name).await.unwrap();
+    assert_eq!(
+        left,
+        vec![newer.entry.clone()],
+        "the newer key must survive"
+    );
+    assert!(rig.outside.delete_entry(&newer.entry).await.unwrap());
+}
+
+/// A waiter whose session is lost gets an error, never the lock, and leaves no key.
+pub async fn lost_waiter_gets_error(rig: Rig) {
+    let name = rig.name("lost-waiter");
+    let a = rig.session().await;
+    let b = rig.session_ttl(Duration::from_secs(3)).await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { Mutex::new(&b, &name).unwrap().lock().await }
+    });
+    eventually("the waiter is queued", || async {
+        rig.keys(&name).await.len() == 2
+    })
+    .await;
+    rig.outside.revoke_lease(b.lease_id()).await.unwrap();
+    let result = within("the waiter's error", Duration::from_secs(10), waiter)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(Error::SessionLost(_)) | Err(Error::EntryGone { .. })
+        ),
+        "{result:?}"
+    );
+    assert_eq!(rig.keys(&name).await, vec![guard.key().to_owned()]);
+    guard.unlock().await.unwrap();
+}
+
+/// Two tasks sharing one session and one name queue in process: one key at a time, never
+/// shared, and the second gets a newer token.
+pub async fn local_tasks_never_share_a_key(rig: Rig) {
+    let name = rig.name("local");
+    let s = rig.session().await;
+    let first = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let first_token = first.fencing_token();
+    let second = tokio::spawn({
+        let (s, name) = (s.clone(), name.clone());
+        async move { Mutex::new(&s, &name).unwrap().lock().await }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(rig.keys(&name).await, vec![first.key().to_owned()]);
+    assert!(
+        !second.is_finished(),
+        "the second task must wait for the first"
+    );
+    first.unlock().await.unwrap();
+    let second = within("second local task", Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.fencing_token() > first_token);
+    second.unlock().await.unwrap();
+}
+
+/// Guarded writes apply while the lock is held and are refused once it is released.
+pub async fn guarded_writes(rig: Rig) {
+    let name = rig.name("guarded");
+    let data = rig.name("guarded-data");
+    let s = rig.session().await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    guard.write(&[WriteOp::put(&data, "v1")]).await.unwrap();
+    assert_eq!(
+        rig.outside.read(&data).await.unwrap().as_deref(),
+        Some(&b"v1"[..])
+    );
+    let entry = guard.entry().clone();
+    guard.unlock().await.unwrap();
+    // The released entry no longer guards anything.
+    assert!(
+        !rig.outside
+            .guarded(&entry, &[WriteOp::delete(&data)])
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        rig.outside.read(&data).await.unwrap().as_deref(),
+        Some(&b"v1"[..])
+    );
+}
+
+/// Bad input is refused before anything is created.
+pub async fn bad_input(rig: Rig) {
+    let s = rig.session().await;
+    assert!(matches!(Mutex::new(&s, ""), Err(Error::InvalidArgument(_))));
+    let zero = Session::from_shared(
+        Arc::clone(&rig.backend),
+        SessionOptions::new().with_ttl(Duration::ZERO),
+    )
+    .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+}
+
+/// `close()` revokes the lease: keys vanish and `lost()` reports `Closed`.
+pub async fn close_releases_everything(rig: Rig) {
+    let name = rig.name("close");
+    let s = rig.session().await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    s.close().await.unwrap();
+    assert_eq!(guard.lost().await, LostReason::Closed);
+    assert!(rig.keys(&name).await.is_empty());
+    let after = Mutex::new(&s, &name).unwrap().lock().await;
+    assert!(
+        matches!(after, Err(Error::SessionLost(LostReason::Closed))),
+        "{after:?}"
+    );
+}
+
+/// Dropping every handle of a session revokes its lease in the background.
+pub async fn dropped_session_revokes(rig: Rig) {
+    let name = rig.name("drop-session");
+    let s = rig.session().await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    drop(s);
+    // The guard still holds a handle: nothing happens yet.
+    assert_eq!(rig.keys(&name).await.len(), 1);
+    drop(guard);
+    eventually("the dropped session's key vanishes", || async {
+        rig.keys(&name).await.is_empty()
+    })
+    .await;
+}
+
+/// Generates one `#[tokio::test]` per suite function for a rig constructor.
+#[macro_export]
+macro_rules! conformance {
+    ($rig:path; $($attr:tt)*) => {
+        $crate::conformance!(@tests $rig; ($($attr)*);
+            mutual_exclusion, fifo_order, try_lock_leaves_nothing, dropped_lock_leaves_nothing,
+            revoked_holder_is_told, crashed_holder_is_followed, late_unlock_spares_successor,
+            lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
+            close_releases_everything, dropped_session_revokes);
+    };
+    (@tests $rig:path; $attr:tt; $($test:ident),*) => {
+        mod conformance {
+            $(
+                $crate::conformance!(@one $rig; $attr; $test);
+            )*
+        }
+    };
+    (@one $rig:path; ($($attr:tt)*); $test:ident) => {
+        #[tokio::test($($attr)*)]
+        async fn $test() {
+            $crate::support::$test($rig(stringify!($test)).await).await;
+        }
+    };
+}
