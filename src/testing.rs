@@ -218,8 +218,8 @@ impl Drop for EtcdProcess {
 
 #[derive(Debug)]
 enum Running {
-    Container(ContainerAsync<GenericImage>),
-    Process(EtcdProcess),
+    Container(Box<ContainerAsync<GenericImage>>),
+    Process(Box<EtcdProcess>),
     External,
 }
 
@@ -249,11 +249,11 @@ impl EtcdNode {
         let spec = MemberSpec::new("n0")?;
         let running =
             match start_container(&spec, &initial_cluster(std::slice::from_ref(&spec))).await {
-                Ok(container) => Running::Container(container),
+                Ok(container) => Running::Container(Box::new(container)),
                 Err(e) if docker_required() => return Err(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "no container; falling back to `etcd` on PATH");
-                    Running::Process(EtcdProcess::start(&spec).await?)
+                    Running::Process(Box::new(EtcdProcess::start(&spec).await?))
                 }
             };
         Ok(EtcdNode {

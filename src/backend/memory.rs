@@ -42,6 +42,8 @@ struct Shared {
     reaper_started: AtomicBool,
     unavailable: AtomicBool,
     wakeups: AtomicU64,
+    /// Leases whose renewals fail, as if their owner were paused or cut off.
+    partitioned: StdMutex<BTreeSet<LeaseId>>,
 }
 
 #[derive(Debug)]
@@ -187,6 +189,22 @@ impl MemoryBackend {
         self.shared.unavailable.store(unavailable, Ordering::SeqCst);
     }
 
+    /// Fault injection for one owner: while partitioned, renewals of `lease` fail with
+    /// [`Error::Unavailable`], as if its process were paused or cut off from the server, and
+    /// the lease expires after its TTL. Everything else keeps working.
+    pub fn partition_lease(&self, lease: LeaseId, partitioned: bool) {
+        let mut set = self
+            .shared
+            .partitioned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if partitioned {
+            set.insert(lease);
+        } else {
+            set.remove(&lease);
+        }
+    }
+
     /// How many deletion waits ([`Backend::wait_gone`]) were woken by a deletion so far: the
     /// in-process analogue of the watch events etcd sends. One release should add one.
     pub fn wakeups(&self) -> u64 {
@@ -209,6 +227,10 @@ impl MemoryBackend {
         state
     }
 
+    fn next_deadline(&self) -> Option<Instant> {
+        self.lock_state().next_deadline()
+    }
+
     fn available(&self) -> Result<StdMutexGuard<'_, State>> {
         if self.shared.unavailable.load(Ordering::SeqCst) {
             return Err(Error::Unavailable);
@@ -225,12 +247,8 @@ impl MemoryBackend {
         tokio::spawn(async move {
             loop {
                 let notified = changed.notified();
-                let next = {
-                    let Some(shared) = weak.upgrade() else { return };
-                    let backend = MemoryBackend { shared };
-                    let next = backend.lock_state().next_deadline();
-                    next
-                };
+                let Some(shared) = weak.upgrade() else { return };
+                let next = MemoryBackend { shared }.next_deadline();
                 match next {
                     Some(at) => {
                         tokio::select! {
@@ -281,6 +299,15 @@ impl Backend for MemoryBackend {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let partitioned = self
+            .shared
+            .partitioned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&lease);
+        if partitioned {
+            return Err(Error::Unavailable);
+        }
         let mut state = self.available()?;
         Ok(state.leases.get_mut(&lease).map(|l| {
             l.deadline = Instant::now() + l.ttl;

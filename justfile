@@ -1,0 +1,31 @@
+# baton's tasks. `just --list` shows them.
+
+# The etcd image the tests start; built locally from Debian's etcd-server (scripts/setup.sh).
+export BATON_ETCD_IMAGE := env_var_or_default("BATON_ETCD_IMAGE", `cat target/etcd-image 2>/dev/null || true`)
+
+# Run every test: unit, doc, the conformance suite on memory and on etcd (testcontainers).
+test: _clean-containers
+    cargo test --features testing
+    just _clean-containers
+
+# Formatting and lints, as CI runs them.
+lint:
+    cargo fmt --check
+    cargo clippy --all-targets --features testing -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features testing --quiet
+
+# The demo: several workers on the in-memory backend, no server needed.
+demo:
+    cargo run --example fair_lock
+
+# Install what the tests need (apt packages, just, a Docker daemon, the etcd image).
+setup:
+    scripts/setup.sh
+
+# Remove fixture containers a killed run left behind.
+_clean-containers:
+    #!/usr/bin/env bash
+    if docker info >/dev/null 2>&1; then
+      ids=$(docker ps -aq --filter label=baton.fixture)
+      [ -z "$ids" ] || docker rm -f $ids >/dev/null
+    fi
