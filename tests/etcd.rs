@@ -276,3 +276,43 @@ async fn stop(child: &mut tokio::process::Child) {
         .await
         .unwrap();
 }
+
+/// Wrong credentials are a distinct error; right ones connect. Uses a node of its own,
+/// since enabling authentication would lock the other tests out of the shared one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_credentials_are_refused() {
+    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
+        eprintln!("external etcd: not enabling authentication on it; skipping");
+        return;
+    }
+    let node = EtcdNode::start().await.expect("a node of its own");
+    let mut client = node.backend().await.unwrap().client().clone();
+    client
+        .user_add("root", "right-password", None)
+        .await
+        .unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+
+    let wrong = EtcdBackend::connect(
+        node.endpoints(),
+        EtcdOptions::new().with_user("root", "wrong-password"),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(wrong, Error::Auth { .. }), "{wrong:?}");
+    let anonymous = EtcdBackend::connect(node.endpoints(), EtcdOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(anonymous, Error::Auth { .. }), "{anonymous:?}");
+
+    let right = EtcdBackend::connect(
+        node.endpoints(),
+        EtcdOptions::new().with_user("root", "right-password"),
+    )
+    .await
+    .unwrap();
+    let s = Session::new(right).await.unwrap();
+    let guard = Mutex::new(&s, "auth/lock").unwrap().lock().await.unwrap();
+    guard.unlock().await.unwrap();
+}

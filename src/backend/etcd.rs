@@ -127,6 +127,8 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
             || code == tonic_code::PERMISSION_DENIED
             || msg.contains("authentication failed")
             || msg.contains("invalid auth token")
+            || msg.contains("user name is empty")
+            || msg.contains("permission denied")
         {
             return Error::Auth { source: e.into() };
         }

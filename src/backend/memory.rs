@@ -421,3 +421,69 @@ impl Backend for MemoryBackend {
 pub(crate) fn queue_of(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(q, _)| q)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_of_strips_the_tag_only() {
+        assert_eq!(queue_of("orders/lock/694d"), "orders/lock");
+        assert_eq!(queue_of("plain"), "plain");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_order_by_creation_not_by_key() {
+        let b = MemoryBackend::new();
+        let l1 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
+        let l2 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
+        let zz = b.enqueue("q", "zz", l1, b"").await.unwrap();
+        let aa = b.enqueue("q", "aa", l2, b"").await.unwrap();
+        assert!(zz.is_head && !aa.is_head);
+        let keys: Vec<_> = b
+            .entries("q")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.key)
+            .collect();
+        assert_eq!(keys, ["q/zz", "q/aa"]);
+        // A queue is its prefix plus '/': "q2/..." is not in queue "q".
+        b.enqueue("q2", "x", l1, b"").await.unwrap();
+        assert_eq!(b.entries("q").await.unwrap().len(), 2);
+        assert_eq!(
+            b.predecessor(&aa.entry).await.unwrap(),
+            Some(zz.entry.clone())
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn enqueue_is_idempotent_per_tag_and_needs_a_live_lease() {
+        let b = MemoryBackend::new();
+        let lease = b.grant_lease(Duration::from_secs(1)).await.unwrap().id;
+        let first = b.enqueue("q", "t", lease, b"v").await.unwrap();
+        let again = b.enqueue("q", "t", lease, b"other").await.unwrap();
+        assert_eq!(first, again);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            b.entries("q").await.unwrap().is_empty(),
+            "expired with its lease"
+        );
+        let late = b.enqueue("q", "t", lease, b"v").await;
+        assert!(matches!(late, Err(Error::SessionLost(LostReason::Revoked))));
+        assert_eq!(b.key_count(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_gone_returns_at_once_for_a_gone_entry() {
+        let b = MemoryBackend::new();
+        let lease = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
+        let e = b.enqueue("q", "t", lease, b"").await.unwrap().entry;
+        assert!(b.delete_entry(&e).await.unwrap());
+        b.wait_gone(&e).await.unwrap();
+        assert!(
+            !b.delete_entry(&e).await.unwrap(),
+            "acts only on live entries"
+        );
+    }
+}

@@ -504,6 +504,33 @@ pub async fn dropped_session_revokes(rig: Rig) {
     .await;
 }
 
+/// Dropping a guard releases the lock in the background: the next waiter acquires.
+pub async fn dropped_guard_releases(rig: Rig) {
+    let name = rig.name("drop-guard");
+    let a = rig.session().await;
+    let b = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn({
+        let (b, name) = (b.clone(), name.clone());
+        async move { Mutex::new(&b, &name).unwrap().lock().await }
+    });
+    eventually("the waiter is queued", || async {
+        rig.keys(&name).await.len() == 2
+    })
+    .await;
+    drop(guard);
+    let next = within(
+        "the waiter after a dropped guard",
+        Duration::from_secs(10),
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(rig.keys(&name).await, vec![next.key().to_owned()]);
+    next.unlock().await.unwrap();
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -512,7 +539,7 @@ macro_rules! conformance {
             mutual_exclusion, fifo_order, try_lock_leaves_nothing, dropped_lock_leaves_nothing,
             revoked_holder_is_told, crashed_holder_is_followed, late_unlock_spares_successor,
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
-            close_releases_everything, dropped_session_revokes);
+            close_releases_everything, dropped_session_revokes, dropped_guard_releases);
     };
     (@tests $rig:path; $attr:tt; $($test:ident),*) => {
         mod conformance {

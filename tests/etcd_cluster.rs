@@ -1,0 +1,96 @@
+//! Tests on a three-member etcd cluster (three containers, host networking): the client
+//! keeps working when the leader stops, and reports a clear error when no member answers.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use baton::testing::EtcdCluster;
+use baton::{Error, EtcdBackend, EtcdOptions, Mutex, Session, SessionOptions};
+use support::{FencedRegister, assert_strictly_increasing, within};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
+    let cluster = EtcdCluster::start().await.expect("three-member cluster");
+    let options = EtcdOptions::new()
+        .with_request_timeout(Duration::from_secs(2))
+        .with_retry_for(Duration::from_secs(15));
+    let backend = EtcdBackend::connect(&cluster.endpoints(), options)
+        .await
+        .unwrap();
+    let session = Session::with_options(
+        backend.clone(),
+        SessionOptions::new().with_ttl(Duration::from_secs(20)),
+    )
+    .await
+    .unwrap();
+    let mutex = Mutex::new(&session, "cluster/lock").unwrap();
+    let register = FencedRegister::default();
+    let cycle = || async {
+        let guard = mutex.lock().await.unwrap();
+        let token = guard.fencing_token().get();
+        assert!(register.enter(token));
+        register.exit(token);
+        guard.unlock().await.unwrap();
+    };
+    cycle().await;
+
+    let leader = within("a leader", Duration::from_secs(10), async {
+        loop {
+            if let Some(l) = cluster.leader().await.unwrap() {
+                break l;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    cluster.stop_member(leader).await.unwrap();
+    // Requests that hit the stopped member are retried on the others.
+    for _ in 0..20 {
+        within(
+            "a lock cycle without the old leader",
+            Duration::from_secs(20),
+            cycle(),
+        )
+        .await;
+    }
+    cluster.start_member(leader).await.unwrap();
+    for _ in 0..5 {
+        within(
+            "a lock cycle after the restart",
+            Duration::from_secs(20),
+            cycle(),
+        )
+        .await;
+    }
+    let s = register.snapshot();
+    assert_eq!((s.overlaps, s.rejected, s.accepted.len()), (0, 0, 26));
+    assert_strictly_increasing(&s.accepted);
+
+    // No member answers: a clear error once the retry budget is spent, not a hang.
+    let impatient = EtcdBackend::connect(
+        &cluster.endpoints(),
+        EtcdOptions::new()
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        cluster.stop_member(i).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let err = Session::new(impatient).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                op: "grant_lease",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
