@@ -1,8 +1,5 @@
 # baton's tasks. `just --list` shows them.
 
-# The etcd image the tests start; built locally from Debian's etcd-server (scripts/setup.sh).
-export BATON_ETCD_IMAGE := env_var_or_default("BATON_ETCD_IMAGE", `cat target/etcd-image 2>/dev/null || true`)
-
 # Run every test: unit, doc, the conformance suite on memory and on etcd (testcontainers).
 test: _clean-containers
     cargo test --features testing

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the etcd image the tests run, with no container registry: a root filesystem holding
 # Debian's etcd and etcdctl and the shared libraries `ldd` lists, loaded by `docker import`.
-# Prints the image name (also written to target/etcd-image) on stdout.
+# Tags it local/etcd:<Debian version> and local/etcd:debian (the name .cargo/config.toml gives
+# the tests). Prints the versioned name (also written to target/etcd-image) on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,7 @@ version=$(dpkg-query -W -f='${Version}' etcd-server | sed 's/[^A-Za-z0-9_.-]/_/g
 image="local/etcd:${version}"
 mkdir -p target
 if docker image inspect "$image" >/dev/null 2>&1; then
+  docker tag "$image" local/etcd:debian
   echo "$image" | tee target/etcd-image
   exit 0
 fi
@@ -30,5 +32,6 @@ tar -C "$root" -c . | docker import \
   -c 'ENTRYPOINT ["/usr/bin/etcd"]' \
   -c 'ENV ETCDCTL_API=3' \
   - "$image" >/dev/null
+docker tag "$image" local/etcd:debian
 echo "built $image" >&2
 echo "$image" | tee target/etcd-image

@@ -149,15 +149,7 @@ async fn foreign_raw_key_is_respected() {
     let s = Session::new(backend.clone()).await.unwrap();
     let mutex = Mutex::new(&s, &name).unwrap();
     assert!(matches!(mutex.try_lock().await, Err(Error::Locked { .. })));
-    let waiter = tokio::spawn({
-        let mutex = mutex.clone();
-        async move { mutex.lock().await }
-    });
-    eventually("queued behind the foreign key", || async {
-        backend.entries(&name).await.unwrap().len() == 2
-    })
-    .await;
-    assert!(!waiter.is_finished());
+    let waiter = support::spawn_queued(&backend, &s, &name, 2).await;
     client.delete(key.as_str(), None).await.unwrap();
     let guard = within(
         "lock after the foreign key left",
@@ -191,14 +183,7 @@ async fn interoperates_with_etcdctl_lock() {
     let s = Session::new(backend.clone()).await.unwrap();
     let mutex = Mutex::new(&s, &name).unwrap();
     assert!(matches!(mutex.try_lock().await, Err(Error::Locked { .. })));
-    let waiter = tokio::spawn({
-        let mutex = mutex.clone();
-        async move { mutex.lock().await }
-    });
-    eventually("baton queued behind etcdctl", || async {
-        backend.entries(&name).await.unwrap().len() == 2
-    })
-    .await;
+    let waiter = support::spawn_queued(&backend, &s, &name, 2).await;
     stop(&mut etcdctl).await;
     let guard = within(
         "baton after etcdctl released",

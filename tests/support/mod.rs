@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use baton::{Backend, Error, LostReason, Mutex, Session, SessionOptions, WriteOp};
+use baton::{Backend, Error, LostReason, Mutex, MutexGuard, Session, SessionOptions, WriteOp};
 use tokio::time::Instant;
 
 /// What a suite function needs: the backend under test, a second handle to it that acts as
@@ -58,6 +58,26 @@ where
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Starts `session`'s `lock()` on `name` in a task and returns once its key is in the queue,
+/// which then holds `queued` keys.
+pub async fn spawn_queued(
+    observer: &dyn Backend,
+    session: &Session,
+    name: &str,
+    queued: usize,
+) -> tokio::task::JoinHandle<baton::Result<MutexGuard>> {
+    let waiter = tokio::spawn({
+        let mutex = Mutex::new(session, name).unwrap();
+        async move { mutex.lock().await }
+    });
+    eventually("the waiter is queued", || async {
+        observer.entries(name).await.unwrap().len() == queued
+    })
+    .await;
+    assert!(!waiter.is_finished(), "the waiter must wait");
+    waiter
 }
 
 /// Bounds a future that the test expects to finish.
@@ -301,14 +321,7 @@ pub async fn revoked_holder_is_told(rig: Rig) {
         .await
         .unwrap();
 
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { Mutex::new(&b, &name).unwrap().lock().await }
-    });
-    eventually("the waiter is queued", || async {
-        rig.keys(&name).await.len() == 2
-    })
-    .await;
+    let waiter = spawn_queued(&*rig.outside, &b, &name, 2).await;
 
     rig.outside.revoke_lease(a.lease_id()).await.unwrap();
     // The session learns it at its next renewal: within one keep-alive period (TTL/3).
@@ -387,14 +400,7 @@ pub async fn lost_waiter_gets_error(rig: Rig) {
     let a = rig.session().await;
     let b = rig.session_ttl(Duration::from_secs(3)).await;
     let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { Mutex::new(&b, &name).unwrap().lock().await }
-    });
-    eventually("the waiter is queued", || async {
-        rig.keys(&name).await.len() == 2
-    })
-    .await;
+    let waiter = spawn_queued(&*rig.outside, &b, &name, 2).await;
     rig.outside.revoke_lease(b.lease_id()).await.unwrap();
     let result = within("the waiter's error", Duration::from_secs(10), waiter)
         .await
@@ -510,14 +516,7 @@ pub async fn dropped_guard_releases(rig: Rig) {
     let a = rig.session().await;
     let b = rig.session().await;
     let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
-    let waiter = tokio::spawn({
-        let (b, name) = (b.clone(), name.clone());
-        async move { Mutex::new(&b, &name).unwrap().lock().await }
-    });
-    eventually("the waiter is queued", || async {
-        rig.keys(&name).await.len() == 2
-    })
-    .await;
+    let waiter = spawn_queued(&*rig.outside, &b, &name, 2).await;
     drop(guard);
     let next = within(
         "the waiter after a dropped guard",
