@@ -301,3 +301,71 @@ async fn wrong_credentials_are_refused() {
     let guard = Mutex::new(&s, "auth/lock").unwrap().lock().await.unwrap();
     guard.unlock().await.unwrap();
 }
+
+/// Watch events etcd has sent so far, from its `/metrics` endpoint (plain HTTP on loopback).
+async fn events_sent(endpoint: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix("etcd_debugging_mvcc_events_total "))
+        .map(|v| v.trim().parse::<f64>().unwrap() as u64)
+        .expect("etcd_debugging_mvcc_events_total in /metrics")
+}
+
+/// One release sends one watch event, however many wait: every waiter watches only its
+/// predecessor. Uses a node of its own so that no other test's watches are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_sends_one_watch_event() {
+    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
+        eprintln!("external etcd: its metrics count other clients too; skipping");
+        return;
+    }
+    let node = EtcdNode::start().await.expect("a node of its own");
+    let endpoint = node.endpoints()[0].clone();
+    let backend = node.backend().await.unwrap();
+    let name = "herd/lock";
+    let holder = Session::new(backend.clone()).await.unwrap();
+    let guard = Mutex::new(&holder, name).unwrap().lock().await.unwrap();
+
+    let (granted_tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let mut releases = Vec::new();
+    for i in 0..8 {
+        let s = Session::new(backend.clone()).await.unwrap();
+        let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+        releases.push(release_tx);
+        let granted_tx = granted_tx.clone();
+        tokio::spawn(async move {
+            let g = Mutex::new(&s, name).unwrap().lock().await.unwrap();
+            granted_tx.send(i).unwrap();
+            let _ = release_rx.await;
+            g.unlock().await.unwrap();
+        });
+        eventually("queued", || async {
+            backend.entries(name).await.unwrap().len() == i + 2
+        })
+        .await;
+    }
+
+    let mut before = events_sent(&endpoint).await;
+    guard.unlock().await.unwrap();
+    for (i, release) in releases.into_iter().enumerate() {
+        let next = within("next grant", Duration::from_secs(10), granted.recv()).await;
+        assert_eq!(next, Some(i));
+        let after = events_sent(&endpoint).await;
+        assert_eq!(
+            after - before,
+            1,
+            "release {i} sent {} watch events",
+            after - before
+        );
+        before = after;
+        release.send(()).unwrap();
+    }
+}
