@@ -63,6 +63,14 @@ pub enum Error {
         key: String,
     },
 
+    /// Leadership ended while [`Election::run_while_leader`](crate::Election::run_while_leader)
+    /// ran its work: the work was cancelled.
+    #[error("leadership of `{name}` lost")]
+    LeadershipLost {
+        /// The election name.
+        name: String,
+    },
+
     /// A guarded write was not applied because the caller no longer owns the lock.
     #[error("not the owner of `{key}` any more; nothing was written")]
     NotOwner {

@@ -46,6 +46,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod backend;
+mod election;
 mod error;
 mod mutex;
 mod queue;
@@ -58,6 +59,7 @@ pub use backend::{
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
+pub use election::{Election, Leader, LeaderEvent, Leadership};
 pub use error::{BoxError, Error, LostReason, Result};
 pub use mutex::{Mutex, MutexGuard};
 pub use session::{Session, SessionOptions};

@@ -369,3 +369,48 @@ async fn one_release_sends_one_watch_event() {
         release.send(()).unwrap();
     }
 }
+
+/// The observer keeps reporting across a compaction of the history it watches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_continues_across_compaction() {
+    use baton::{Election, LeaderEvent};
+    let backend = backend().await;
+    let name = test_name("observe-compaction");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let election = Election::new(&s, &name).unwrap();
+    let mut events = election.observe();
+    assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);
+    let a = election.campaign("a").await.unwrap();
+    assert!(
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"a")
+    );
+
+    let mut client = backend.client().clone();
+    let rev = client
+        .put(format!("{name}-filler"), "x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    client
+        .compact(
+            rev,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+
+    a.resign().await.unwrap();
+    assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);
+    let other = Session::new(backend.clone()).await.unwrap();
+    let b = Election::new(&other, &name)
+        .unwrap()
+        .campaign("b")
+        .await
+        .unwrap();
+    assert!(
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"b")
+    );
+    b.resign().await.unwrap();
+}

@@ -6,11 +6,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
-    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
+use futures::stream::BoxStream;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, WriteOp};
+use super::{
+    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
+    WriteOp, receiver_stream,
+};
 use crate::error::{BoxError, Error, LostReason, Result};
 
 /// Connection options for [`EtcdBackend::connect`].
@@ -488,6 +493,112 @@ impl Backend for EtcdBackend {
             .call("read", |mut c| async move { c.get(key, None).await })
             .await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let resp = self
+            .call("lease_ttl", |mut c| async move {
+                c.lease_time_to_live(lease.0, None).await
+            })
+            .await?;
+        // etcd answers -1 for a lease it does not know.
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+    }
+
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>> {
+        let (tx, rx) = mpsc::channel(16);
+        let (backend, queue) = (self.clone(), queue.to_owned());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = backend.observe_loop(&queue, &tx) => {}
+                () = tx.closed() => {}
+            }
+        });
+        receiver_stream(rx)
+    }
+}
+
+impl EtcdBackend {
+    /// Feeds `tx` with head changes of `queue` until the receiver is dropped: a snapshot,
+    /// then a prefix watch from the snapshot's revision. A broken stream is resumed from the
+    /// last revision seen; a compacted one starts over with a fresh snapshot.
+    async fn observe_loop(&self, queue: &str, tx: &mpsc::Sender<Result<Option<Entry>>>) {
+        let prefix = queue_prefix(queue);
+        let mut mirror = QueueMirror::default();
+        let mut backoff = Duration::from_millis(25);
+        let mut resume_from: Option<i64> = None;
+        loop {
+            let start = match resume_from {
+                Some(rev) => rev,
+                None => {
+                    let snapshot = self
+                        .call("observe", |mut c| {
+                            let prefix = prefix.clone();
+                            async move { c.get(prefix, Some(oldest_first(0))).await }
+                        })
+                        .await;
+                    let resp = match snapshot {
+                        Ok(resp) => resp,
+                        Err(e) => {
+                            if tx.send(Err(e)).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            continue;
+                        }
+                    };
+                    mirror.reset(resp.kvs().iter().map(to_entry).collect());
+                    if !mirror.report(tx).await {
+                        return;
+                    }
+                    resp.header().map_or(0, |h| h.revision()) + 1
+                }
+            };
+            let options = WatchOptions::new().with_prefix().with_start_revision(start);
+            let mut client = self.client.clone();
+            let mut stream = match client.watch(prefix.as_str(), Some(options)).await {
+                Ok(stream) => stream,
+                Err(e) => {
+                    tracing::debug!(%queue, error = %e, "observe: watch failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    resume_from = Some(start);
+                    continue;
+                }
+            };
+            let mut next = start;
+            loop {
+                let resp = match stream.message().await {
+                    Ok(Some(resp)) => resp,
+                    Ok(None) | Err(_) => {
+                        // Broken: resume from the first revision not yet seen.
+                        resume_from = Some(next);
+                        break;
+                    }
+                };
+                if resp.canceled() {
+                    // Compacted (or refused): nothing to resume from, take a snapshot.
+                    tracing::debug!(%queue, compact = resp.compact_revision(), "observe: watch canceled; re-reading");
+                    resume_from = None;
+                    break;
+                }
+                backoff = Duration::from_millis(25);
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    next = next.max(kv.mod_revision() + 1);
+                    mirror.apply(match ev.event_type() {
+                        EventType::Put => QueueChange::Put(to_entry(kv)),
+                        EventType::Delete => {
+                            QueueChange::Delete(String::from_utf8_lossy(kv.key()).into_owned())
+                        }
+                    });
+                    if !mirror.report(tx).await {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }
 

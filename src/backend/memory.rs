@@ -6,10 +6,14 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{Notify, oneshot};
+use futures::stream::BoxStream;
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::{Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, WriteOp};
+use super::{
+    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
+    WriteOp, receiver_stream,
+};
 use crate::error::{Error, LostReason, Result};
 
 /// An in-process backend with the same semantics as etcd: one global revision counter that
@@ -68,6 +72,8 @@ struct State {
     leases: HashMap<LeaseId, LeaseState>,
     /// Per key: waiters of one incarnation (create revision) of that key.
     waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
+    /// Every change, in revision order, for observers (the in-process watch).
+    changes: broadcast::Sender<(String, QueueChange)>,
 }
 
 impl Default for State {
@@ -79,6 +85,7 @@ impl Default for State {
             kvs: BTreeMap::new(),
             leases: HashMap::new(),
             waiters: HashMap::new(),
+            changes: broadcast::channel(1024).0,
         }
     }
 }
@@ -118,6 +125,10 @@ impl State {
         let Some(kv) = self.kvs.remove(key) else {
             return 0;
         };
+        // No receiver is not an error: nobody observes.
+        let _ = self
+            .changes
+            .send((key.to_owned(), QueueChange::Delete(key.to_owned())));
         if let Some(lease) = kv.lease.and_then(|l| self.leases.get_mut(&l)) {
             lease.keys.remove(key);
         }
@@ -135,18 +146,21 @@ impl State {
     fn put(&mut self, key: &str, value: Vec<u8>, lease: Option<LeaseId>) {
         if let Some(kv) = self.kvs.get_mut(key) {
             kv.value = value;
-            return;
+        } else {
+            self.kvs.insert(
+                key.to_owned(),
+                Kv {
+                    value,
+                    create: self.revision,
+                    lease,
+                },
+            );
+            if let Some(l) = lease.and_then(|l| self.leases.get_mut(&l)) {
+                l.keys.insert(key.to_owned());
+            }
         }
-        self.kvs.insert(
-            key.to_owned(),
-            Kv {
-                value,
-                create: self.revision,
-                lease,
-            },
-        );
-        if let Some(l) = lease.and_then(|l| self.leases.get_mut(&l)) {
-            l.keys.insert(key.to_owned());
+        if let Some(entry) = self.entry(key) {
+            let _ = self.changes.send((key.to_owned(), QueueChange::Put(entry)));
         }
     }
 
@@ -414,6 +428,49 @@ impl Backend for MemoryBackend {
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
         Ok(self.available()?.kvs.get(key).map(|kv| kv.value.clone()))
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        Ok(self
+            .available()?
+            .leases
+            .get(&lease)
+            .map(|l| l.deadline.saturating_duration_since(now)))
+    }
+
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>> {
+        let (tx, rx) = mpsc::channel(16);
+        let (backend, prefix) = (self.clone(), format!("{queue}/"));
+        let queue = queue.to_owned();
+        tokio::spawn(async move {
+            let mut mirror = QueueMirror::default();
+            loop {
+                // Subscribe and snapshot under one lock: no change falls between the two.
+                let (mut changes, entries) = {
+                    let state = backend.lock_state();
+                    (state.changes.subscribe(), state.queue(&queue))
+                };
+                mirror.reset(entries);
+                loop {
+                    if !mirror.report(&tx).await {
+                        return;
+                    }
+                    let change = tokio::select! {
+                        change = changes.recv() => change,
+                        () = tx.closed() => return,
+                    };
+                    match change {
+                        Ok((key, change)) if key.starts_with(&prefix) => mirror.apply(change),
+                        Ok(_) => {}
+                        // Fell behind: start again from a fresh snapshot.
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        });
+        receiver_stream(rx)
     }
 }
 

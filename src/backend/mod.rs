@@ -4,10 +4,12 @@
 //! in-memory model and later ZooKeeper or Redis can implement it without the recipes knowing
 //! which is which.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 
 use crate::error::Result;
 
@@ -212,6 +214,97 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Reads a plain key (for example one written by [`guarded`](Backend::guarded)).
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// The remaining TTL of `lease`, or `None` if it no longer exists.
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>>;
+
+    /// A stream of the head of `queue`: its current head first (`None` = the queue is
+    /// empty), then every change of head entry or of the head's value, in order. Each head
+    /// the stream learns of is reported, even when it is replaced right away; only a
+    /// compaction or a lagging consumer may make it skip heads it never saw. It resumes by
+    /// itself after reconnects and compactions, and ends only when dropped.
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>>;
+}
+
+/// A change to one key under a queue's prefix, as a watch reports it.
+#[derive(Debug, Clone)]
+pub(crate) enum QueueChange {
+    Put(Entry),
+    Delete(String),
+}
+
+/// A client-side copy of one queue, kept from a snapshot plus changes, that tells when its
+/// head changes. Shared by the backends' [`Backend::observe_head`].
+#[derive(Debug, Default)]
+pub(crate) struct QueueMirror {
+    by_key: HashMap<String, Entry>,
+    order: BTreeMap<Position, String>,
+    /// The head last reported: `None` before the first report.
+    reported: Option<Option<(FencingToken, Vec<u8>)>>,
+}
+
+impl QueueMirror {
+    pub(crate) fn reset(&mut self, entries: Vec<Entry>) {
+        self.by_key.clear();
+        self.order.clear();
+        for e in entries {
+            self.apply(QueueChange::Put(e));
+        }
+    }
+
+    pub(crate) fn apply(&mut self, change: QueueChange) {
+        match change {
+            QueueChange::Put(e) => {
+                if let Some(old) = self.by_key.insert(e.key.clone(), e.clone()) {
+                    self.order.remove(&old.position);
+                }
+                self.order.insert(e.position, e.key);
+            }
+            QueueChange::Delete(key) => {
+                if let Some(old) = self.by_key.remove(&key) {
+                    self.order.remove(&old.position);
+                }
+            }
+        }
+    }
+
+    /// Sends the head to `tx` if it changed since the last report; `false` once the
+    /// receiver is gone.
+    pub(crate) async fn report(
+        &mut self,
+        tx: &tokio::sync::mpsc::Sender<Result<Option<Entry>>>,
+    ) -> bool {
+        match self.head_change() {
+            Some(head) => tx.send(Ok(head)).await.is_ok(),
+            None => true,
+        }
+    }
+
+    /// The head, if it differs (entry or value) from the one last reported.
+    fn head_change(&mut self) -> Option<Option<Entry>> {
+        let head = self
+            .order
+            .values()
+            .next()
+            .and_then(|k| self.by_key.get(k))
+            .cloned();
+        let now = head.as_ref().map(|h| (h.token, h.value.clone()));
+        if self.reported.as_ref() == Some(&now) {
+            return None;
+        }
+        self.reported = Some(now);
+        Some(head)
+    }
+}
+
+/// Turns a channel fed by an observer task into a stream; the task notices when the stream
+/// is dropped through `Sender::closed`.
+pub(crate) fn receiver_stream<T: Send + 'static>(
+    rx: tokio::sync::mpsc::Receiver<T>,
+) -> BoxStream<'static, T> {
+    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }))
 }
 
 #[cfg(feature = "etcd")]

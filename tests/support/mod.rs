@@ -6,7 +6,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use baton::{Backend, Error, LostReason, Mutex, MutexGuard, Session, SessionOptions, WriteOp};
+use baton::{
+    Backend, Election, Error, LeaderEvent, LostReason, Mutex, MutexGuard, Session, SessionOptions,
+    WriteOp,
+};
+use futures::StreamExt;
 use tokio::time::Instant;
 
 /// What a suite function needs: the backend under test, a second handle to it that acts as
@@ -530,6 +534,206 @@ pub async fn dropped_guard_releases(rig: Rig) {
     next.unlock().await.unwrap();
 }
 
+/// Reads the next event of an observer, failing the test if none comes.
+pub async fn next_event(
+    events: &mut futures::stream::BoxStream<'static, baton::Result<LeaderEvent>>,
+) -> LeaderEvent {
+    within("a leader event", Duration::from_secs(20), events.next())
+        .await
+        .expect("the observer stream does not end")
+        .expect("no backend error")
+}
+
+fn elected_value(event: &LeaderEvent) -> Vec<u8> {
+    match event {
+        LeaderEvent::Elected(l) => l.value.clone(),
+        other => panic!("expected a new leader, got {other:?}"),
+    }
+}
+
+/// Campaigners lead one at a time, in campaign order, with increasing tokens; the observer
+/// reports every leader in turn and the final vacancy.
+pub async fn election_fifo_succession(rig: Rig) {
+    let name = rig.name("elect-fifo");
+    let observer_session = rig.session().await;
+    let election = Election::new(&observer_session, &name).unwrap();
+    let mut events = election.observe();
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+
+    let first = rig.session().await;
+    let mut leader = Election::new(&first, &name)
+        .unwrap()
+        .campaign("c0")
+        .await
+        .unwrap();
+    let mut waiting = Vec::new();
+    for i in 1..4 {
+        let s = rig.session().await;
+        let e = Election::new(&s, &name).unwrap();
+        waiting.push(tokio::spawn(async move {
+            let l = e.campaign(format!("c{i}")).await.unwrap();
+            (s, l)
+        }));
+        eventually("the campaigner is queued", || async {
+            rig.keys(&name).await.len() == i + 1
+        })
+        .await;
+    }
+    assert_eq!(elected_value(&next_event(&mut events).await), b"c0");
+    let mut tokens = vec![leader.fencing_token().get()];
+    for (i, next) in waiting.into_iter().enumerate() {
+        let current = election.leader().await.unwrap().expect("someone leads");
+        assert_eq!(current.key, leader.key(), "exactly the one leader");
+        leader.resign().await.unwrap();
+        let (_s, next) = within("succession", Duration::from_secs(10), next)
+            .await
+            .unwrap();
+        assert_eq!(next.value(), format!("c{}", i + 1).as_bytes());
+        assert_eq!(
+            elected_value(&next_event(&mut events).await),
+            format!("c{}", i + 1).as_bytes()
+        );
+        tokens.push(next.fencing_token().get());
+        leader = next;
+    }
+    assert_strictly_increasing(&tokens);
+    leader.resign().await.unwrap();
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+    assert!(election.leader().await.unwrap().is_none());
+}
+
+/// A leader that dies (stops renewing) is followed by the next campaigner within its TTL.
+pub async fn election_dead_leader_is_followed(rig: Rig) {
+    let name = rig.name("elect-dead");
+    let ttl = Duration::from_secs(2);
+    let lease = rig.outside.grant_lease(ttl).await.unwrap();
+    rig.outside
+        .enqueue(&name, &lease.id.to_hex(), lease.id, b"dead")
+        .await
+        .unwrap();
+    let s = rig.session().await;
+    let election = Election::new(&s, &name).unwrap();
+    let mut events = election.observe();
+    assert_eq!(elected_value(&next_event(&mut events).await), b"dead");
+    let next = within(
+        "the successor of a dead leader",
+        lease.ttl + Duration::from_secs(3),
+        election.campaign("alive"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(elected_value(&next_event(&mut events).await), b"alive");
+    next.resign().await.unwrap();
+}
+
+/// Proclaim updates the value while leading; after the session is lost it is refused.
+pub async fn election_proclaim_and_loss(rig: Rig) {
+    let name = rig.name("elect-proclaim");
+    let s = rig.session_ttl(Duration::from_secs(3)).await;
+    let election = Election::new(&s, &name).unwrap();
+    let mut events = election.observe();
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+    let mut leadership = election.campaign("v1").await.unwrap();
+    assert_eq!(elected_value(&next_event(&mut events).await), b"v1");
+    leadership.proclaim("v2").await.unwrap();
+    match next_event(&mut events).await {
+        LeaderEvent::Proclaimed(l) => assert_eq!(l.value, b"v2"),
+        other => panic!("expected a proclamation, got {other:?}"),
+    }
+    assert_eq!(election.leader().await.unwrap().unwrap().value, b"v2");
+
+    rig.outside.revoke_lease(s.lease_id()).await.unwrap();
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+    within("lost()", Duration::from_secs(3), leadership.lost()).await;
+    let refused = leadership.proclaim("v3").await;
+    assert!(
+        matches!(refused, Err(Error::NotOwner { .. })),
+        "{refused:?}"
+    );
+    assert!(election.leader().await.unwrap().is_none());
+}
+
+/// A campaigner whose session is lost while waiting gets an error, never leadership.
+pub async fn election_lost_campaigner_gets_error(rig: Rig) {
+    let name = rig.name("elect-lost");
+    let a = rig.session().await;
+    let leader = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    let b = rig.session_ttl(Duration::from_secs(3)).await;
+    let campaign = tokio::spawn({
+        let e = Election::new(&b, &name).unwrap();
+        async move { e.campaign("b").await }
+    });
+    eventually("the campaigner is queued", || async {
+        rig.keys(&name).await.len() == 2
+    })
+    .await;
+    rig.outside.revoke_lease(b.lease_id()).await.unwrap();
+    let result = within("the campaigner's error", Duration::from_secs(10), campaign)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            result,
+            Err(Error::SessionLost(_)) | Err(Error::EntryGone { .. })
+        ),
+        "{result:?}"
+    );
+    leader.resign().await.unwrap();
+    assert!(rig.keys(&name).await.is_empty());
+}
+
+/// `run_while_leader` resigns after the work; when leadership is lost it cancels the work
+/// and returns `LeadershipLost`.
+pub async fn election_run_while_leader(rig: Rig) {
+    let name = rig.name("elect-run");
+    let s = rig.session().await;
+    let election = Election::new(&s, &name).unwrap();
+    let out = election
+        .run_while_leader("job", |token| async move { token.get() })
+        .await
+        .unwrap();
+    assert!(out > 0);
+    assert!(rig.keys(&name).await.is_empty(), "resigned after the work");
+
+    // The work never finishes on its own; leadership is taken away from outside.
+    struct DropFlag(Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for DropFlag {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run = tokio::spawn({
+        let (election, flag) = (election.clone(), DropFlag(Arc::clone(&dropped)));
+        async move {
+            election
+                .run_while_leader("job", |_| async move {
+                    let _flag = flag;
+                    std::future::pending::<()>().await
+                })
+                .await
+        }
+    });
+    eventually("leading", || async { rig.keys(&name).await.len() == 1 }).await;
+    let entry = rig.outside.entries(&name).await.unwrap().remove(0);
+    assert!(rig.outside.delete_entry(&entry).await.unwrap());
+    let result = within("the work is cancelled", Duration::from_secs(10), run)
+        .await
+        .unwrap();
+    assert!(
+        matches!(result, Err(Error::LeadershipLost { .. })),
+        "{result:?}"
+    );
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work future was dropped"
+    );
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -538,7 +742,9 @@ macro_rules! conformance {
             mutual_exclusion, fifo_order, try_lock_leaves_nothing, dropped_lock_leaves_nothing,
             revoked_holder_is_told, crashed_holder_is_followed, late_unlock_spares_successor,
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
-            close_releases_everything, dropped_session_revokes, dropped_guard_releases);
+            close_releases_everything, dropped_session_revokes, dropped_guard_releases,
+            election_fifo_succession, election_dead_leader_is_followed, election_proclaim_and_loss,
+            election_lost_campaigner_gets_error, election_run_while_leader);
     };
     (@tests $rig:path; $attr:tt; $($test:ident),*) => {
         mod conformance {
