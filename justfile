@@ -2,14 +2,14 @@
 
 # Run every test: unit, doc, the conformance suite on memory and on etcd (testcontainers).
 test: _clean-containers
-    cargo test --features testing
+    cargo test --all-features
     just _clean-containers
 
 # Formatting and lints, as CI runs them.
 lint:
     cargo fmt --check
-    cargo clippy --all-targets --features testing -- -D warnings
-    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --features testing --quiet
+    cargo clippy --all-targets --all-features -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
 
 # The demo: several workers on the in-memory backend, no server needed.
 demo:
