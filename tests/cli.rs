@@ -331,6 +331,14 @@ async fn baton_lock_and_etcdctl_lock_exclude_each_other() {
     within("etcdctl holds", Duration::from_secs(10), out.next_line())
         .await
         .unwrap();
+    // status shows the etcdctl holder (its key has no owner description).
+    let status = baton(&["status", &name, "--json"]).output().await.unwrap();
+    let status = String::from_utf8(status.stdout).unwrap();
+    assert_eq!(status.lines().count(), 1, "{status}");
+    assert!(
+        status.contains("\"role\":\"holder\"") && status.contains("\"owner\":\"\""),
+        "{status}"
+    );
     let blocked = baton(&["lock", &name, "--timeout", "0.5", "--", "true"])
         .output()
         .await

@@ -734,6 +734,34 @@ pub async fn election_run_while_leader(rig: Rig) {
     );
 }
 
+/// A dropped `campaign()` leaves no key; a dropped leadership resigns in the background.
+pub async fn election_drops_clean_up(rig: Rig) {
+    let name = rig.name("elect-drop");
+    let a = rig.session().await;
+    let b = rig.session().await;
+    let leadership = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    let leader_key = leadership.key().to_owned();
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(200),
+        Election::new(&b, &name).unwrap().campaign("b"),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    eventually("the abandoned candidacy is removed", || async {
+        rig.keys(&name).await == vec![leader_key.clone()]
+    })
+    .await;
+    drop(leadership);
+    eventually("the dropped leadership is resigned", || async {
+        rig.keys(&name).await.is_empty()
+    })
+    .await;
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -744,7 +772,7 @@ macro_rules! conformance {
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
             close_releases_everything, dropped_session_revokes, dropped_guard_releases,
             election_fifo_succession, election_dead_leader_is_followed, election_proclaim_and_loss,
-            election_lost_campaigner_gets_error, election_run_while_leader);
+            election_lost_campaigner_gets_error, election_run_while_leader, election_drops_clean_up);
     };
     (@tests $rig:path; $attr:tt; $($test:ident),*) => {
         mod conformance {
