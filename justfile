@@ -1,9 +1,20 @@
 # baton's tasks. `just --list` shows them.
 
-# Run every test: unit, doc, the conformance suite on memory and on etcd (testcontainers).
+# Run every test: unit, doc, the conformance suite on memory and on etcd (testcontainers),
+# the CLI beside etcdctl, and the examples on the in-memory backend (each checks its outcome).
 test: _clean-containers
     cargo test --all-features
     just _clean-containers
+    just examples
+
+# Run every example on the in-memory backend; each exits non-zero if its outcome is wrong.
+examples:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for example in fair_lock leader payment inventory bank_transfer sql_fence; do
+      echo "== example $example"
+      cargo run --quiet --all-features --example "$example"
+    done
 
 # Formatting and lints, as CI runs them.
 lint:

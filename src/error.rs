@@ -71,6 +71,30 @@ pub enum Error {
         name: String,
     },
 
+    /// A fenced write was refused: a write with a higher token was already accepted for the
+    /// resource. Nothing was written.
+    #[error(
+        "write to `{resource}` with fencing token {token} refused: token {highest} was already accepted"
+    )]
+    StaleToken {
+        /// The resource written to.
+        resource: String,
+        /// The token of the refused write.
+        token: u64,
+        /// The highest token the resource has accepted.
+        highest: u64,
+    },
+
+    /// The token stored for a fenced resource is not a token: the resource was written by
+    /// something else. Nothing was written.
+    #[error("fence of `{resource}` holds `{stored}`, which is not a fencing token")]
+    CorruptFence {
+        /// The resource.
+        resource: String,
+        /// What was stored, lossily decoded.
+        stored: String,
+    },
+
     /// A guarded write was not applied because the caller no longer owns the lock.
     #[error("not the owner of `{key}` any more; nothing was written")]
     NotOwner {

@@ -39,6 +39,8 @@
 //!
 //! # Features
 //! - `etcd` (default): [`EtcdBackend`].
+//! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
+//! - `cli`: the `baton` command-line tool.
 //! - `testing`: the [`testing`] module, with etcd fixtures (single node and three-member
 //!   cluster) started through testcontainers.
 //!
@@ -48,6 +50,7 @@
 mod backend;
 mod election;
 mod error;
+mod fence;
 mod mutex;
 mod queue;
 mod session;
@@ -61,5 +64,8 @@ pub use backend::{
 pub use backend::{EtcdBackend, EtcdOptions};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
 pub use error::{BoxError, Error, LostReason, Result};
+#[cfg(feature = "etcd")]
+pub use fence::EtcdFence;
+pub use fence::{Fence, MemoryFence, decode_token, encode_token};
 pub use mutex::{Mutex, MutexGuard};
 pub use session::{Session, SessionOptions};

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use baton::testing::EtcdCluster;
-use baton::{Error, EtcdBackend, EtcdOptions, Mutex, Session, SessionOptions};
+use baton::{Error, EtcdBackend, EtcdFence, EtcdOptions, Fence, Mutex, Session, SessionOptions};
 use support::{FencedRegister, assert_strictly_increasing, within};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,11 +27,14 @@ async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
     .unwrap();
     let mutex = Mutex::new(&session, "cluster/lock").unwrap();
     let register = FencedRegister::default();
+    // Tokens keep increasing across the leader change, also as seen by a fence in etcd.
+    let fence = EtcdFence::new(backend.clone(), "cluster/fence").unwrap();
     let cycle = || async {
         let guard = mutex.lock().await.unwrap();
-        let token = guard.fencing_token().get();
-        assert!(register.enter(token));
-        register.exit(token);
+        let token = guard.fencing_token();
+        assert!(register.enter(token.get()));
+        fence.write("resource", token, b"x").await.unwrap();
+        register.exit(token.get());
         guard.unlock().await.unwrap();
     };
     cycle().await;

@@ -258,7 +258,8 @@ impl EtcdBackend {
         }
     }
 
-    async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+    /// Runs `txn` with the backend's retries.
+    pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
         self.call(op, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }

@@ -38,7 +38,8 @@ impl fmt::Display for LeaseId {
 ///
 /// For etcd it is the create revision of the holder's key. Pass it to the resource you
 /// protect and have the resource reject any token lower than the highest it accepted
-/// (see `docs/guarantees.md`).
+/// (see [`Fence`](crate::Fence) and `docs/fencing.md`). With the `serde` feature it
+/// serialises as a plain integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FencingToken(u64);
 
@@ -51,6 +52,20 @@ impl FencingToken {
     /// The raw value, for storing in a resource that checks it.
     pub const fn get(self) -> u64 {
         self.0
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for FencingToken {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(self.0)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for FencingToken {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        u64::deserialize(deserializer).map(FencingToken)
     }
 }
 

@@ -534,6 +534,192 @@ pub async fn dropped_guard_releases(rig: Rig) {
     next.unlock().await.unwrap();
 }
 
+/// A backend decorator whose keep-alives can be made to fail for chosen leases, as if
+/// their owner were paused or cut off: the server then expires the lease on its own clock.
+/// Works over any backend, so "a holder that stops renewing" is testable on etcd too.
+#[derive(Debug)]
+pub struct Partitionable {
+    inner: Arc<dyn Backend>,
+    blocked: StdMutex<std::collections::HashSet<baton::LeaseId>>,
+}
+
+impl Partitionable {
+    pub fn new(inner: Arc<dyn Backend>) -> Arc<Self> {
+        Arc::new(Partitionable {
+            inner,
+            blocked: StdMutex::default(),
+        })
+    }
+
+    pub fn block(&self, lease: baton::LeaseId) {
+        self.blocked.lock().unwrap().insert(lease);
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Partitionable {
+    async fn grant_lease(&self, ttl: Duration) -> baton::Result<baton::Lease> {
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: baton::LeaseId) -> baton::Result<Option<Duration>> {
+        if self.blocked.lock().unwrap().contains(&lease) {
+            return Err(Error::Unavailable);
+        }
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: baton::LeaseId) -> baton::Result<()> {
+        self.inner.revoke_lease(lease).await
+    }
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: baton::LeaseId,
+        value: &[u8],
+    ) -> baton::Result<baton::Enqueued> {
+        self.inner.enqueue(queue, tag, lease, value).await
+    }
+    async fn predecessor(&self, mine: &baton::Entry) -> baton::Result<Option<baton::Entry>> {
+        self.inner.predecessor(mine).await
+    }
+    async fn wait_gone(&self, entry: &baton::Entry) -> baton::Result<()> {
+        self.inner.wait_gone(entry).await
+    }
+    async fn head(&self, queue: &str) -> baton::Result<Option<baton::Entry>> {
+        self.inner.head(queue).await
+    }
+    async fn entries(&self, queue: &str) -> baton::Result<Vec<baton::Entry>> {
+        self.inner.entries(queue).await
+    }
+    async fn delete_entry(&self, entry: &baton::Entry) -> baton::Result<bool> {
+        self.inner.delete_entry(entry).await
+    }
+    async fn update_entry(&self, entry: &baton::Entry, value: &[u8]) -> baton::Result<bool> {
+        self.inner.update_entry(entry, value).await
+    }
+    async fn guarded(&self, entry: &baton::Entry, ops: &[WriteOp]) -> baton::Result<bool> {
+        self.inner.guarded(entry, ops).await
+    }
+    async fn read(&self, key: &str) -> baton::Result<Option<Vec<u8>>> {
+        self.inner.read(key).await
+    }
+    async fn lease_ttl(&self, lease: baton::LeaseId) -> baton::Result<Option<Duration>> {
+        self.inner.lease_ttl(lease).await
+    }
+    fn observe_head(
+        &self,
+        queue: &str,
+    ) -> futures::stream::BoxStream<'static, baton::Result<Option<baton::Entry>>> {
+        self.inner.observe_head(queue)
+    }
+}
+
+/// A holder whose renewals stop loses the lock to its successor; its late write through the
+/// fence is refused, every time.
+pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn baton::Fence>, rounds: usize) {
+    let partitionable = Partitionable::new(Arc::clone(&rig.backend));
+    let name = rig.name("stale-fenced");
+    let resource = rig.name("stale-fenced-resource");
+    for round in 0..rounds {
+        let paused = Session::from_shared(
+            partitionable.clone(),
+            SessionOptions::new().with_ttl(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+        let old = Mutex::new(&paused, &name).unwrap().lock().await.unwrap();
+        fence
+            .write(
+                &resource,
+                old.fencing_token(),
+                format!("old {round}").as_bytes(),
+            )
+            .await
+            .unwrap();
+        let successor_session = rig.session().await;
+        let successor = spawn_queued(&*rig.outside, &successor_session, &name, 2).await;
+        // The holder "pauses": its renewals stop; the server expires its lease.
+        partitionable.block(paused.lease_id());
+        let new = within("the successor", Duration::from_secs(15), successor)
+            .await
+            .unwrap()
+            .unwrap();
+        fence
+            .write(
+                &resource,
+                new.fencing_token(),
+                format!("new {round}").as_bytes(),
+            )
+            .await
+            .unwrap();
+        // The old holder wakes up and writes.
+        let late = fence.write(&resource, old.fencing_token(), b"late").await;
+        assert!(
+            matches!(late, Err(Error::StaleToken { highest, .. }) if highest == new.fencing_token().get()),
+            "round {round}: {late:?}"
+        );
+        let (token, data) = fence.read(&resource).await.unwrap().unwrap();
+        assert_eq!(token, new.fencing_token());
+        assert_eq!(data, format!("new {round}").as_bytes());
+        new.unlock().await.unwrap();
+        drop(old);
+    }
+}
+
+/// 16 writers with interleaved stale tokens: what is stored reflects the highest token.
+pub async fn fence_keeps_the_highest(fence: Arc<dyn baton::Fence>, resource: &str) {
+    let tokens: Vec<u64> = (0..16u64).map(|i| (i * 7) % 16 + 1).collect();
+    let writes = tokens.iter().map(|&t| {
+        let (fence, resource) = (Arc::clone(&fence), resource.to_owned());
+        tokio::spawn(async move {
+            let r = fence
+                .write(
+                    &resource,
+                    baton::FencingToken::new(t),
+                    format!("from {t}").as_bytes(),
+                )
+                .await;
+            (t, r)
+        })
+    });
+    for joined in futures::future::join_all(writes).await {
+        let (t, r) = joined.unwrap();
+        match r {
+            Ok(()) => {}
+            Err(Error::StaleToken { token, highest, .. }) => {
+                assert_eq!(token, t);
+                assert!(
+                    highest > t,
+                    "refused {t} although only {highest} was accepted"
+                );
+            }
+            Err(e) => panic!("write {t}: {e}"),
+        }
+    }
+    let (token, data) = fence.read(resource).await.unwrap().unwrap();
+    assert_eq!(token.get(), 16);
+    assert_eq!(data, b"from 16");
+}
+
+/// Bad input is refused and writes nothing.
+pub async fn fence_refuses_bad_input(fence: Arc<dyn baton::Fence>, resource: &str) {
+    let zero = fence
+        .write(resource, baton::FencingToken::new(0), b"x")
+        .await;
+    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
+    let empty = fence.write("", baton::FencingToken::new(5), b"x").await;
+    assert!(matches!(empty, Err(Error::InvalidArgument(_))), "{empty:?}");
+    assert!(matches!(
+        fence.read("").await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        fence.read(resource).await.unwrap(),
+        None,
+        "nothing was written"
+    );
+}
+
 /// Reads the next event of an observer, failing the test if none comes.
 pub async fn next_event(
     events: &mut futures::stream::BoxStream<'static, baton::Result<LeaderEvent>>,

@@ -1,0 +1,44 @@
+//! What the scenario examples share: the backend and fence chosen from the command line
+//! (memory by default, etcd with `--endpoints a,b,c`).
+#![allow(dead_code)]
+
+pub(crate) mod sql_fence;
+
+use std::sync::Arc;
+
+use baton::{Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, MemoryBackend, MemoryFence};
+
+pub(crate) struct Setup {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) fence: Arc<dyn Fence>,
+    /// A prefix unique to this run, for lock names on a shared etcd.
+    pub(crate) prefix: String,
+    pub(crate) on: &'static str,
+}
+
+pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let endpoints = args
+        .iter()
+        .position(|a| a == "--endpoints")
+        .and_then(|i| args.get(i + 1));
+    let prefix = format!("examples/{}", std::process::id());
+    Ok(match endpoints {
+        None => Setup {
+            backend: Arc::new(MemoryBackend::new()),
+            fence: Arc::new(MemoryFence::new()),
+            prefix,
+            on: "the in-memory backend",
+        },
+        Some(endpoints) => {
+            let endpoints: Vec<&str> = endpoints.split(',').collect();
+            let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
+            Setup {
+                fence: Arc::new(EtcdFence::new(backend.clone(), format!("{prefix}/fence"))?),
+                backend: Arc::new(backend),
+                prefix,
+                on: "etcd",
+            }
+        }
+    })
+}
