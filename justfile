@@ -16,6 +16,14 @@ examples:
       cargo run --quiet --all-features --example "$example"
     done
 
+# Soak: contenders on a three-member cluster while members restart (profile: release or dev).
+soak seconds="60" profile="release":
+    cargo run --quiet --profile {{profile}} --all-features --example soak -- --seconds {{seconds}}
+
+# Run the fault-injection suite and regenerate docs/reliability.md from its output.
+reliability runs="1":
+    scripts/reliability.sh {{runs}}
+
 # Formatting and lints, as CI runs them.
 lint:
     cargo fmt --check

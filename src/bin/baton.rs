@@ -542,3 +542,41 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn word() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("lock".to_owned()),
+            Just("elect".to_owned()),
+            Just("status".to_owned()),
+            Just("--".to_owned()),
+            Just("--ttl".to_owned()),
+            Just("--timeout".to_owned()),
+            Just("--listen".to_owned()),
+            Just("--json".to_owned()),
+            Just("--endpoints".to_owned()),
+            Just("--connect-timeout".to_owned()),
+            "-?[0-9]{0,3}(\\.[0-9]{0,2})?",
+            ".{0,12}",
+        ]
+    }
+
+    proptest! {
+        /// Arbitrary command lines are parsed or refused, never a panic.
+        #[test]
+        fn any_command_line_is_parsed_or_refused(args in proptest::collection::vec(word(), 0..8)) {
+            let _ = Cli::try_parse_from(std::iter::once("baton".to_owned()).chain(args));
+        }
+
+        #[test]
+        fn any_duration_text_is_parsed_or_refused(text in ".{0,20}") {
+            if let Ok(d) = seconds(&text) {
+                prop_assert!(d > Duration::ZERO);
+            }
+        }
+    }
+}

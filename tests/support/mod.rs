@@ -91,23 +91,29 @@ pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>
         .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
 }
 
-/// A resource that checks fencing tokens: it accepts a token no lower than the highest it
-/// has accepted, and records any overlap of critical sections.
+/// The safety checker every lock-holding test writes through: a register that accepts a
+/// token no lower than the highest it has accepted (a fenced resource), records each
+/// critical section (token, start, end), and counts overlaps and refused stale writes.
 #[derive(Default)]
 pub struct FencedRegister {
     state: StdMutex<RegisterState>,
 }
 
+/// What the checker saw.
 #[derive(Default, Debug, Clone)]
 pub struct RegisterState {
     pub highest: u64,
     pub inside: Option<u64>,
+    /// Accepted grants, in the order they entered.
     pub accepted: Vec<u64>,
+    /// Critical sections: (token, start, end).
+    pub sections: Vec<(u64, Instant, Option<Instant>)>,
     pub rejected: usize,
     pub overlaps: usize,
 }
 
 impl FencedRegister {
+    /// A holder enters its critical section with `token`; `false` if the register refuses it.
     pub fn enter(&self, token: u64) -> bool {
         let mut s = self.state.lock().unwrap();
         if token < s.highest {
@@ -120,6 +126,7 @@ impl FencedRegister {
         s.highest = token;
         s.inside = Some(token);
         s.accepted.push(token);
+        s.sections.push((token, Instant::now(), None));
         true
     }
 
@@ -128,10 +135,64 @@ impl FencedRegister {
         if s.inside == Some(token) {
             s.inside = None;
         }
+        if let Some(section) = s
+            .sections
+            .iter_mut()
+            .rev()
+            .find(|(t, _, end)| *t == token && end.is_none())
+        {
+            section.2 = Some(Instant::now());
+        }
+    }
+
+    /// A late write by a holder that may have lost its lock: accepted only if no higher
+    /// token was accepted; a refusal is counted.
+    pub fn late_write(&self, token: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if token < s.highest {
+            s.rejected += 1;
+            false
+        } else {
+            s.highest = token;
+            true
+        }
     }
 
     pub fn snapshot(&self) -> RegisterState {
         self.state.lock().unwrap().clone()
+    }
+
+    /// Asserts the safety properties (no overlapping accepted sections, tokens strictly
+    /// increasing in grant order, and, if given, grants in the expected FIFO order) and
+    /// prints the line `docs/reliability.md` is generated from.
+    pub fn assert_safe(&self, scenario: &str, promise: &str, fifo: Option<&[u64]>) {
+        let s = self.snapshot();
+        let mut sections = s.sections.clone();
+        sections.sort_by_key(|(_, start, _)| *start);
+        for w in sections.windows(2) {
+            let (t0, _, end0) = w[0];
+            let (t1, start1, _) = w[1];
+            if let Some(end0) = end0 {
+                assert!(
+                    end0 <= start1,
+                    "{scenario}: sections of tokens {t0} and {t1} overlap"
+                );
+            }
+        }
+        assert_eq!(s.overlaps, 0, "{scenario}: overlaps");
+        assert_strictly_increasing(&s.accepted);
+        if let Some(expected) = fifo {
+            assert_eq!(
+                s.accepted, expected,
+                "{scenario}: grants out of queue order"
+            );
+        }
+        println!(
+            "RELIABILITY|{scenario}|{promise}|1|{}|{}|{}",
+            s.accepted.len(),
+            s.rejected,
+            s.overlaps
+        );
     }
 }
 

@@ -1,0 +1,531 @@
+//! Fault injection against real etcd: members stopped, paused and restarted, a client cut
+//! off by a proxy, a holder killed with SIGKILL, leases revoked from outside, compaction
+//! under waiters, and foreign keys under the lock prefix. Every scenario writes through the
+//! safety checker and prints a `RELIABILITY|...` line; `just reliability` turns those lines
+//! into docs/reliability.md.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::testing::{EtcdCluster, EtcdNode};
+use baton::{
+    Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, Mutex, MutexGuard, Session, SessionOptions,
+};
+use support::{FencedRegister, eventually, within};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+fn name(test: &str) -> String {
+    format!("faults-{}/{test}", std::process::id())
+}
+
+async fn connect(endpoints: &[String], retry_for: Duration) -> EtcdBackend {
+    let options = EtcdOptions::new()
+        .with_request_timeout(Duration::from_secs(2))
+        .with_retry_for(retry_for);
+    EtcdBackend::connect(endpoints, options).await.unwrap()
+}
+
+async fn session(backend: &EtcdBackend, ttl: Duration) -> Session {
+    Session::with_options(backend.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap()
+}
+
+/// Starts `n` contenders, each with its own session, queued one after another behind the
+/// current holder; each, when granted, enters the register, reports its token and leaves.
+async fn queue_contenders(
+    backend: &EtcdBackend,
+    name: &str,
+    n: usize,
+    ttl: Duration,
+    register: &Arc<FencedRegister>,
+) -> (Vec<Session>, mpsc::UnboundedReceiver<baton::Result<u64>>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let mut sessions = Vec::new();
+    let already = backend.entries(name).await.unwrap().len();
+    for i in 0..n {
+        let s = session(backend, ttl).await;
+        sessions.push(s.clone());
+        let (tx, lock_name, register) = (tx.clone(), name.to_owned(), Arc::clone(register));
+        tokio::spawn(async move {
+            let result = async {
+                let guard = Mutex::new(&s, &lock_name)?.lock().await?;
+                let token = guard.fencing_token().get();
+                assert!(register.enter(token));
+                register.exit(token);
+                guard.unlock().await?;
+                Ok(token)
+            }
+            .await;
+            let _ = tx.send(result);
+        });
+        eventually("the contender is queued", || async {
+            backend
+                .entries(name)
+                .await
+                .is_ok_and(|e| e.len() == already + i + 1)
+        })
+        .await;
+    }
+    (sessions, rx)
+}
+
+async fn queued_tokens(backend: &EtcdBackend, name: &str) -> Vec<u64> {
+    backend
+        .entries(name)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.token.get())
+        .collect()
+}
+
+async fn drain(rx: &mut mpsc::UnboundedReceiver<baton::Result<u64>>, n: usize, limit: Duration) {
+    for _ in 0..n {
+        within("a grant", limit, rx.recv()).await.unwrap().unwrap();
+    }
+}
+
+async fn leader(cluster: &EtcdCluster) -> usize {
+    within("a leader", Duration::from_secs(20), async {
+        loop {
+            if let Ok(Some(l)) = cluster.leader().await {
+                return l;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+}
+
+/// Holds the lock: enters the register and returns the guard.
+async fn hold(s: &Session, name: &str, register: &FencedRegister) -> MutexGuard {
+    let guard = Mutex::new(s, name).unwrap().lock().await.unwrap();
+    assert!(register.enter(guard.fencing_token().get()));
+    guard
+}
+
+async fn release(guard: MutexGuard, register: &FencedRegister) {
+    register.exit(guard.fencing_token().get());
+    guard.unlock().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_stopped_mid_queue_then_restarted() {
+    let cluster = EtcdCluster::start().await.unwrap();
+    let backend = connect(&cluster.endpoints(), Duration::from_secs(30)).await;
+    let name = "stop-leader";
+    let register = Arc::new(FencedRegister::default());
+    let ttl = Duration::from_secs(10);
+    let holder = session(&backend, ttl).await;
+    let guard = hold(&holder, name, &register).await;
+    let (_sessions, mut granted) = queue_contenders(&backend, name, 8, ttl, &register).await;
+    let queue = queued_tokens(&backend, name).await;
+
+    let old_leader = leader(&cluster).await;
+    cluster.stop_member(old_leader).await.unwrap();
+    release(guard, &register).await;
+    drain(&mut granted, 4, Duration::from_secs(30)).await;
+    cluster.start_member(old_leader).await.unwrap();
+    drain(&mut granted, 4, Duration::from_secs(30)).await;
+
+    register.assert_safe(
+        "leader stopped mid-queue, restarted",
+        "queue drains in FIFO order, no overlap",
+        Some(&queue),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_then_leader_paused() {
+    let cluster = EtcdCluster::start().await.unwrap();
+    let backend = connect(&cluster.endpoints(), Duration::from_secs(30)).await;
+    let name = "pause";
+    let register = Arc::new(FencedRegister::default());
+    let ttl = Duration::from_secs(15);
+    let holder = session(&backend, ttl).await;
+
+    let first_leader = leader(&cluster).await;
+    let follower = (first_leader + 1) % 3;
+    let guard = hold(&holder, name, &register).await;
+    let (_s1, mut granted) = queue_contenders(&backend, name, 3, ttl, &register).await;
+    cluster.pause_member(follower).await.unwrap();
+    release(guard, &register).await;
+    drain(&mut granted, 3, Duration::from_secs(30)).await;
+    cluster.unpause_member(follower).await.unwrap();
+
+    let guard = hold(&holder, name, &register).await;
+    let (_s2, mut granted) = queue_contenders(&backend, name, 3, ttl, &register).await;
+    let paused_leader = leader(&cluster).await;
+    cluster.pause_member(paused_leader).await.unwrap();
+    release(guard, &register).await;
+    drain(&mut granted, 3, Duration::from_secs(40)).await;
+    cluster.unpause_member(paused_leader).await.unwrap();
+    let guard = within(
+        "a lock after unpausing",
+        Duration::from_secs(30),
+        hold(&holder, name, &register),
+    )
+    .await;
+    release(guard, &register).await;
+
+    register.assert_safe(
+        "a follower, then the leader paused",
+        "grants continue with a quorum, no overlap",
+        None,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restarted_while_held() {
+    let cluster = EtcdCluster::start().await.unwrap();
+    let backend = connect(&cluster.endpoints(), Duration::from_secs(60)).await;
+    let name = "restart-all";
+    let register = Arc::new(FencedRegister::default());
+    let ttl = Duration::from_secs(5);
+    let holder = session(&backend, ttl).await;
+    let guard = hold(&holder, name, &register).await;
+    let (_sessions, mut granted) =
+        queue_contenders(&backend, name, 2, Duration::from_secs(60), &register).await;
+
+    let lost_at: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    tokio::spawn({
+        let (lost, lost_at, register) = (guard.lost(), Arc::clone(&lost_at), Arc::clone(&register));
+        let token = guard.fencing_token().get();
+        async move {
+            lost.await;
+            // Told: from here on the holder stops its critical section.
+            register.exit(token);
+            *lost_at.lock().unwrap() = Some(Instant::now());
+        }
+    });
+    for i in 0..3 {
+        cluster.stop_member(i).await.unwrap();
+    }
+    futures::future::join_all((0..3).map(|i| cluster.start_member(i)))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+
+    // Either the holder kept its lease (then nobody else may hold), or it was told it lost
+    // the lock before anyone else was granted it.
+    let first_grant = tokio::select! {
+        token = granted.recv() => Some((Instant::now(), token.unwrap())),
+        () = tokio::time::sleep(Duration::from_secs(20)) => None,
+    };
+    let told = *lost_at.lock().unwrap();
+    match first_grant {
+        Some((granted_at, token)) => {
+            let told = told.expect("someone was granted while the holder was never told it lost");
+            assert!(
+                told <= granted_at,
+                "the holder was told after its successor was granted"
+            );
+            let token = token.unwrap();
+            // The old holder's late write is fenced off.
+            assert!(
+                !register.late_write(guard.fencing_token().get()),
+                "late write of {token}'s predecessor accepted"
+            );
+            register.exit(guard.fencing_token().get());
+            drain(&mut granted, 1, Duration::from_secs(30)).await;
+        }
+        None => {
+            assert!(
+                told.is_none() && guard.is_owner().await.unwrap(),
+                "holder kept its lease"
+            );
+            release(guard, &register).await;
+            drain(&mut granted, 2, Duration::from_secs(30)).await;
+        }
+    }
+    register.assert_safe(
+        "whole cluster restarted while held",
+        "holder keeps its lease or is told before anyone else is granted",
+        None,
+    );
+}
+
+/// A TCP proxy on 127.0.0.1 that forwards to `upstream` until told to stop forwarding
+/// (then it holds the connections open and drops everything: a black hole).
+struct Proxy {
+    addr: SocketAddr,
+    forwarding: watch::Sender<bool>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (forwarding, rx) = watch::channel(true);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::join!(pipe(cr, sw, rx.clone()), pipe(sr, cw, rx));
+                });
+            }
+        });
+        Proxy { addr, forwarding }
+    }
+
+    fn black_hole(&self) {
+        self.forwarding.send_replace(false);
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    forwarding: watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if *forwarding.borrow() && to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_cut_off_by_a_proxy() {
+    let node = EtcdNode::shared();
+    let upstream: SocketAddr = node.endpoints()[0]
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let name = name("proxy");
+    let register = Arc::new(FencedRegister::default());
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let behind = connect(&[format!("http://{}", proxy.addr)], Duration::from_secs(2)).await;
+    let fence = EtcdFence::new(direct.clone(), format!("{name}-fence")).unwrap();
+
+    let ttl = Duration::from_secs(3);
+    let cut_off = session(&behind, ttl).await;
+    let guard = hold(&cut_off, &name, &register).await;
+    fence
+        .write("data", guard.fencing_token(), b"before")
+        .await
+        .unwrap();
+    let successor = session(&direct, Duration::from_secs(30)).await;
+    let waiting = support::spawn_queued(&direct, &successor, &name, 2).await;
+
+    proxy.black_hole();
+    let cut_at = Instant::now();
+    let lost = within("lost() behind the black hole", ttl * 2, guard.lost()).await;
+    let lost_at = Instant::now();
+    register.exit(guard.fencing_token().get());
+    let next = within("the successor", ttl * 3, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let granted_at = Instant::now();
+    assert!(
+        lost_at <= granted_at,
+        "told {lost:?} only after the successor held"
+    );
+    assert!(
+        lost_at - cut_at <= ttl,
+        "lost() fired no later than the server's expiry"
+    );
+    assert!(register.enter(next.fencing_token().get()));
+    fence
+        .write("data", next.fencing_token(), b"after")
+        .await
+        .unwrap();
+    // The cut-off holder's late write (sent once it can reach the resource again).
+    let late = fence.write("data", guard.fencing_token(), b"late").await;
+    assert!(
+        matches!(late, Err(baton::Error::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert!(!register.late_write(guard.fencing_token().get()));
+    register.exit(next.fencing_token().get());
+    next.unlock().await.unwrap();
+    register.assert_safe(
+        "client cut off by a proxy",
+        "lost() no later than the server's expiry; successor holds; late write fenced",
+        None,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_process_killed() {
+    let node = EtcdNode::shared();
+    let name = name("sigkill");
+    let register = FencedRegister::default();
+    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "--endpoints",
+            &node.endpoints().join(","),
+            "lock",
+            &name,
+            "--ttl",
+            "2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    within(
+        "the child holds",
+        Duration::from_secs(20),
+        lines.next_line(),
+    )
+    .await
+    .unwrap();
+    let token: u64 = lines.next_line().await.unwrap().unwrap().parse().unwrap();
+    assert!(register.enter(token));
+    holder.start_kill().unwrap(); // SIGKILL
+    holder.wait().await.unwrap();
+    let killed_at = Instant::now();
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let guard = within(
+        "the successor",
+        Duration::from_secs(10),
+        Mutex::new(&s, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(killed_at.elapsed() <= Duration::from_secs(2) + Duration::from_secs(3));
+    register.exit(token);
+    assert!(register.enter(guard.fencing_token().get()));
+    release(guard, &register).await;
+    register.assert_safe(
+        "holder killed with SIGKILL",
+        "successor holds within TTL + 3 s",
+        None,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_revoked_from_outside() {
+    let node = EtcdNode::shared();
+    let name = name("revoke");
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let register = FencedRegister::default();
+    let ttl = Duration::from_secs(6);
+    let s = session(&backend, ttl).await;
+    let guard = hold(&s, &name, &register).await;
+    let mut client = backend.client().clone();
+    client.lease_revoke(s.lease_id().0).await.unwrap();
+    let revoked_at = Instant::now();
+    within("lost()", ttl / 3 + Duration::from_secs(1), guard.lost()).await;
+    assert!(revoked_at.elapsed() <= ttl / 3 + Duration::from_secs(1));
+    register.exit(guard.fencing_token().get());
+    register.assert_safe(
+        "lease revoked from outside",
+        "lost() within one keep-alive period",
+        None,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_while_waiters_watch() {
+    let node = EtcdNode::shared();
+    let name = name("compaction");
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let register = Arc::new(FencedRegister::default());
+    let holder = session(&backend, Duration::from_secs(30)).await;
+    let guard = hold(&holder, &name, &register).await;
+    let (_sessions, mut granted) =
+        queue_contenders(&backend, &name, 4, Duration::from_secs(30), &register).await;
+    let queue = queued_tokens(&backend, &name).await;
+    let mut client = backend.client().clone();
+    let compact = |client: &mut etcd_client::Client| {
+        let mut client = client.clone();
+        let filler = format!("{name}-filler");
+        async move {
+            let rev = client
+                .put(filler, "x", None)
+                .await
+                .unwrap()
+                .header()
+                .unwrap()
+                .revision();
+            client
+                .compact(
+                    rev,
+                    Some(etcd_client::CompactionOptions::new().with_physical()),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    compact(&mut client).await;
+    release(guard, &register).await;
+    for _ in 0..4 {
+        compact(&mut client).await;
+        drain(&mut granted, 1, Duration::from_secs(20)).await;
+    }
+    register.assert_safe(
+        "compaction while waiters watch",
+        "waits survive compaction; FIFO, no overlap",
+        Some(&queue),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_under_the_prefix() {
+    let node = EtcdNode::shared();
+    let name = name("foreign");
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let mut client = backend.client().clone();
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    // Keys baton did not create: a garbage suffix with no lease, bytes that are not UTF-8,
+    // a nested key, and a key in the recipe's layout with a lease.
+    let mut bad_utf8 = format!("{name}/").into_bytes();
+    bad_utf8.extend_from_slice(&[0xff, 0xfe, 0x00, 0x80]);
+    let foreign: Vec<Vec<u8>> = vec![
+        format!("{name}/zz-garbage").into_bytes(),
+        bad_utf8,
+        format!("{name}/nested/key").into_bytes(),
+        format!("{name}/{lease:x}").into_bytes(),
+    ];
+    for (i, key) in foreign.iter().enumerate() {
+        let options = (i == 3).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        client.put(key.clone(), "", options).await.unwrap();
+    }
+    let register = Arc::new(FencedRegister::default());
+    let (_sessions, mut granted) =
+        queue_contenders(&backend, &name, 2, Duration::from_secs(30), &register).await;
+    let entries = backend.entries(&name).await.unwrap();
+    assert_eq!(entries.len(), 6);
+    let tokens: Vec<u64> = entries.iter().map(|e| e.token.get()).collect();
+    support::assert_strictly_increasing(&tokens);
+    // Remove the foreign keys newest first: nobody is granted until the oldest is gone.
+    for key in foreign.iter().rev() {
+        assert!(
+            granted.try_recv().is_err(),
+            "granted while an older foreign key exists"
+        );
+        client.delete(key.clone(), None).await.unwrap();
+    }
+    drain(&mut granted, 2, Duration::from_secs(20)).await;
+    register.assert_safe(
+        "foreign keys under the lock prefix",
+        "ordering by create revision, no panic",
+        Some(&tokens[4..]),
+    );
+}

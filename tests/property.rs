@@ -1,0 +1,290 @@
+//! Property tests on the memory backend under paused time: random interleavings of lock,
+//! try_lock, unlock, cancel, lease expiry and session loss never violate mutual exclusion,
+//! never grant out of token order, and leave no keys. Plus no-panic properties for
+//! everything that parses input from outside.
+
+use std::time::Duration;
+
+use baton::{
+    Backend, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session, SessionOptions,
+    decode_token, encode_token,
+};
+use proptest::prelude::*;
+use tokio::task::JoinHandle;
+
+const TTL: Duration = Duration::from_secs(3);
+const LOCK: &str = "prop/lock";
+
+#[derive(Debug, Clone)]
+enum Op {
+    Lock(usize),
+    TryLock(usize),
+    Unlock(usize),
+    Cancel(usize),
+    /// The session stops renewing (a pause or partition) and its lease expires.
+    Expire(usize),
+    /// The session's lease is revoked from outside.
+    Revoke(usize),
+    /// Time passes.
+    Wait(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let slot = 0..3usize;
+    prop_oneof![
+        3 => slot.clone().prop_map(Op::Lock),
+        2 => slot.clone().prop_map(Op::TryLock),
+        3 => slot.clone().prop_map(Op::Unlock),
+        1 => slot.clone().prop_map(Op::Cancel),
+        1 => slot.clone().prop_map(Op::Expire),
+        1 => slot.prop_map(Op::Revoke),
+        1 => (1..5000u64).prop_map(Op::Wait),
+    ]
+}
+
+enum State {
+    Idle,
+    Waiting(JoinHandle<baton::Result<MutexGuard>>),
+    Holding(MutexGuard),
+}
+
+struct Slot {
+    session: Session,
+    state: State,
+}
+
+struct Model {
+    backend: MemoryBackend,
+    slots: Vec<Slot>,
+    /// Guards whose session was lost: they must no longer own anything.
+    zombies: Vec<MutexGuard>,
+    last_token: u64,
+}
+
+impl Model {
+    async fn session(backend: &MemoryBackend) -> Session {
+        Session::with_options(backend.clone(), SessionOptions::new().with_ttl(TTL))
+            .await
+            .unwrap()
+    }
+
+    fn granted(&mut self, guard: &MutexGuard) {
+        let token = guard.fencing_token().get();
+        assert!(
+            token > self.last_token,
+            "token {token} granted after {}",
+            self.last_token
+        );
+        self.last_token = token;
+    }
+
+    /// Lets spawned tasks run, then collects finished waits.
+    async fn settle(&mut self) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        for i in 0..self.slots.len() {
+            let finished = matches!(&self.slots[i].state, State::Waiting(h) if h.is_finished());
+            if !finished {
+                continue;
+            }
+            let State::Waiting(handle) = std::mem::replace(&mut self.slots[i].state, State::Idle)
+            else {
+                unreachable!("checked just above")
+            };
+            match handle.await.unwrap() {
+                Ok(guard) => {
+                    assert!(
+                        !self.slots[i].session.is_lost(),
+                        "a lost session was granted the lock"
+                    );
+                    self.granted(&guard);
+                    self.slots[i].state = State::Holding(guard);
+                }
+                Err(Error::SessionLost(_) | Error::EntryGone { .. }) => {}
+                Err(e) => panic!("unexpected error: {e}"),
+            }
+        }
+    }
+
+    /// Mutual exclusion: live holders own their keys, at most one does, zombies own nothing.
+    async fn check(&self) {
+        let mut owners = 0;
+        for slot in &self.slots {
+            if let State::Holding(g) = &slot.state {
+                if !slot.session.is_lost() {
+                    assert!(g.is_owner().await.unwrap(), "a live holder lost its key");
+                }
+                owners += usize::from(g.is_owner().await.unwrap());
+            }
+        }
+        for z in &self.zombies {
+            assert!(
+                !z.is_owner().await.unwrap(),
+                "a lost holder still owns the lock"
+            );
+        }
+        assert!(owners <= 1, "{owners} holders own the lock at once");
+    }
+
+    /// Replaces slot `i`'s session after it was lost; a waiter must end with an error.
+    async fn lose(&mut self, i: usize) {
+        let lost = self.slots[i].session.lost();
+        tokio::time::timeout(TTL * 2, lost)
+            .await
+            .expect("the session notices");
+        match std::mem::replace(&mut self.slots[i].state, State::Idle) {
+            State::Holding(g) => self.zombies.push(g),
+            State::Waiting(handle) => {
+                let result = handle.await.unwrap();
+                assert!(result.is_err(), "a waiter of a lost session got the lock");
+            }
+            State::Idle => {}
+        }
+        self.slots[i].session = Self::session(&self.backend).await;
+    }
+
+    async fn apply(&mut self, op: Op) {
+        match op {
+            Op::Lock(i) => {
+                if matches!(self.slots[i].state, State::Idle) {
+                    let mutex = Mutex::new(&self.slots[i].session, LOCK).unwrap();
+                    self.slots[i].state =
+                        State::Waiting(tokio::spawn(async move { mutex.lock().await }));
+                }
+            }
+            Op::TryLock(i) => {
+                if matches!(self.slots[i].state, State::Idle) {
+                    match Mutex::new(&self.slots[i].session, LOCK)
+                        .unwrap()
+                        .try_lock()
+                        .await
+                    {
+                        Ok(g) => {
+                            self.granted(&g);
+                            self.slots[i].state = State::Holding(g);
+                        }
+                        Err(Error::Locked { .. }) => {}
+                        Err(e) => panic!("try_lock: {e}"),
+                    }
+                }
+            }
+            Op::Unlock(i) => {
+                if let State::Holding(g) = std::mem::replace(&mut self.slots[i].state, State::Idle)
+                {
+                    g.unlock().await.unwrap();
+                }
+            }
+            Op::Cancel(i) => {
+                if let State::Waiting(h) = std::mem::replace(&mut self.slots[i].state, State::Idle)
+                {
+                    h.abort();
+                    let _ = h.await;
+                }
+            }
+            Op::Expire(i) => {
+                self.backend
+                    .partition_lease(self.slots[i].session.lease_id(), true);
+                self.lose(i).await;
+            }
+            Op::Revoke(i) => {
+                self.backend
+                    .revoke_lease(self.slots[i].session.lease_id())
+                    .await
+                    .unwrap();
+                self.lose(i).await;
+            }
+            Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        }
+    }
+}
+
+fn run(ops: Vec<Op>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let backend = MemoryBackend::new();
+        let mut slots = Vec::new();
+        for _ in 0..3 {
+            slots.push(Slot {
+                session: Model::session(&backend).await,
+                state: State::Idle,
+            });
+        }
+        let mut model = Model {
+            backend,
+            slots,
+            zombies: Vec::new(),
+            last_token: 0,
+        };
+        for op in ops {
+            model.apply(op).await;
+            model.settle().await;
+            model.check().await;
+        }
+        // Everyone leaves: nothing may remain.
+        for slot in &mut model.slots {
+            match std::mem::replace(&mut slot.state, State::Idle) {
+                State::Holding(g) => g.unlock().await.unwrap(),
+                State::Waiting(h) => {
+                    h.abort();
+                    let _ = h.await;
+                }
+                State::Idle => {}
+            }
+        }
+        model.zombies.clear();
+        for slot in &model.slots {
+            slot.session.close().await.unwrap();
+        }
+        for _ in 0..100 {
+            if model.backend.key_count() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(model.backend.key_count(), 0, "keys left behind");
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_interleavings_keep_mutual_exclusion(ops in proptest::collection::vec(op(), 1..40)) {
+        run(ops);
+    }
+
+    #[test]
+    fn tokens_round_trip_and_order(a: u64, b: u64) {
+        let (ea, eb) = (encode_token(FencingToken::new(a)), encode_token(FencingToken::new(b)));
+        prop_assert_eq!(decode_token(ea.as_bytes()), Some(FencingToken::new(a)));
+        prop_assert_eq!(ea.cmp(&eb), a.cmp(&b));
+    }
+
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes: Vec<u8>) {
+        let _ = decode_token(&bytes);
+    }
+
+    #[test]
+    fn any_name_is_accepted_or_refused_cleanly(name in ".{0,40}") {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        rt.block_on(async {
+            let backend = MemoryBackend::new();
+            let s = Session::new(backend.clone()).await.unwrap();
+            match Mutex::new(&s, name.clone()) {
+                Err(Error::InvalidArgument(_)) => assert!(name.is_empty()),
+                Err(e) => panic!("{e}"),
+                Ok(m) => {
+                    let g = m.lock().await.unwrap();
+                    assert_eq!(g.key(), format!("{name}/{}", s.lease_id()));
+                    g.unlock().await.unwrap();
+                }
+            }
+            s.close().await.unwrap();
+            assert_eq!(backend.key_count(), 0);
+        });
+    }
+}
