@@ -529,3 +529,61 @@ async fn foreign_keys_under_the_prefix() {
         Some(&tokens[4..]),
     );
 }
+
+/// Fuzz-style: many arbitrary byte strings as keys under a lock prefix, with and without
+/// leases. Reading the queue, observing it and contending for the lock never panic, and the
+/// queue stays in creation order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arbitrary_keys_under_the_prefix_never_panic() {
+    let node = EtcdNode::shared();
+    let name = name("arbitrary");
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let mut client = backend.client().clone();
+    let lease = client.lease_grant(60, None).await.unwrap().id();
+    // A small deterministic generator: the same keys every run, all byte values reachable.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut keys = Vec::new();
+    for i in 0..64 {
+        let mut key = format!("{name}/").into_bytes();
+        for _ in 0..(i % 13) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            key.push((x & 0xff) as u8);
+        }
+        let options = (i % 2 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        client
+            .put(key.clone(), vec![(x >> 8) as u8; i % 5], options)
+            .await
+            .unwrap();
+        keys.push(key);
+    }
+    let entries = backend.entries(&name).await.unwrap();
+    let tokens: Vec<u64> = entries.iter().map(|e| e.token.get()).collect();
+    let mut sorted = tokens.clone();
+    sorted.sort_unstable();
+    assert_eq!(tokens, sorted, "queue order is creation order");
+    assert!(backend.head(&name).await.unwrap().is_some());
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let busy = Mutex::new(&s, &name).unwrap().try_lock().await;
+    assert!(matches!(busy, Err(baton::Error::Locked { .. })), "{busy:?}");
+    let election = baton::Election::new(&s, &name).unwrap();
+    let mut events = election.observe();
+    assert!(matches!(
+        support::next_event(&mut events).await,
+        baton::LeaderEvent::Elected(_)
+    ));
+    client
+        .delete(
+            format!("{name}/"),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        support::next_event(&mut events).await,
+        baton::LeaderEvent::Vacant
+    );
+    let guard = Mutex::new(&s, &name).unwrap().try_lock().await.unwrap();
+    guard.unlock().await.unwrap();
+}

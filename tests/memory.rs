@@ -119,3 +119,39 @@ fn guards_and_futures_are_send_and_sync() {
     }
     let _ = session_is_send_sync;
 }
+
+/// Regression (found by the arbitrary-keys fault test on etcd): changes made in one
+/// revision are observed together; a head that existed only "between" them is never
+/// reported as a leader.
+#[tokio::test(start_paused = true)]
+async fn observers_never_report_heads_between_changes_of_one_revision() {
+    use baton::{Election, LeaderEvent, WriteOp};
+    let backend = MemoryBackend::new();
+    let mut entries = Vec::new();
+    for tag in ["a", "b", "c"] {
+        let lease = backend
+            .grant_lease(Duration::from_secs(60))
+            .await
+            .unwrap()
+            .id;
+        entries.push(
+            backend
+                .enqueue("q", tag, lease, tag.as_bytes())
+                .await
+                .unwrap()
+                .entry,
+        );
+    }
+    let s = Session::new(backend.clone()).await.unwrap();
+    let mut events = Election::new(&s, "q").unwrap().observe();
+    let first = support::next_event(&mut events).await;
+    assert!(matches!(first, LeaderEvent::Elected(l) if l.value == b"a"));
+    // One transaction deletes a and b.
+    let ops = [WriteOp::delete("q/a"), WriteOp::delete("q/b")];
+    assert!(backend.guarded(&entries[2], &ops).await.unwrap());
+    let next = support::next_event(&mut events).await;
+    assert!(
+        matches!(&next, LeaderEvent::Elected(l) if l.value == b"c"),
+        "{next:?}"
+    );
+}

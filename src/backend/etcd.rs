@@ -585,7 +585,8 @@ impl EtcdBackend {
                     break;
                 }
                 backoff = Duration::from_millis(25);
-                for ev in resp.events() {
+                let events = resp.events();
+                for (i, ev) in events.iter().enumerate() {
                     let Some(kv) = ev.kv() else { continue };
                     next = next.max(kv.mod_revision() + 1);
                     mirror.apply(match ev.event_type() {
@@ -594,7 +595,14 @@ impl EtcdBackend {
                             QueueChange::Delete(String::from_utf8_lossy(kv.key()).into_owned())
                         }
                     });
-                    if !mirror.report(tx).await {
+                    // Report once a revision is complete: the events of one transaction
+                    // (a lease revoke, a prefix delete) share a revision, and the heads in
+                    // between never existed.
+                    let revision_done = events
+                        .get(i + 1)
+                        .and_then(|n| n.kv())
+                        .is_none_or(|n| n.mod_revision() != kv.mod_revision());
+                    if revision_done && !mirror.report(tx).await {
                         return;
                     }
                 }

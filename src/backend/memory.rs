@@ -72,8 +72,10 @@ struct State {
     leases: HashMap<LeaseId, LeaseState>,
     /// Per key: waiters of one incarnation (create revision) of that key.
     waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
-    /// Every change, in revision order, for observers (the in-process watch).
-    changes: broadcast::Sender<(String, QueueChange)>,
+    /// Every revision's changes, in order, for observers (the in-process watch).
+    changes: broadcast::Sender<Arc<Vec<(String, QueueChange)>>>,
+    /// Changes of the revision being built, published as one batch.
+    batch: Vec<(String, QueueChange)>,
 }
 
 impl Default for State {
@@ -86,6 +88,7 @@ impl Default for State {
             leases: HashMap::new(),
             waiters: HashMap::new(),
             changes: broadcast::channel(1024).0,
+            batch: Vec::new(),
         }
     }
 }
@@ -125,10 +128,8 @@ impl State {
         let Some(kv) = self.kvs.remove(key) else {
             return 0;
         };
-        // No receiver is not an error: nobody observes.
-        let _ = self
-            .changes
-            .send((key.to_owned(), QueueChange::Delete(key.to_owned())));
+        self.batch
+            .push((key.to_owned(), QueueChange::Delete(key.to_owned())));
         if let Some(lease) = kv.lease.and_then(|l| self.leases.get_mut(&l)) {
             lease.keys.remove(key);
         }
@@ -160,7 +161,7 @@ impl State {
             }
         }
         if let Some(entry) = self.entry(key) {
-            let _ = self.changes.send((key.to_owned(), QueueChange::Put(entry)));
+            self.batch.push((key.to_owned(), QueueChange::Put(entry)));
         }
     }
 
@@ -188,6 +189,16 @@ impl State {
 
     fn next_deadline(&self) -> Option<Instant> {
         self.leases.values().map(|l| l.deadline).min()
+    }
+
+    /// Publishes the changes made under the current lock as one batch: observers never see
+    /// the states in between (as etcd's watch delivers a transaction's events together).
+    fn publish(&mut self) {
+        if !self.batch.is_empty() {
+            let batch = Arc::new(std::mem::take(&mut self.batch));
+            // No receiver is not an error: nobody observes.
+            let _ = self.changes.send(batch);
+        }
     }
 }
 
@@ -237,6 +248,7 @@ impl MemoryBackend {
         // state is still consistent (every section mutates in one step), so keep going.
         let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         let woken = state.expire(Instant::now());
+        state.publish();
         self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
         state
     }
@@ -332,6 +344,7 @@ impl Backend for MemoryBackend {
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         let mut state = self.available()?;
         let woken = state.drop_lease(lease);
+        state.publish();
         self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
         Ok(())
     }
@@ -351,6 +364,7 @@ impl Backend for MemoryBackend {
             }
             state.revision += 1;
             state.put(&key, value.to_vec(), Some(lease));
+            state.publish();
         }
         let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
         let is_head = state
@@ -422,6 +436,7 @@ impl Backend for MemoryBackend {
                 WriteOp::Delete { key } => woken += state.remove_key(key),
             }
         }
+        state.publish();
         self.shared.wakeups.fetch_add(woken, Ordering::SeqCst);
         Ok(true)
     }
@@ -461,8 +476,13 @@ impl Backend for MemoryBackend {
                         () = tx.closed() => return,
                     };
                     match change {
-                        Ok((key, change)) if key.starts_with(&prefix) => mirror.apply(change),
-                        Ok(_) => {}
+                        Ok(batch) => {
+                            for (key, change) in batch.iter() {
+                                if key.starts_with(&prefix) {
+                                    mirror.apply(change.clone());
+                                }
+                            }
+                        }
                         // Fell behind: start again from a fresh snapshot.
                         Err(broadcast::error::RecvError::Lagged(_)) => break,
                         Err(broadcast::error::RecvError::Closed) => return,
