@@ -16,6 +16,11 @@ examples:
       cargo run --quiet --all-features --example "$example"
     done
 
+# Benchmarks against a fixture etcd, beside etcd's own Lock API; rewrites docs/performance.md.
+bench:
+    cargo run --quiet --release --features testing --example bench
+    cargo bench --bench memory
+
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).
 soak seconds="60" profile="release":
     cargo run --quiet --profile {{profile}} --all-features --example soak -- --seconds {{seconds}}

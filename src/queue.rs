@@ -1,12 +1,15 @@
 //! The queue engine behind every recipe: enqueue, wait for the predecessor, release.
 //!
-//! A contender's entry is created in a spawned task, and a drop guard owns the cleanup, so
-//! that a caller's future can be dropped at any await point without leaving a key behind.
+//! A drop guard owns every acquisition in progress, including the create request while it
+//! is in flight: if the caller's future is dropped, the guard moves the unfinished request
+//! into a cleanup task that lets it complete and deletes exactly what it created. So a
+//! caller can be dropped at any await point without leaving a key behind, and the common
+//! path spawns nothing.
 
 use std::future::Future;
 
+use futures::future::BoxFuture;
 use tokio::sync::OwnedMutexGuard;
-use tokio::task::JoinHandle;
 
 use crate::backend::{Enqueued, Entry};
 use crate::error::{Error, Result};
@@ -31,12 +34,21 @@ pub(crate) struct Held {
 }
 
 /// Cleanup for an acquisition that did not finish: runs on drop, in a task of its own.
-#[derive(Debug)]
 struct Pending {
     session: Session,
     local: Option<OwnedMutexGuard<()>>,
-    enqueue: Option<JoinHandle<Result<Enqueued>>>,
+    /// The create request, polled in place; moved to the cleanup task if we are dropped.
+    enqueue: Option<BoxFuture<'static, Result<Enqueued>>>,
     entry: Option<Entry>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("entry", &self.entry)
+            .field("enqueue_in_flight", &self.enqueue.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Drop for Pending {
@@ -49,12 +61,9 @@ impl Drop for Pending {
         spawn_cleanup("acquisition abandoned", async move {
             let entry = match (entry, enqueue) {
                 (Some(entry), _) => Some(entry),
-                // The enqueue request may already be on its way: wait for its answer rather
-                // than race it, then delete exactly what it created.
-                (None, Some(handle)) => match handle.await {
-                    Ok(Ok(enqueued)) => Some(enqueued.entry),
-                    _ => None,
-                },
+                // The enqueue request may already be on its way: let it finish rather than
+                // race it, then delete exactly what it created.
+                (None, Some(enqueue)) => enqueue.await.ok().map(|enqueued| enqueued.entry),
                 (None, None) => None,
             };
             if let Some(entry) = entry {
@@ -120,23 +129,20 @@ pub(crate) async fn acquire(
     let mut pending = Pending {
         session: session.clone(),
         local: Some(local),
-        enqueue: Some(tokio::spawn(async move {
+        enqueue: Some(Box::pin(async move {
             backend.enqueue(&q, &tag, lease, &value).await
         })),
         entry: None,
     };
-    let Some(handle) = pending.enqueue.as_mut() else {
+    let Some(enqueue) = pending.enqueue.as_mut() else {
         unreachable!("set just above")
     };
-    let joined = tokio::select! {
-        joined = handle => joined,
+    let enqueued = tokio::select! {
+        enqueued = enqueue => enqueued,
         reason = &mut lost => return Err(Error::SessionLost(reason)),
     };
     pending.enqueue = None;
-    let enqueued = joined.map_err(|e| Error::Backend {
-        op: "enqueue",
-        source: e.into(),
-    })??;
+    let enqueued = enqueued?;
     let mine = enqueued.entry;
     pending.entry = Some(mine.clone());
     tracing::debug!(key = %mine.key, token = %mine.token, head = enqueued.is_head, "enqueued");

@@ -1,6 +1,8 @@
 //! [`EtcdBackend`]: the [`Backend`] trait on etcd, with the key layout of etcd's Go recipes.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,6 +14,7 @@ use futures::stream::BoxStream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::etcd_watch::{Fired, WatchHub};
 use super::{
     Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
     WriteOp, receiver_stream,
@@ -112,6 +115,8 @@ pub struct EtcdBackend {
     client: Client,
     options: EtcdOptions,
     endpoints: Vec<String>,
+    watches: Arc<WatchHub>,
+    requests: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -223,8 +228,16 @@ impl EtcdBackend {
                 client,
                 options,
                 endpoints,
+                watches: Arc::default(),
+                requests: Arc::default(),
             }),
         }
+    }
+
+    /// Requests sent to etcd so far by this backend and its clones: unary requests
+    /// (each retry counts) and watch creations. For measuring what an operation costs.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// The underlying etcd-client, for operations baton does not wrap.
@@ -241,6 +254,7 @@ impl EtcdBackend {
         let give_up = Instant::now() + self.options.retry_for;
         let mut backoff = Duration::from_millis(25);
         loop {
+            self.requests.fetch_add(1, Ordering::Relaxed);
             let attempt =
                 tokio::time::timeout(self.options.request_timeout, f(self.client.clone()));
             let error: BoxError = match attempt.await {
@@ -439,16 +453,30 @@ impl Backend for EtcdBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        // Register with the shared watch stream, and only once the watch is confirmed,
+        // check that the entry still exists: a deletion after that check is delivered.
         let mut backoff = Duration::from_millis(25);
         loop {
-            match self.watch_once(entry).await {
-                Ok(()) => return Ok(()),
-                Err(WatchBreak::Retry(why)) => {
-                    tracing::debug!(key = %entry.key, %why, "watch broke; re-reading and watching again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+            let registration = self.watches.register(
+                &self.client,
+                &entry.key,
+                revision(entry.token),
+                Arc::clone(&self.requests),
+            );
+            if registration.ready.await.is_err() {
+                tracing::debug!(key = %entry.key, ?backoff, "watch not established; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            if !self.if_live("wait_gone", entry, vec![]).await?.succeeded() {
+                return Ok(());
+            }
+            match registration.fired.await {
+                Ok(Fired::Gone) => return Ok(()),
+                Ok(Fired::Recheck) | Err(_) => {
+                    tracing::debug!(key = %entry.key, "watch lost; re-reading and watching again");
                 }
-                Err(WatchBreak::Fatal(e)) => return Err(e),
             }
         }
     }
@@ -611,12 +639,6 @@ impl EtcdBackend {
     }
 }
 
-/// Why one watch attempt ended without seeing the deletion.
-enum WatchBreak {
-    Retry(BoxError),
-    Fatal(Error),
-}
-
 impl EtcdBackend {
     async fn entries_limited(&self, queue: &str, limit: i64) -> Result<Vec<Entry>> {
         let prefix = queue_prefix(queue);
@@ -627,69 +649,5 @@ impl EtcdBackend {
             })
             .await?;
         Ok(resp.kvs().iter().map(to_entry).collect())
-    }
-
-    /// One attempt: watch the key from the current revision, *then* confirm the entry still
-    /// exists, then wait for its deletion. Any deletion after the confirming read has a
-    /// revision the watch covers, so none is missed; a compaction or a broken stream ends
-    /// the attempt and the caller starts over with a fresh read.
-    async fn watch_once(&self, entry: &Entry) -> Result<(), WatchBreak> {
-        let retry = |e: etcd_client::Error| {
-            if tonic_code::is_transient(&e) {
-                WatchBreak::Retry(e.into())
-            } else {
-                WatchBreak::Fatal(etcd_err("wait_gone", e))
-            }
-        };
-        let mut client = self.client.clone();
-        let mut stream = client
-            .watch(entry.key.as_str(), None)
-            .await
-            .map_err(retry)?;
-        // Wait for the server to confirm the watch before reading.
-        loop {
-            match stream.message().await.map_err(retry)? {
-                Some(resp) if resp.created() => break,
-                Some(_) => continue,
-                None => {
-                    return Err(WatchBreak::Retry(
-                        "watch stream closed before it was created".into(),
-                    ));
-                }
-            }
-        }
-        let live = self
-            .if_live("wait_gone", entry, vec![])
-            .await
-            .map_err(WatchBreak::Fatal)?
-            .succeeded();
-        if !live {
-            return Ok(());
-        }
-        loop {
-            let Some(resp) = stream.message().await.map_err(retry)? else {
-                return Err(WatchBreak::Retry("watch stream closed".into()));
-            };
-            if resp.canceled() {
-                return Err(WatchBreak::Retry(
-                    format!(
-                        "watch canceled (compacted at {}): {}",
-                        resp.compact_revision(),
-                        resp.cancel_reason()
-                    )
-                    .into(),
-                ));
-            }
-            let gone = resp.events().iter().any(|ev| match ev.event_type() {
-                EventType::Delete => true,
-                // A put of a new incarnation implies the old one was deleted.
-                EventType::Put => ev
-                    .kv()
-                    .is_some_and(|kv| kv.create_revision() != revision(entry.token)),
-            });
-            if gone {
-                return Ok(());
-            }
-        }
     }
 }

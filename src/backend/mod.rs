@@ -15,6 +15,8 @@ use crate::error::Result;
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_watch;
 pub(crate) mod memory;
 
 /// A lease: the liveness of one owner. Entries bound to it vanish when it ends.

@@ -1,0 +1,672 @@
+//! The benchmark harness (`just bench`): what a lock costs on etcd, side by side with etcd's
+//! own server-side lock API, in one run so that the ratios hold on a noisy machine.
+//!
+//! Starts one etcd through the testcontainers fixture (or uses `--endpoints`), measures
+//! floors, the uncontended cycle, contended cycles at N = 1, 8, 64, 256 (hold 0 and 1 ms),
+//! watch events per release, a queue of 10,000 waiters, and the memory backend; writes
+//! `docs/performance.md` and `docs/performance.svg`.
+//!
+//! Options: `--endpoints a,b`, `--seconds S` per configuration (default 3), `--scale W`
+//! waiters (default 10000), `--quick` (N = 1 and 8 only, 1 s, 1000 waiters; no files
+//! written unless `--out` is given), `--out FILE`.
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use baton::testing::EtcdNode;
+use baton::{Backend, EtcdBackend, EtcdOptions, MemoryBackend, Mutex, Session, SessionOptions};
+use etcd_client::{Client, Compare, CompareOp, EventType, LockOptions, PutOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+async fn metric(endpoint: &str, name: &str) -> Res<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0))
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+struct Floors {
+    put: Duration,
+    delete_to_event: Duration,
+    read: Duration,
+    txn_cycle: Duration,
+}
+
+async fn floors(client: &Client, watcher: &Client, prefix: &str) -> Res<Floors> {
+    let mut c = client.clone();
+    let key = format!("{prefix}/floor");
+    let mut puts = Vec::new();
+    for i in 0..200 {
+        let t = Instant::now();
+        c.put(key.as_str(), i.to_string(), None).await?;
+        puts.push(t.elapsed());
+    }
+    let mut reads = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        c.get(
+            prefix,
+            Some(etcd_client::GetOptions::new().with_prefix().with_limit(1)),
+        )
+        .await?;
+        reads.push(t.elapsed());
+    }
+    // delete -> event, seen by a watcher on another connection.
+    let mut w = watcher.clone();
+    let mut stream = w.watch(key.as_str(), None).await?;
+    stream.message().await?; // created
+    let mut events = Vec::new();
+    for _ in 0..200 {
+        c.put(key.as_str(), "x", None).await?;
+        loop {
+            let r = stream.message().await?.ok_or("watch ended")?;
+            if r.events().iter().any(|e| e.event_type() == EventType::Put) {
+                break;
+            }
+        }
+        let t = Instant::now();
+        c.delete(key.as_str(), None).await?;
+        loop {
+            let r = stream.message().await?.ok_or("watch ended")?;
+            if r.events()
+                .iter()
+                .any(|e| e.event_type() == EventType::Delete)
+            {
+                break;
+            }
+        }
+        events.push(t.elapsed());
+    }
+    let lease = c.lease_grant(60, None).await?.id();
+    let mut cycles = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(
+                    prefix,
+                    Some(etcd_client::GetOptions::new().with_prefix().with_limit(1)),
+                ),
+            ]);
+        c.txn(txn).await?;
+        c.delete(key.as_str(), None).await?;
+        cycles.push(t.elapsed());
+    }
+    c.lease_revoke(lease).await?;
+    for v in [&mut puts, &mut reads, &mut events, &mut cycles] {
+        v.sort();
+    }
+    Ok(Floors {
+        put: pct(&puts, 0.5),
+        delete_to_event: pct(&events, 0.5),
+        read: pct(&reads, 0.5),
+        txn_cycle: pct(&cycles, 0.5),
+    })
+}
+
+#[derive(Default, Clone)]
+struct Run {
+    impl_name: &'static str,
+    n: usize,
+    hold_ms: u64,
+    cycles_per_s: f64,
+    acquire_p50: Duration,
+    acquire_p99: Duration,
+    handoff_p50: Duration,
+    handoff_p99: Duration,
+    handoffs_over_20ms: f64,
+    requests_per_cycle: f64,
+    events_per_release: f64,
+}
+
+#[derive(Default)]
+struct Samples {
+    acquire: Vec<Duration>,
+    handoff: Vec<Duration>,
+    released_at: Option<Instant>,
+    grants: u64,
+}
+
+impl Samples {
+    fn granted(&mut self, asked: Instant) {
+        let now = Instant::now();
+        self.acquire.push(now - asked);
+        if let Some(at) = self.released_at.take() {
+            self.handoff.push(now - at);
+        }
+        self.grants += 1;
+    }
+}
+
+fn summarise(impl_name: &'static str, n: usize, hold_ms: u64, secs: f64, mut s: Samples) -> Run {
+    s.acquire.sort();
+    s.handoff.sort();
+    let over = s
+        .handoff
+        .iter()
+        .filter(|d| **d > Duration::from_millis(20))
+        .count();
+    Run {
+        impl_name,
+        n,
+        hold_ms,
+        cycles_per_s: s.grants as f64 / secs,
+        acquire_p50: pct(&s.acquire, 0.5),
+        acquire_p99: pct(&s.acquire, 0.99),
+        handoff_p50: pct(&s.handoff, 0.5),
+        handoff_p99: pct(&s.handoff, 0.99),
+        handoffs_over_20ms: if s.handoff.is_empty() {
+            0.0
+        } else {
+            over as f64 * 100.0 / s.handoff.len() as f64
+        },
+        ..Run::default()
+    }
+}
+
+async fn baton_contended(
+    backend: &EtcdBackend,
+    endpoint: &str,
+    name: &str,
+    n: usize,
+    hold: Duration,
+    secs: Duration,
+) -> Res<Run> {
+    let mut sessions = Vec::new();
+    for _ in 0..n {
+        sessions.push(
+            Session::with_options(
+                backend.clone(),
+                SessionOptions::new().with_ttl(Duration::from_secs(60)),
+            )
+            .await?,
+        );
+    }
+    let samples = Arc::new(StdMutex::new(Samples::default()));
+    let (req0, ev0) = (
+        backend.requests_sent(),
+        metric(endpoint, "etcd_debugging_mvcc_events_total").await?,
+    );
+    let start = Instant::now();
+    let deadline = start + secs;
+    let tasks: Vec<_> = sessions
+        .iter()
+        .map(|s| {
+            let (mutex, samples) = (
+                Mutex::new(s, name).map_err(|e| e.to_string()),
+                Arc::clone(&samples),
+            );
+            tokio::spawn(async move {
+                let mutex = mutex?;
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    let guard = mutex.lock().await.map_err(|e| e.to_string())?;
+                    samples.lock().unwrap().granted(asked);
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
+                    samples.lock().unwrap().released_at = Some(Instant::now());
+                    guard.unlock().await.map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (req1, ev1) = (
+        backend.requests_sent(),
+        metric(endpoint, "etcd_debugging_mvcc_events_total").await?,
+    );
+    for s in sessions {
+        s.close().await?;
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    let grants = samples.grants.max(1) as f64;
+    let mut run = summarise("baton", n, hold.as_millis() as u64, elapsed, samples);
+    run.requests_per_cycle = (req1 - req0) as f64 / grants;
+    run.events_per_release = (ev1 - ev0) / grants;
+    Ok(run)
+}
+
+async fn server_lock_contended(
+    client: &Client,
+    endpoint: &str,
+    name: &str,
+    n: usize,
+    hold: Duration,
+    secs: Duration,
+) -> Res<Run> {
+    let samples = Arc::new(StdMutex::new(Samples::default()));
+    let mut leases = Vec::new();
+    let mut keepers = Vec::new();
+    for _ in 0..n {
+        let mut c = client.clone();
+        let lease = c.lease_grant(60, None).await?.id();
+        let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+        keepers.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                if keeper.keep_alive().await.is_err() || stream.message().await.is_err() {
+                    return;
+                }
+            }
+        }));
+        leases.push(lease);
+    }
+    let ev0 = metric(endpoint, "etcd_debugging_mvcc_events_total").await?;
+    let start = Instant::now();
+    let deadline = start + secs;
+    let tasks: Vec<_> = leases
+        .iter()
+        .map(|&lease| {
+            let (mut c, samples, name) = (client.clone(), Arc::clone(&samples), name.to_owned());
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    let resp = c
+                        .lock(name.as_str(), Some(LockOptions::new().with_lease(lease)))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    samples.lock().unwrap().granted(asked);
+                    if !hold.is_zero() {
+                        tokio::time::sleep(hold).await;
+                    }
+                    samples.lock().unwrap().released_at = Some(Instant::now());
+                    c.unlock(resp.key().to_vec())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok::<_, String>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let ev1 = metric(endpoint, "etcd_debugging_mvcc_events_total").await?;
+    let mut c = client.clone();
+    for (lease, keeper) in leases.into_iter().zip(keepers) {
+        keeper.abort();
+        c.lease_revoke(lease).await?;
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    let grants = samples.grants.max(1) as f64;
+    let mut run = summarise(
+        "etcd Lock API",
+        n,
+        hold.as_millis() as u64,
+        elapsed,
+        samples,
+    );
+    // Lock + Unlock; the server does its own reads and waits internally.
+    run.requests_per_cycle = 2.0;
+    run.events_per_release = (ev1 - ev0) / grants;
+    Ok(run)
+}
+
+struct Scale {
+    waiters: usize,
+    bytes_per_waiter: f64,
+    watchers_open: f64,
+    queue_time: Duration,
+    drain_time: Duration,
+    fifo: bool,
+}
+
+async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize) -> Res<Scale> {
+    let holder = Session::new(backend.clone()).await?;
+    let guard = Mutex::new(&holder, name)?.lock().await?;
+    let watchers_before = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await?;
+    let rss0 = rss_bytes();
+    let started = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let options = SessionOptions::new().with_ttl(Duration::from_secs(300));
+    let mut sessions = Vec::with_capacity(waiters);
+    // Sessions in parallel batches, then waiters queued in order.
+    for chunk in (0..waiters).collect::<Vec<_>>().chunks(64) {
+        let batch = futures::future::join_all(
+            chunk
+                .iter()
+                .map(|_| Session::with_options(backend.clone(), options.clone())),
+        )
+        .await;
+        for s in batch {
+            sessions.push(s?);
+        }
+    }
+    let mut queued = 0;
+    for (i, s) in sessions.iter().enumerate() {
+        let (m, tx) = (Mutex::new(s, name)?, tx.clone());
+        tokio::spawn(async move {
+            if let Ok(g) = m.lock().await {
+                let _ = tx.send((i, g.fencing_token()));
+                let _ = g.unlock().await;
+            }
+        });
+        // Keep the queue order equal to the spawn order: wait for every 256th to queue.
+        if i % 256 == 255 || i + 1 == waiters {
+            while queued < i + 1 {
+                queued = backend.entries(name).await?.len().saturating_sub(1);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    let queue_time = started.elapsed();
+    let rss1 = rss_bytes();
+    let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await? - watchers_before;
+    let drain_start = Instant::now();
+    guard.unlock().await?;
+    let mut order = Vec::with_capacity(waiters);
+    for _ in 0..waiters {
+        let (i, token) = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+            .await?
+            .ok_or("waiters ended")?;
+        order.push((i, token));
+    }
+    let drain_time = drain_start.elapsed();
+    let fifo = order.windows(2).all(|w| w[0].1 < w[1].1);
+    futures::future::join_all(sessions.iter().map(Session::close)).await;
+    holder.close().await?;
+    Ok(Scale {
+        waiters,
+        bytes_per_waiter: rss1.saturating_sub(rss0) as f64 / waiters as f64,
+        watchers_open: watchers,
+        queue_time,
+        drain_time,
+        fifo,
+    })
+}
+
+/// Uncontended cycles per second on the memory backend, on a current-thread runtime of its
+/// own (as `benches/memory.rs` does): baton's own overhead, with no network.
+fn memory_cycles(secs: Duration) -> Res<f64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let session = Session::new(MemoryBackend::new()).await?;
+        let mutex = Mutex::new(&session, "bench")?;
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < secs {
+            for _ in 0..1000 {
+                mutex.lock().await?.unlock().await?;
+            }
+            n += 1000;
+        }
+        Ok(n as f64 / start.elapsed().as_secs_f64())
+    })
+}
+
+fn plot(path: &str, runs: &[Run], ceiling: f64) -> Res<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 400)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(450);
+    let ns: Vec<usize> = {
+        let mut v: Vec<usize> = runs.iter().map(|r| r.n).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let x = |n: usize| (n as f64).log2();
+    let max_x = x(*ns.last().unwrap_or(&1)).max(1.0);
+    let series = |name: &str| -> Vec<(f64, f64, f64)> {
+        runs.iter()
+            .filter(|r| r.impl_name == name && r.hold_ms == 0)
+            .map(|r| (x(r.n), r.cycles_per_s, r.handoff_p99.as_secs_f64() * 1000.0))
+            .collect()
+    };
+    let max_y = runs.iter().map(|r| r.cycles_per_s).fold(ceiling, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&left)
+        .caption("cycles/s (hold 0 ms)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
+    chart.configure_mesh().x_desc("log2 N contenders").draw()?;
+    for (name, color) in [("baton", BLUE), ("etcd Lock API", RED)] {
+        let s = series(name);
+        chart
+            .draw_series(LineSeries::new(
+                s.iter().map(|p| (p.0, p.1)),
+                color.stroke_width(2),
+            ))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            vec![(0.0, ceiling), (max_x, ceiling)],
+            BLACK.mix(0.4),
+        ))?
+        .label("ceiling 1/(delete->event + read)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+
+    let max_p99 = runs
+        .iter()
+        .filter(|r| r.hold_ms == 0)
+        .map(|r| r.handoff_p99.as_secs_f64() * 1000.0)
+        .fold(20.0, f64::max)
+        * 1.1;
+    let mut chart = ChartBuilder::on(&right)
+        .caption("handoff p99, ms (hold 0 ms)", ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_p99)?;
+    chart.configure_mesh().x_desc("log2 N contenders").draw()?;
+    for (name, color) in [("baton", BLUE), ("etcd Lock API", RED)] {
+        let s = series(name);
+        chart
+            .draw_series(LineSeries::new(
+                s.iter().map(|p| (p.0, p.2)),
+                color.stroke_width(2),
+            ))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart.draw_series(LineSeries::new(
+        vec![(0.0, 20.0), (max_x, 20.0)],
+        BLACK.mix(0.4),
+    ))?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Res<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let quick = args.iter().any(|a| a == "--quick");
+    let secs = Duration::from_secs_f64(
+        arg("--seconds").map_or(Ok(if quick { 1.0 } else { 3.0 }), |s| s.parse())?,
+    );
+    let waiters: usize =
+        arg("--scale").map_or(Ok(if quick { 1000 } else { 10_000 }), |s| s.parse())?;
+    let out = arg("--out").or_else(|| (!quick).then(|| "docs/performance.md".to_owned()));
+    let ns: &[usize] = if quick { &[1, 8] } else { &[1, 8, 64, 256] };
+
+    let node;
+    let endpoints: Vec<String> = match arg("--endpoints") {
+        Some(e) => e.split(',').map(str::to_owned).collect(),
+        None => {
+            node = EtcdNode::start().await?;
+            node.endpoints().to_vec()
+        }
+    };
+    let endpoint = endpoints[0].clone();
+    let prefix = format!("bench-{}", std::process::id());
+    let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
+    let client = backend.client().clone();
+    let watcher = Client::connect(&endpoints, None).await?;
+    let started = Instant::now();
+
+    eprintln!("bench: floors");
+    let f = floors(&client, &watcher, &prefix).await?;
+    let ceiling = 1.0 / (f.delete_to_event + f.read).as_secs_f64();
+
+    eprintln!("bench: uncontended");
+    let s = Session::new(backend.clone()).await?;
+    let m = Mutex::new(&s, format!("{prefix}/uncontended"))?;
+    let r0 = backend.requests_sent();
+    let mut lat = Vec::new();
+    for _ in 0..500 {
+        let t = Instant::now();
+        m.lock().await?.unlock().await?;
+        lat.push(t.elapsed());
+    }
+    let uncontended_requests = (backend.requests_sent() - r0) as f64 / 500.0;
+    lat.sort();
+    s.close().await?;
+
+    let mut runs = Vec::new();
+    for &n in ns {
+        for hold in [0u64, 1] {
+            let name = format!("{prefix}/n{n}h{hold}");
+            eprintln!("bench: N = {n}, hold {hold} ms");
+            runs.push(
+                baton_contended(
+                    &backend,
+                    &endpoint,
+                    &format!("{name}/baton"),
+                    n,
+                    Duration::from_millis(hold),
+                    secs,
+                )
+                .await?,
+            );
+            runs.push(
+                server_lock_contended(
+                    &client,
+                    &endpoint,
+                    &format!("{name}/server"),
+                    n,
+                    Duration::from_millis(hold),
+                    secs,
+                )
+                .await?,
+            );
+        }
+    }
+
+    eprintln!("bench: {waiters} waiters");
+    let sc = scale(&backend, &endpoint, &format!("{prefix}/scale"), waiters).await?;
+    eprintln!("bench: memory backend");
+    let mem_secs = Duration::from_secs(if quick { 1 } else { 2 });
+    let mem =
+        tokio::task::spawn_blocking(move || memory_cycles(mem_secs).map_err(|e| e.to_string()))
+            .await??;
+
+    let mut md = String::new();
+    let version = std::process::Command::new("dpkg-query")
+        .args(["-W", "-f=${Version}", "etcd-server"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    md.push_str(&format!(
+        "# Performance\n\nGenerated by `just bench` (`cargo run --release --features testing --example bench`) on {} in {:.0} s: one etcd {} node in a container (host network, 127.0.0.1), {cores} cores, client and server on the same machine. Each contended configuration ran {:.0} s. Do not edit by hand; rerun.\n\n",
+        date(), started.elapsed().as_secs_f64(), if version.is_empty() { "?".into() } else { version }, secs.as_secs_f64()
+    ));
+    md.push_str("## Floors (p50)\n\n| what | ms |\n| --- | ---: |\n");
+    md.push_str(&format!("| one put | {} |\n| one range read (limit 1) | {} |\n| delete -> watch event on another connection | {} |\n| create-if-absent txn + delete (least a lock cycle needs) | {} |\n", ms(f.put), ms(f.read), ms(f.delete_to_event), ms(f.txn_cycle)));
+    md.push_str(&format!("\nCeiling for FIFO handoffs, 1 / (delete -> event + one read): **{ceiling:.0} cycles/s**.\n\n"));
+    md.push_str(&format!("## Uncontended lock + unlock (warm session)\n\np50 {} ms, p99 {} ms, **{:.2} etcd requests per cycle** (target 2: one transaction, one delete).\n\n", ms(pct(&lat, 0.5)), ms(pct(&lat, 0.99)), uncontended_requests));
+    md.push_str("## Contended: N contenders, each with its own session, lock -> hold -> unlock\n\n| impl | N | hold ms | cycles/s | acquire p50 ms | acquire p99 ms | handoff p50 ms | handoff p99 ms | handoffs > 20 ms | requests/cycle | watch events/release |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for r in &runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {} | {:.1} % | {:.2} | {:.2} |\n",
+            r.impl_name,
+            r.n,
+            r.hold_ms,
+            r.cycles_per_s,
+            ms(r.acquire_p50),
+            ms(r.acquire_p99),
+            ms(r.handoff_p50),
+            ms(r.handoff_p99),
+            r.handoffs_over_20ms,
+            r.requests_per_cycle,
+            r.events_per_release
+        ));
+    }
+    md.push_str("\nHandoff = from the holder starting its unlock to the next holder's grant. Requests/cycle for the etcd Lock API counts its two RPCs; the server does its reads and waits internally.\n\n![throughput and handoff p99](performance.svg)\n\n");
+    md.push_str(&format!(
+        "## Scale: {} waiters on one lock, one process\n\n| what | value |\n| --- | ---: |\n| client memory per waiter (RSS growth / waiters; session, task, queue entry, watch) | {:.0} bytes |\n| etcd watchers opened | {:.0} |\n| time to queue them all | {:.1} s |\n| time to drain the queue | {:.1} s |\n| granted in FIFO (token) order | {} |\n\n",
+        sc.waiters, sc.bytes_per_waiter, sc.watchers_open, sc.queue_time.as_secs_f64(), sc.drain_time.as_secs_f64(), if sc.fifo { "yes" } else { "NO" }
+    ));
+    md.push_str(&format!("## Memory backend\n\nUncontended lock + unlock: **{mem:.0} cycles/s** (one task on a current-thread runtime; target 250,000). `cargo bench --bench memory` measures the same with criterion, plus 8 contenders.\n"));
+
+    println!("{md}");
+    if let Some(out) = out {
+        std::fs::write(&out, &md)?;
+        let svg = std::path::Path::new(&out).with_extension("svg");
+        plot(&svg.to_string_lossy(), &runs, ceiling)?;
+        eprintln!("bench: wrote {out} and {}", svg.display());
+    }
+    Ok(())
+}
+
+fn date() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d"])
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}

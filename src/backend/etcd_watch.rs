@@ -1,0 +1,285 @@
+//! One multiplexed watch stream per [`EtcdBackend`](super::EtcdBackend), with watches kept
+//! on recently waited keys.
+//!
+//! Every deletion wait of the backend goes through one driver task and one gRPC watch
+//! stream. A watch on a key stays open for [`LINGER`] after its last waiter is done: in a
+//! FIFO queue a contender's predecessor is usually the same key from one cycle to the next,
+//! so the next wait finds its watch already registered and synced on the server. That keeps
+//! handoffs off etcd's catch-up loop for newly created watches (up to 100 ms).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
+};
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+/// How long a watch is kept after its last waiter finished.
+pub(crate) const LINGER: Duration = Duration::from_secs(30);
+
+/// Why a registered wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fired {
+    /// The incarnation waited for was deleted (or replaced).
+    Gone,
+    /// The watch was lost (stream broken, watch canceled): read again and wait again.
+    Recheck,
+}
+
+/// A wait registered with the driver.
+pub(crate) struct Registration {
+    /// Resolves once the server confirmed the watch (existing or new) and the waiter is
+    /// registered: every event after this is delivered to `fired`.
+    pub(crate) ready: oneshot::Receiver<()>,
+    pub(crate) fired: oneshot::Receiver<Fired>,
+}
+
+struct Cmd {
+    key: String,
+    create_revision: i64,
+    ready: oneshot::Sender<()>,
+    fired: oneshot::Sender<Fired>,
+}
+
+/// The handle the backend keeps; the driver is (re)started on first use.
+#[derive(Debug, Default)]
+pub(crate) struct WatchHub {
+    tx: StdMutex<Option<mpsc::UnboundedSender<Cmd>>>,
+}
+
+impl WatchHub {
+    /// Registers interest in the deletion of `key` at `create_revision`.
+    pub(crate) fn register(
+        &self,
+        client: &Client,
+        key: &str,
+        create_revision: i64,
+        counter: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Registration {
+        let (ready_tx, ready) = oneshot::channel();
+        let (fired_tx, fired) = oneshot::channel();
+        let mut cmd = Cmd {
+            key: key.to_owned(),
+            create_revision,
+            ready: ready_tx,
+            fired: fired_tx,
+        };
+        let mut tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        // The driver may have ended with the runtime that ran it: start a new one.
+        for _ in 0..2 {
+            if let Some(sender) = tx.as_ref() {
+                match sender.send(cmd) {
+                    Ok(()) => break,
+                    Err(mpsc::error::SendError(back)) => cmd = back,
+                }
+            }
+            let (sender, rx) = mpsc::unbounded_channel();
+            tokio::spawn(Driver::new(client.clone(), counter.clone()).run(rx));
+            *tx = Some(sender);
+        }
+        Registration { ready, fired }
+    }
+}
+
+struct KeyWatch {
+    id: i64,
+    created: bool,
+    pending_ready: Vec<oneshot::Sender<()>>,
+    waiters: Vec<(i64, oneshot::Sender<Fired>)>,
+    idle_since: Option<Instant>,
+}
+
+struct Driver {
+    client: Client,
+    counter: Arc<std::sync::atomic::AtomicU64>,
+    sender: Option<WatchRequestSender>,
+    next_id: i64,
+    keys: HashMap<String, KeyWatch>,
+    by_id: HashMap<i64, String>,
+}
+
+impl Driver {
+    fn new(client: Client, counter: Arc<std::sync::atomic::AtomicU64>) -> Self {
+        Driver {
+            client,
+            counter,
+            sender: None,
+            next_id: 1,
+            keys: HashMap::new(),
+            by_id: HashMap::new(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        let mut responses: Option<WatchResponseStream> = None;
+        let mut sweep = tokio::time::interval(LINGER / 3);
+        loop {
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => {
+                        if let Some(stream) = self.handle(cmd).await {
+                            responses = Some(stream);
+                        }
+                    }
+                    None => return,
+                },
+                msg = async { responses.as_mut()?.next().await }, if responses.is_some() => match msg {
+                    Some(Ok(resp)) => self.on_response(resp),
+                    Some(Err(e)) => {
+                        tracing::debug!(error = %e, "watch stream broke; waiters re-read");
+                        responses = None;
+                        self.reset();
+                    }
+                    None => {
+                        responses = None;
+                        self.reset();
+                    }
+                },
+                _ = sweep.tick() => self.sweep().await,
+            }
+        }
+    }
+
+    /// Registers a waiter; opens the stream if needed (returned to the caller's loop).
+    async fn handle(&mut self, cmd: Cmd) -> Option<WatchResponseStream> {
+        if let Some(w) = self.keys.get_mut(&cmd.key) {
+            w.waiters.retain(|(_, tx)| !tx.is_closed());
+            w.waiters.push((cmd.create_revision, cmd.fired));
+            w.idle_since = None;
+            if w.created {
+                let _ = cmd.ready.send(());
+            } else {
+                w.pending_ready.push(cmd.ready);
+            }
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        // Deletions only: a kept watch must not be woken (or cost an event) when the key
+        // is created again for the next cycle. `prev_kv` tells which incarnation ended.
+        let options = WatchOptions::new()
+            .with_prev_key()
+            .with_filters([WatchFilterType::NoPut])
+            .with_watch_id(id);
+        self.counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut opened = None;
+        let sent = match self.sender.as_mut() {
+            Some(sender) => sender.watch(cmd.key.as_str(), Some(options)).await.is_ok(),
+            None => match self.client.watch(cmd.key.as_str(), Some(options)).await {
+                Ok(stream) => {
+                    let (sender, responses) = stream.split();
+                    self.sender = Some(sender);
+                    opened = Some(responses);
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot open the watch stream");
+                    false
+                }
+            },
+        };
+        if !sent {
+            // Dropping `ready` tells the waiter to back off and try again.
+            self.sender = None;
+            let _ = cmd.fired.send(Fired::Recheck);
+            return opened;
+        }
+        self.by_id.insert(id, cmd.key.clone());
+        self.keys.insert(
+            cmd.key,
+            KeyWatch {
+                id,
+                created: false,
+                pending_ready: vec![cmd.ready],
+                waiters: vec![(cmd.create_revision, cmd.fired)],
+                idle_since: None,
+            },
+        );
+        opened
+    }
+
+    fn on_response(&mut self, resp: etcd_client::WatchResponse) {
+        let Some(key) = self.by_id.get(&resp.watch_id()).cloned() else {
+            return;
+        };
+        if resp.canceled() {
+            self.by_id.remove(&resp.watch_id());
+            if let Some(w) = self.keys.remove(&key) {
+                for (_, tx) in w.waiters {
+                    let _ = tx.send(Fired::Recheck);
+                }
+            }
+            return;
+        }
+        let Some(w) = self.keys.get_mut(&key) else {
+            return;
+        };
+        if resp.created() {
+            w.created = true;
+            for ready in w.pending_ready.drain(..) {
+                let _ = ready.send(());
+            }
+        }
+        for ev in resp.events() {
+            // Which incarnations does this event end? (Puts are filtered out on the server;
+            // a put of a new incarnation would still end the older ones.)
+            let ended = |create: i64| match ev.event_type() {
+                EventType::Delete => ev.prev_kv().is_none_or(|p| p.create_revision() == create),
+                EventType::Put => ev.kv().is_some_and(|kv| kv.create_revision() != create),
+            };
+            let mut kept = Vec::with_capacity(w.waiters.len());
+            for (create, tx) in w.waiters.drain(..) {
+                if ended(create) {
+                    let _ = tx.send(Fired::Gone);
+                } else {
+                    kept.push((create, tx));
+                }
+            }
+            w.waiters = kept;
+        }
+        if w.waiters.is_empty() && w.idle_since.is_none() {
+            w.idle_since = Some(Instant::now());
+        }
+    }
+
+    /// The stream is gone, and every watch on it: waiters read again and re-register.
+    fn reset(&mut self) {
+        self.sender = None;
+        self.by_id.clear();
+        for (_, w) in self.keys.drain() {
+            for (_, tx) in w.waiters {
+                let _ = tx.send(Fired::Recheck);
+            }
+        }
+    }
+
+    /// Cancels watches that nobody waited on for [`LINGER`].
+    async fn sweep(&mut self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        for (key, w) in &mut self.keys {
+            w.waiters.retain(|(_, tx)| !tx.is_closed());
+            match (w.waiters.is_empty(), w.idle_since) {
+                (false, _) => w.idle_since = None,
+                (true, None) => w.idle_since = Some(now),
+                (true, Some(since)) if now - since >= LINGER && w.created => {
+                    expired.push(key.clone())
+                }
+                _ => {}
+            }
+        }
+        for key in expired {
+            if let Some(w) = self.keys.remove(&key) {
+                self.by_id.remove(&w.id);
+                if let Some(sender) = self.sender.as_mut() {
+                    let _ = sender.cancel(w.id).await;
+                }
+            }
+        }
+    }
+}
