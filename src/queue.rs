@@ -158,7 +158,7 @@ pub(crate) async fn acquire(
                 name: queue.to_owned(),
             });
         }
-        wait_for_turn(session, &mine, &mut lost).await?;
+        wait_for_turn(session, &mine, enqueued.predecessor, &mut lost).await?;
     }
 
     let local = pending.local.take();
@@ -176,13 +176,18 @@ pub(crate) async fn acquire(
 async fn wait_for_turn(
     session: &Session,
     mine: &Entry,
+    mut known: Option<Entry>,
     lost: &mut (impl Future<Output = crate::LostReason> + Unpin),
 ) -> Result<()> {
     let backend = session.backend();
     loop {
-        let predecessor = tokio::select! {
-            p = backend.predecessor(mine) => p,
-            reason = &mut *lost => return Err(Error::SessionLost(reason)),
+        // The first predecessor may come with the enqueue answer; later ones are read.
+        let predecessor = match known.take() {
+            Some(p) => Ok(Some(p)),
+            None => tokio::select! {
+                p = backend.predecessor(mine) => p,
+                reason = &mut *lost => return Err(Error::SessionLost(reason)),
+            },
         };
         let predecessor = match predecessor {
             Ok(Some(p)) => p,

@@ -398,36 +398,52 @@ impl Backend for EtcdBackend {
         value: &[u8],
     ) -> Result<Enqueued> {
         let key = format!("{queue}/{tag}");
-        let head = TxnOp::get(queue_prefix(queue), Some(oldest_first(1)));
+        // Created now: read the newest entry *before* the put, which is our predecessor (or
+        // none: we are the head), so a waiter can start waiting without another read.
+        let newest = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([
+                TxnOp::get(queue_prefix(queue), Some(newest)),
                 TxnOp::put(
                     key.as_str(),
                     value,
                     Some(PutOptions::new().with_lease(lease.0)),
                 ),
-                head.clone(),
             ])
-            .or_else([TxnOp::get(key.as_str(), None), head]);
+            .or_else([
+                TxnOp::get(key.as_str(), None),
+                TxnOp::get(queue_prefix(queue), Some(oldest_first(1))),
+            ]);
         let resp = self.txn("enqueue", txn).await?;
         let ops = resp.op_responses();
-        let entry = if resp.succeeded() {
+        if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
             let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-            Entry {
-                key,
-                value: value.to_vec(),
-                position: Position::new(rev),
-                token: FencingToken::new(rev),
-                lease: Some(lease),
-            }
-        } else {
-            // Deleted between the compare and the read cannot happen inside a transaction.
-            first_kv(ops.first()).ok_or_else(|| malformed("enqueue"))?
-        };
+            let predecessor = first_kv(ops.first());
+            return Ok(Enqueued {
+                entry: Entry {
+                    key,
+                    value: value.to_vec(),
+                    position: Position::new(rev),
+                    token: FencingToken::new(rev),
+                    lease: Some(lease),
+                },
+                is_head: predecessor.is_none(),
+                predecessor,
+            });
+        }
+        // Deleted between the compare and the read cannot happen inside a transaction.
+        let entry = first_kv(ops.first()).ok_or_else(|| malformed("enqueue"))?;
         let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token == entry.token);
-        Ok(Enqueued { entry, is_head })
+        Ok(Enqueued {
+            entry,
+            is_head,
+            predecessor: None,
+        })
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {

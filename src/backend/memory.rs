@@ -362,16 +362,27 @@ impl Backend for MemoryBackend {
             if !state.leases.contains_key(&lease) {
                 return Err(Error::SessionLost(LostReason::Revoked));
             }
+            let predecessor = state.queue(queue).pop();
             state.revision += 1;
             state.put(&key, value.to_vec(), Some(lease));
             state.publish();
+            let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
+            return Ok(Enqueued {
+                entry,
+                is_head: predecessor.is_none(),
+                predecessor,
+            });
         }
         let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
         let is_head = state
             .queue(queue)
             .first()
             .is_some_and(|h| h.key == entry.key);
-        Ok(Enqueued { entry, is_head })
+        Ok(Enqueued {
+            entry,
+            is_head,
+            predecessor: None,
+        })
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
@@ -517,6 +528,8 @@ mod tests {
         let zz = b.enqueue("q", "zz", l1, b"").await.unwrap();
         let aa = b.enqueue("q", "aa", l2, b"").await.unwrap();
         assert!(zz.is_head && !aa.is_head);
+        assert_eq!(zz.predecessor, None);
+        assert_eq!(aa.predecessor.as_ref(), Some(&zz.entry), "read in the same step");
         let keys: Vec<_> = b
             .entries("q")
             .await

@@ -116,6 +116,10 @@ pub struct Enqueued {
     pub entry: Entry,
     /// Whether my entry is the oldest of the queue, i.e. holds it.
     pub is_head: bool,
+    /// When my entry is not the head: the newest entry created before mine, if the backend
+    /// read it in the same round trip (it does when it created my entry). `None` otherwise;
+    /// ask [`Backend::predecessor`].
+    pub predecessor: Option<Entry>,
 }
 
 /// A write applied by [`Backend::guarded`] only while a given entry still exists.
