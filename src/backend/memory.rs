@@ -529,7 +529,11 @@ mod tests {
         let aa = b.enqueue("q", "aa", l2, b"").await.unwrap();
         assert!(zz.is_head && !aa.is_head);
         assert_eq!(zz.predecessor, None);
-        assert_eq!(aa.predecessor.as_ref(), Some(&zz.entry), "read in the same step");
+        assert_eq!(
+            aa.predecessor.as_ref(),
+            Some(&zz.entry),
+            "read in the same step"
+        );
         let keys: Vec<_> = b
             .entries("q")
             .await
