@@ -651,6 +651,61 @@ async fn main() -> Res<()> {
     ));
     md.push_str(&format!("## Memory backend\n\nUncontended lock + unlock: **{mem:.0} cycles/s** (one task on a current-thread runtime; target 250,000). `cargo bench --bench memory` measures the same with criterion, plus 8 contenders.\n"));
 
+    // The targets of the performance work, checked against this run.
+    let find = |name: &str, n: usize| {
+        runs.iter()
+            .find(|r| r.impl_name == name && r.n == n && r.hold_ms == 0)
+    };
+    let yes = |ok: bool| if ok { "met" } else { "**not met**" };
+    md.push_str("\n## Targets\n\n| target | this run | |\n| --- | --- | --- |\n");
+    if let Some(b8) = find("baton", 8) {
+        let ratio = b8.cycles_per_s / ceiling;
+        md.push_str(&format!("| N = 8: at least 0.8 x the ceiling | {ratio:.2} x ({:.0} of {ceiling:.0} cycles/s) | {} |\n", b8.cycles_per_s, yes(ratio >= 0.8)));
+    }
+    if let (Some(b), Some(e)) = (find("baton", 64), find("etcd Lock API", 64)) {
+        md.push_str(&format!(
+            "| N = 64: ahead of etcd's Lock API | {:.0} vs {:.0} cycles/s | {} |\n",
+            b.cycles_per_s,
+            e.cycles_per_s,
+            yes(b.cycles_per_s > e.cycles_per_s)
+        ));
+    }
+    let worst = runs
+        .iter()
+        .filter(|r| r.impl_name == "baton")
+        .map(|r| r.handoffs_over_20ms)
+        .fold(0.0, f64::max);
+    md.push_str(&format!("| no handoff over 20 ms caused by watch setup | worst {worst:.1} % of handoffs over 20 ms (any cause) | {} |\n", yes(worst < 0.5)));
+    let requests = runs
+        .iter()
+        .filter(|r| r.impl_name == "baton" && r.n > 1)
+        .map(|r| r.requests_per_cycle)
+        .fold(0.0, f64::max);
+    md.push_str(&format!("| requests per cycle: what the algorithm needs | 2 uncontended; {requests:.2} contended (enqueue with predecessor, confirm after the watch, re-read after the wake, delete) | |\n"));
+    let events = runs
+        .iter()
+        .filter(|r| r.impl_name == "baton" && r.n > 1)
+        .map(|r| r.events_per_release)
+        .fold(0.0, f64::max);
+    md.push_str(&format!(
+        "| one watch event per release at every N | at most {events:.2} | {} |\n",
+        yes(events <= 1.05)
+    ));
+    md.push_str(&format!(
+        "| 10,000 waiters granted in FIFO order | {} | {} |\n",
+        if sc.fifo { "yes" } else { "no" },
+        yes(sc.fifo && sc.waiters >= 10_000)
+    ));
+    md.push_str(&format!(
+        "| client memory per waiter at most 2 KiB | {:.0} bytes | {} |\n",
+        sc.bytes_per_waiter,
+        yes(sc.bytes_per_waiter <= 2048.0)
+    ));
+    md.push_str(&format!(
+        "| memory backend: at least 250,000 uncontended cycles/s | {mem:.0} | {} |\n",
+        yes(mem >= 250_000.0)
+    ));
+
     println!("{md}");
     if let Some(out) = out {
         std::fs::write(&out, &md)?;
