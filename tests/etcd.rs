@@ -102,25 +102,7 @@ async fn wait_survives_compaction() {
     })
     .await;
     // Move the store on and compact away every revision the waiter has seen.
-    let mut client = backend.client().clone();
-    let filler = format!("{name}-filler");
-    let mut last = 0;
-    for i in 0..20 {
-        last = client
-            .put(filler.as_str(), i.to_string(), None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-    }
-    client
-        .compact(
-            last,
-            Some(etcd_client::CompactionOptions::new().with_physical()),
-        )
-        .await
-        .unwrap();
+    support::compact_history(backend.client(), &format!("{name}-filler")).await;
     guard.unlock().await.unwrap();
     let next = within("waiter after compaction", Duration::from_secs(10), waiter)
         .await
@@ -385,21 +367,7 @@ async fn observe_continues_across_compaction() {
         matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"a")
     );
 
-    let mut client = backend.client().clone();
-    let rev = client
-        .put(format!("{name}-filler"), "x", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision();
-    client
-        .compact(
-            rev,
-            Some(etcd_client::CompactionOptions::new().with_physical()),
-        )
-        .await
-        .unwrap();
+    support::compact_history(backend.client(), &format!("{name}-filler")).await;
 
     a.resign().await.unwrap();
     assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);

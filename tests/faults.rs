@@ -459,31 +459,11 @@ async fn compaction_while_waiters_watch() {
     let (_sessions, mut granted) =
         queue_contenders(&backend, &name, 4, Duration::from_secs(30), &register).await;
     let queue = queued_tokens(&backend, &name).await;
-    let mut client = backend.client().clone();
-    let compact = |client: &mut etcd_client::Client| {
-        let mut client = client.clone();
-        let filler = format!("{name}-filler");
-        async move {
-            let rev = client
-                .put(filler, "x", None)
-                .await
-                .unwrap()
-                .header()
-                .unwrap()
-                .revision();
-            client
-                .compact(
-                    rev,
-                    Some(etcd_client::CompactionOptions::new().with_physical()),
-                )
-                .await
-                .unwrap();
-        }
-    };
-    compact(&mut client).await;
+    let filler = format!("{name}-filler");
+    support::compact_history(backend.client(), &filler).await;
     release(guard, &register).await;
     for _ in 0..4 {
-        compact(&mut client).await;
+        support::compact_history(backend.client(), &filler).await;
         drain(&mut granted, 1, Duration::from_secs(20)).await;
     }
     register.assert_safe(

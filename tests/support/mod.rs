@@ -84,6 +84,32 @@ pub async fn spawn_queued(
     waiter
 }
 
+/// Compacts etcd's history up to now (a put moves the store on first), physically, so that
+/// every revision a watcher or reader has seen so far is gone.
+pub async fn compact_history(client: &etcd_client::Client, filler: &str) {
+    let mut client = client.clone();
+    let rev = client
+        .put(filler, "x", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let physical = etcd_client::CompactionOptions::new().with_physical();
+    client.compact(rev, Some(physical)).await.unwrap();
+}
+
+/// A wait ended because its session was lost (or its key vanished with the lease).
+pub fn assert_lost<T: std::fmt::Debug>(result: &baton::Result<T>) {
+    assert!(
+        matches!(
+            result,
+            Err(Error::SessionLost(_)) | Err(Error::EntryGone { .. })
+        ),
+        "expected a lost session, got {result:?}"
+    );
+}
+
 /// Bounds a future that the test expects to finish.
 pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>) -> T {
     tokio::time::timeout(limit, fut)
@@ -470,13 +496,7 @@ pub async fn lost_waiter_gets_error(rig: Rig) {
     let result = within("the waiter's error", Duration::from_secs(10), waiter)
         .await
         .unwrap();
-    assert!(
-        matches!(
-            result,
-            Err(Error::SessionLost(_)) | Err(Error::EntryGone { .. })
-        ),
-        "{result:?}"
-    );
+    assert_lost(&result);
     assert_eq!(rig.keys(&name).await, vec![guard.key().to_owned()]);
     guard.unlock().await.unwrap();
 }
@@ -922,13 +942,7 @@ pub async fn election_lost_campaigner_gets_error(rig: Rig) {
     let result = within("the campaigner's error", Duration::from_secs(10), campaign)
         .await
         .unwrap();
-    assert!(
-        matches!(
-            result,
-            Err(Error::SessionLost(_)) | Err(Error::EntryGone { .. })
-        ),
-        "{result:?}"
-    );
+    assert_lost(&result);
     leader.resign().await.unwrap();
     assert!(rig.keys(&name).await.is_empty());
 }
