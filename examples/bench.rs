@@ -13,9 +13,11 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use baton::etcd_client::{
+    Client, Compare, CompareOp, EventType, LockOptions, PutOptions, Txn, TxnOp,
+};
 use baton::testing::EtcdNode;
 use baton::{Backend, EtcdBackend, EtcdOptions, MemoryBackend, Mutex, Session, SessionOptions};
-use etcd_client::{Client, Compare, CompareOp, EventType, LockOptions, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -79,7 +81,11 @@ async fn floors(client: &Client, watcher: &Client, prefix: &str) -> Res<Floors> 
         let t = Instant::now();
         c.get(
             prefix,
-            Some(etcd_client::GetOptions::new().with_prefix().with_limit(1)),
+            Some(
+                baton::etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_limit(1),
+            ),
         )
         .await?;
         reads.push(t.elapsed());
@@ -120,7 +126,11 @@ async fn floors(client: &Client, watcher: &Client, prefix: &str) -> Res<Floors> 
                 TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(
                     prefix,
-                    Some(etcd_client::GetOptions::new().with_prefix().with_limit(1)),
+                    Some(
+                        baton::etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_limit(1),
+                    ),
                 ),
             ]);
         c.txn(txn).await?;

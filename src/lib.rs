@@ -64,6 +64,10 @@ pub use backend::{
 pub use backend::{EtcdBackend, EtcdOptions};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
 pub use error::{BoxError, Error, LostReason, Result};
+/// The etcd client baton is built on, re-exported so that code using
+/// [`EtcdBackend::client`] names the same version.
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 #[cfg(feature = "etcd")]
 pub use fence::EtcdFence;
 pub use fence::{Fence, MemoryFence, decode_token, encode_token};

@@ -123,7 +123,7 @@ async fn foreign_raw_key_is_respected() {
         .put(
             key.as_str(),
             "",
-            Some(etcd_client::PutOptions::new().with_lease(lease)),
+            Some(baton::etcd_client::PutOptions::new().with_lease(lease)),
         )
         .await
         .unwrap();

@@ -491,7 +491,7 @@ async fn foreign_keys_under_the_prefix() {
         format!("{name}/{lease:x}").into_bytes(),
     ];
     for (i, key) in foreign.iter().enumerate() {
-        let options = (i == 3).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        let options = (i == 3).then(|| baton::etcd_client::PutOptions::new().with_lease(lease));
         client.put(key.clone(), "", options).await.unwrap();
     }
     let register = Arc::new(FencedRegister::default());
@@ -538,7 +538,7 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
             x ^= x << 17;
             key.push((x & 0xff) as u8);
         }
-        let options = (i % 2 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        let options = (i % 2 == 0).then(|| baton::etcd_client::PutOptions::new().with_lease(lease));
         client
             .put(key.clone(), vec![(x >> 8) as u8; i % 5], options)
             .await
@@ -563,7 +563,7 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
     client
         .delete(
             format!("{name}/"),
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
+            Some(baton::etcd_client::DeleteOptions::new().with_prefix()),
         )
         .await
         .unwrap();

@@ -84,9 +84,10 @@ pub async fn spawn_queued(
     waiter
 }
 
+#[cfg(feature = "etcd")]
 /// Compacts etcd's history up to now (a put moves the store on first), physically, so that
 /// every revision a watcher or reader has seen so far is gone.
-pub async fn compact_history(client: &etcd_client::Client, filler: &str) {
+pub async fn compact_history(client: &baton::etcd_client::Client, filler: &str) {
     let mut client = client.clone();
     let rev = client
         .put(filler, "x", None)
@@ -95,7 +96,7 @@ pub async fn compact_history(client: &etcd_client::Client, filler: &str) {
         .header()
         .unwrap()
         .revision();
-    let physical = etcd_client::CompactionOptions::new().with_physical();
+    let physical = baton::etcd_client::CompactionOptions::new().with_physical();
     client.compact(rev, Some(physical)).await.unwrap();
 }
 
