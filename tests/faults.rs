@@ -260,52 +260,75 @@ async fn whole_cluster_restarted_while_held() {
     );
 }
 
-/// A TCP proxy on 127.0.0.1 that forwards to `upstream` until told to stop forwarding
-/// (then it holds the connections open and drops everything: a black hole).
+/// A TCP proxy on 127.0.0.1 in front of `upstream`. `black_hole` stops forwarding (the
+/// connections stay open, everything sent is dropped, as on a cut network); `heal` closes
+/// the connections of the outage, as TCP eventually would, and forwards new ones again.
 struct Proxy {
     addr: SocketAddr,
-    forwarding: watch::Sender<bool>,
+    /// (forwarding, generation): connections of an older generation are closed.
+    state: watch::Sender<(bool, u64)>,
 }
 
 impl Proxy {
     async fn start(upstream: SocketAddr) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (forwarding, rx) = watch::channel(true);
+        let (state, rx) = watch::channel((true, 0u64));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let rx = rx.clone();
                 tokio::spawn(async move {
+                    let generation = rx.borrow().1;
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::join!(pipe(cr, sw, rx.clone()), pipe(sr, cw, rx));
+                    tokio::join!(
+                        pipe(cr, sw, rx.clone(), generation),
+                        pipe(sr, cw, rx, generation)
+                    );
                 });
             }
         });
-        Proxy { addr, forwarding }
+        Proxy { addr, state }
     }
 
     fn black_hole(&self) {
-        self.forwarding.send_replace(false);
+        self.state.send_modify(|s| s.0 = false);
+    }
+
+    fn heal(&self) {
+        self.state.send_modify(|s| *s = (true, s.1 + 1));
     }
 }
 
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    forwarding: watch::Receiver<bool>,
+    mut state: watch::Receiver<(bool, u64)>,
+    generation: u64,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = state.changed() => {
+                if changed.is_err() || state.borrow().1 != generation {
+                    return; // healed: this connection belongs to the outage
+                }
+                continue;
+            }
         };
-        if *forwarding.borrow() && to.write_all(&buf[..n]).await.is_err() {
+        let (forwarding, current) = *state.borrow();
+        if current != generation {
+            return;
+        }
+        if forwarding && to.write_all(&buf[..n]).await.is_err() {
             return;
         }
     }
@@ -573,4 +596,66 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
     );
     let guard = Mutex::new(&s, &name).unwrap().try_lock().await.unwrap();
     guard.unlock().await.unwrap();
+}
+
+/// An observer cut off from etcd resumes from the last revision it saw once it can reach
+/// etcd again, and reports every leader change it missed, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_resumes_after_a_broken_connection() {
+    use baton::{Election, LeaderEvent};
+    let node = EtcdNode::shared();
+    let upstream: SocketAddr = node.endpoints()[0]
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let name = name("observe-resume");
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let behind = connect(&[format!("http://{}", proxy.addr)], Duration::from_secs(2)).await;
+    let observer_session = session(&direct, Duration::from_secs(60)).await;
+    // The observer's stream goes through the proxy; its session does not need to.
+    let mut events = Election::new(&Session::new(behind.clone()).await.unwrap(), &name)
+        .unwrap()
+        .observe();
+    drop(observer_session);
+    assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);
+    let a = session(&direct, Duration::from_secs(60)).await;
+    let leader_a = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"a")
+    );
+
+    proxy.black_hole();
+    leader_a.resign().await.unwrap();
+    let b = session(&direct, Duration::from_secs(60)).await;
+    let leader_b = Election::new(&b, &name)
+        .unwrap()
+        .campaign("b")
+        .await
+        .unwrap();
+    proxy.heal();
+
+    // HTTP/2 keep-alive notices the dead connection; the observer reconnects and resumes.
+    let vacant = within(
+        "the missed vacancy",
+        Duration::from_secs(30),
+        support::next_event(&mut events),
+    )
+    .await;
+    assert_eq!(vacant, LeaderEvent::Vacant);
+    let next = within(
+        "the missed leader",
+        Duration::from_secs(30),
+        support::next_event(&mut events),
+    )
+    .await;
+    assert!(
+        matches!(&next, LeaderEvent::Elected(l) if l.value == b"b"),
+        "{next:?}"
+    );
+    leader_b.resign().await.unwrap();
 }
