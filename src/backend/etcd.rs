@@ -363,11 +363,19 @@ impl Backend for EtcdBackend {
                 // Opening the stream renews once; renew again to learn the TTL.
                 let (mut keeper, mut stream) = c.lease_keep_alive(lease.0).await?;
                 keeper.keep_alive().await?;
-                Ok(stream.message().await?.map(|r| r.ttl()))
+                // A stream that ends without an answer says nothing about the lease: a
+                // transient failure, retried, never "lease gone".
+                stream.message().await?.map(|r| r.ttl()).ok_or_else(|| {
+                    etcd_client::Error::IoError(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "keep-alive stream closed without an answer",
+                    ))
+                })
             })
             .await;
         match result {
-            Ok(Some(ttl)) if ttl > 0 => Ok(Some(Duration::from_secs(ttl.unsigned_abs()))),
+            Ok(ttl) if ttl > 0 => Ok(Some(Duration::from_secs(ttl.unsigned_abs()))),
+            // etcd answers TTL <= 0 for a lease it no longer has.
             Ok(_) => Ok(None),
             Err(Error::Backend { source, .. })
                 if source.to_string().contains("lease not found") =>
