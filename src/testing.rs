@@ -430,7 +430,9 @@ impl EtcdCluster {
             .map_err(|source| self.container_error(source))
     }
 
-    /// Starts member `i` again after [`stop_member`](Self::stop_member).
+    /// Starts member `i` again after [`stop_member`](Self::stop_member). Returns once the
+    /// container runs; the member rejoins the cluster in the background (clients retry
+    /// meanwhile).
     ///
     /// # Errors
     /// The container runtime's error.
