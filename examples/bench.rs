@@ -447,88 +447,73 @@ fn memory_cycles(secs: Duration) -> Res<f64> {
     })
 }
 
-fn plot(path: &str, runs: &[Run], ceiling: f64) -> Res<()> {
+type Area<'a> =
+    plotters::drawing::DrawingArea<plotters::prelude::SVGBackend<'a>, plotters::coord::Shift>;
+
+/// One chart: baton and etcd's Lock API against log2 N (hold 0 ms), with a reference line.
+fn chart(
+    area: &Area<'_>,
+    caption: &str,
+    runs: &[Run],
+    value: impl Fn(&Run) -> f64,
+    reference: (f64, &str),
+) -> Res<()> {
     use plotters::prelude::*;
-    let root = SVGBackend::new(path, (900, 400)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(450);
-    let ns: Vec<usize> = {
-        let mut v: Vec<usize> = runs.iter().map(|r| r.n).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
     let x = |n: usize| (n as f64).log2();
-    let max_x = x(*ns.last().unwrap_or(&1)).max(1.0);
-    let series = |name: &str| -> Vec<(f64, f64, f64)> {
-        runs.iter()
-            .filter(|r| r.impl_name == name && r.hold_ms == 0)
-            .map(|r| (x(r.n), r.cycles_per_s, r.handoff_p99.as_secs_f64() * 1000.0))
-            .collect()
-    };
-    let max_y = runs.iter().map(|r| r.cycles_per_s).fold(ceiling, f64::max) * 1.1;
-    let mut chart = ChartBuilder::on(&left)
-        .caption("cycles/s (hold 0 ms)", ("sans-serif", 18))
+    let zero_hold = || runs.iter().filter(|r| r.hold_ms == 0);
+    let max_x = zero_hold().map(|r| x(r.n)).fold(1.0, f64::max);
+    let max_y = zero_hold().map(&value).fold(reference.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(50)
         .build_cartesian_2d(0.0..max_x, 0.0..max_y)?;
     chart.configure_mesh().x_desc("log2 N contenders").draw()?;
     for (name, color) in [("baton", BLUE), ("etcd Lock API", RED)] {
-        let s = series(name);
+        let points = zero_hold()
+            .filter(|r| r.impl_name == name)
+            .map(|r| (x(r.n), value(r)));
         chart
-            .draw_series(LineSeries::new(
-                s.iter().map(|p| (p.0, p.1)),
-                color.stroke_width(2),
-            ))?
+            .draw_series(LineSeries::new(points, color.stroke_width(2)))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
+    let grey = BLACK.mix(0.4);
     chart
         .draw_series(LineSeries::new(
-            vec![(0.0, ceiling), (max_x, ceiling)],
-            BLACK.mix(0.4),
+            vec![(0.0, reference.0), (max_x, reference.0)],
+            grey,
         ))?
-        .label("ceiling 1/(delete->event + read)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.mix(0.4)));
+        .label(reference.1)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], grey));
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
+    Ok(())
+}
 
-    let max_p99 = runs
-        .iter()
-        .filter(|r| r.hold_ms == 0)
-        .map(|r| r.handoff_p99.as_secs_f64() * 1000.0)
-        .fold(20.0, f64::max)
-        * 1.1;
-    let mut chart = ChartBuilder::on(&right)
-        .caption("handoff p99, ms (hold 0 ms)", ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        .build_cartesian_2d(0.0..max_x, 0.0..max_p99)?;
-    chart.configure_mesh().x_desc("log2 N contenders").draw()?;
-    for (name, color) in [("baton", BLUE), ("etcd Lock API", RED)] {
-        let s = series(name);
-        chart
-            .draw_series(LineSeries::new(
-                s.iter().map(|p| (p.0, p.2)),
-                color.stroke_width(2),
-            ))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-    }
-    chart.draw_series(LineSeries::new(
-        vec![(0.0, 20.0), (max_x, 20.0)],
-        BLACK.mix(0.4),
-    ))?;
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+fn plot(path: &str, runs: &[Run], ceiling: f64) -> Res<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 400)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (left, right) = root.split_horizontally(450);
+    chart(
+        &left,
+        "cycles/s (hold 0 ms)",
+        runs,
+        |r| r.cycles_per_s,
+        (ceiling, "ceiling 1/(delete->event + read)"),
+    )?;
+    chart(
+        &right,
+        "handoff p99, ms (hold 0 ms)",
+        runs,
+        |r| r.handoff_p99.as_secs_f64() * 1000.0,
+        (20.0, "20 ms"),
+    )?;
     root.present()?;
     Ok(())
 }

@@ -120,15 +120,24 @@ async fn release(guard: MutexGuard, register: &FencedRegister) {
     guard.unlock().await.unwrap();
 }
 
+/// A three-member cluster, a client on all its members (retrying for `retry_for`), the
+/// safety checker, and a holder session with `ttl`.
+async fn cluster_scenario(
+    retry_for: Duration,
+    ttl: Duration,
+) -> (EtcdCluster, EtcdBackend, Arc<FencedRegister>, Session) {
+    let cluster = EtcdCluster::start().await.unwrap();
+    let backend = connect(&cluster.endpoints(), retry_for).await;
+    let holder = session(&backend, ttl).await;
+    (cluster, backend, Arc::default(), holder)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_stopped_mid_queue_then_restarted() {
     let _one_at_a_time = CLUSTER.lock().await;
-    let cluster = EtcdCluster::start().await.unwrap();
-    let backend = connect(&cluster.endpoints(), Duration::from_secs(30)).await;
-    let name = "stop-leader";
-    let register = Arc::new(FencedRegister::default());
     let ttl = Duration::from_secs(10);
-    let holder = session(&backend, ttl).await;
+    let (cluster, backend, register, holder) = cluster_scenario(Duration::from_secs(30), ttl).await;
+    let name = "stop-leader";
     let guard = hold(&holder, name, &register).await;
     let (_sessions, mut granted) = queue_contenders(&backend, name, 8, ttl, &register).await;
     let queue = queued_tokens(&backend, name).await;
@@ -150,12 +159,9 @@ async fn leader_stopped_mid_queue_then_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_then_leader_paused() {
     let _one_at_a_time = CLUSTER.lock().await;
-    let cluster = EtcdCluster::start().await.unwrap();
-    let backend = connect(&cluster.endpoints(), Duration::from_secs(30)).await;
-    let name = "pause";
-    let register = Arc::new(FencedRegister::default());
     let ttl = Duration::from_secs(15);
-    let holder = session(&backend, ttl).await;
+    let (cluster, backend, register, holder) = cluster_scenario(Duration::from_secs(30), ttl).await;
+    let name = "pause";
 
     let first_leader = leader(&cluster).await;
     let follower = (first_leader + 1) % 3;
@@ -191,12 +197,9 @@ async fn follower_then_leader_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_restarted_while_held() {
     let _one_at_a_time = CLUSTER.lock().await;
-    let cluster = EtcdCluster::start().await.unwrap();
-    let backend = connect(&cluster.endpoints(), Duration::from_secs(60)).await;
-    let name = "restart-all";
-    let register = Arc::new(FencedRegister::default());
     let ttl = Duration::from_secs(5);
-    let holder = session(&backend, ttl).await;
+    let (cluster, backend, register, holder) = cluster_scenario(Duration::from_secs(60), ttl).await;
+    let name = "restart-all";
     let guard = hold(&holder, name, &register).await;
     let (_sessions, mut granted) =
         queue_contenders(&backend, name, 2, Duration::from_secs(60), &register).await;
