@@ -676,7 +676,7 @@ async fn main() -> Res<()> {
         .filter(|r| r.impl_name == "baton" && r.n > 1)
         .map(|r| r.requests_per_cycle)
         .fold(0.0, f64::max);
-    md.push_str(&format!("| requests per cycle: what the algorithm needs | 2 uncontended; {requests:.2} contended (enqueue with predecessor, confirm after the watch, re-read after the wake, delete) | |\n"));
+    md.push_str(&format!("| requests per cycle: what the algorithm needs | 2 uncontended; {requests:.2} contended (enqueue with predecessor; a confirming read only when the watch is newer than the entry; the read after the wake; delete) | |\n"));
     let events = runs
         .iter()
         .filter(|r| r.impl_name == "baton" && r.n > 1)

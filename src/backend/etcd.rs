@@ -477,8 +477,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        // Register with the shared watch stream, and only once the watch is confirmed,
-        // check that the entry still exists: a deletion after that check is delivered.
+        // Register with the shared watch stream; once the watch is confirmed, check that the
+        // entry still exists unless the watch is older than the entry: a deletion after that
+        // point is delivered.
         let mut backoff = Duration::from_millis(25);
         loop {
             let registration = self.watches.register(
@@ -487,13 +488,17 @@ impl Backend for EtcdBackend {
                 revision(entry.token),
                 Arc::clone(&self.requests),
             );
-            if registration.ready.await.is_err() {
+            let Ok(coverage) = registration.ready.await else {
                 tracing::debug!(key = %entry.key, ?backoff, "watch not established; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
-            }
-            if !self.if_live("wait_gone", entry, vec![]).await?.succeeded() {
+            };
+            // A watch that existed before this incarnation was created has reported (or will
+            // report) its deletion: no read needed. That is the usual case in a FIFO queue,
+            // where the predecessor's key name is watched from one cycle to the next.
+            let covered = coverage.since.is_some_and(|w| revision(entry.token) > w);
+            if !covered && !self.if_live("wait_gone", entry, vec![]).await?.succeeded() {
                 return Ok(());
             }
             match registration.fired.await {

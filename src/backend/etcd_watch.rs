@@ -30,18 +30,26 @@ pub(crate) enum Fired {
     Recheck,
 }
 
+/// What a confirmed watch is known to cover.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Coverage {
+    /// The watch has reported (to this driver) every deletion of an incarnation created
+    /// after this revision; `None` if that is not known (then the waiter must read).
+    pub(crate) since: Option<i64>,
+}
+
 /// A wait registered with the driver.
 pub(crate) struct Registration {
     /// Resolves once the server confirmed the watch (existing or new) and the waiter is
     /// registered: every event after this is delivered to `fired`.
-    pub(crate) ready: oneshot::Receiver<()>,
+    pub(crate) ready: oneshot::Receiver<Coverage>,
     pub(crate) fired: oneshot::Receiver<Fired>,
 }
 
 struct Cmd {
     key: String,
     create_revision: i64,
-    ready: oneshot::Sender<()>,
+    ready: oneshot::Sender<Coverage>,
     fired: oneshot::Sender<Fired>,
 }
 
@@ -88,9 +96,43 @@ impl WatchHub {
 struct KeyWatch {
     id: i64,
     created: bool,
-    pending_ready: Vec<oneshot::Sender<()>>,
+    /// The revision the server reported when it created the watch: deletions of
+    /// incarnations created after it are all seen here.
+    created_revision: Option<i64>,
+    /// The newest incarnation (create revision) whose deletion this watch reported; every
+    /// incarnation up to it is gone (a key's incarnations are created in increasing order).
+    last_ended: i64,
+    /// A deletion came without its previous value: which incarnation ended is unknown.
+    uncertain: bool,
+    pending_ready: Vec<oneshot::Sender<Coverage>>,
     waiters: Vec<(i64, oneshot::Sender<Fired>)>,
     idle_since: Option<Instant>,
+}
+
+impl KeyWatch {
+    fn coverage(&self) -> Coverage {
+        Coverage {
+            since: if self.uncertain {
+                None
+            } else {
+                self.created_revision
+            },
+        }
+    }
+
+    /// Fires the waiters of every incarnation up to `create` (inclusive): they are gone.
+    fn ended(&mut self, create: i64) {
+        self.last_ended = self.last_ended.max(create);
+        let mut kept = Vec::with_capacity(self.waiters.len());
+        for (c, tx) in self.waiters.drain(..) {
+            if c <= create {
+                let _ = tx.send(Fired::Gone);
+            } else {
+                kept.push((c, tx));
+            }
+        }
+        self.waiters = kept;
+    }
 }
 
 struct Driver {
@@ -148,10 +190,15 @@ impl Driver {
     async fn handle(&mut self, cmd: Cmd) -> Option<WatchResponseStream> {
         if let Some(w) = self.keys.get_mut(&cmd.key) {
             w.waiters.retain(|(_, tx)| !tx.is_closed());
-            w.waiters.push((cmd.create_revision, cmd.fired));
             w.idle_since = None;
+            if cmd.create_revision <= w.last_ended {
+                // This watch already saw that incarnation go.
+                let _ = cmd.fired.send(Fired::Gone);
+            } else {
+                w.waiters.push((cmd.create_revision, cmd.fired));
+            }
             if w.created {
-                let _ = cmd.ready.send(());
+                let _ = cmd.ready.send(w.coverage());
             } else {
                 w.pending_ready.push(cmd.ready);
             }
@@ -195,6 +242,9 @@ impl Driver {
             KeyWatch {
                 id,
                 created: false,
+                created_revision: None,
+                last_ended: 0,
+                uncertain: false,
                 pending_ready: vec![cmd.ready],
                 waiters: vec![(cmd.create_revision, cmd.fired)],
                 idle_since: None,
@@ -221,26 +271,31 @@ impl Driver {
         };
         if resp.created() {
             w.created = true;
+            w.created_revision = resp.header().map(|h| h.revision());
+            let coverage = w.coverage();
             for ready in w.pending_ready.drain(..) {
-                let _ = ready.send(());
+                let _ = ready.send(coverage);
             }
         }
         for ev in resp.events() {
-            // Which incarnations does this event end? (Puts are filtered out on the server;
-            // a put of a new incarnation would still end the older ones.)
-            let ended = |create: i64| match ev.event_type() {
-                EventType::Delete => ev.prev_kv().is_none_or(|p| p.create_revision() == create),
-                EventType::Put => ev.kv().is_some_and(|kv| kv.create_revision() != create),
-            };
-            let mut kept = Vec::with_capacity(w.waiters.len());
-            for (create, tx) in w.waiters.drain(..) {
-                if ended(create) {
-                    let _ = tx.send(Fired::Gone);
-                } else {
-                    kept.push((create, tx));
+            match ev.event_type() {
+                EventType::Delete => match ev.prev_kv() {
+                    Some(prev) => w.ended(prev.create_revision()),
+                    None => {
+                        // Which incarnation ended is unknown: everyone reads again.
+                        w.uncertain = true;
+                        for (_, tx) in w.waiters.drain(..) {
+                            let _ = tx.send(Fired::Recheck);
+                        }
+                    }
+                },
+                // Filtered out on the server; a new incarnation would end the older ones.
+                EventType::Put => {
+                    if let Some(kv) = ev.kv() {
+                        w.ended(kv.create_revision() - 1);
+                    }
                 }
             }
-            w.waiters = kept;
         }
         if w.waiters.is_empty() && w.idle_since.is_none() {
             w.idle_since = Some(Instant::now());
