@@ -390,6 +390,18 @@ async fn elect_listen_reports_etcdctl_campaigns() {
     assert_eq!(listener.line().await, "(no leader)");
     let mut candidate = etcdctl(&["elect", &name, "from-etcdctl"]).spawn().unwrap();
     assert_eq!(listener.line().await, "from-etcdctl");
+    // Signal etcdctl only once it has printed its leadership: signalled earlier (between
+    // its campaign and that print) it exits without resigning, and its key would stay
+    // until its 60 s lease expires.
+    let mut out = BufReader::new(candidate.stdout.take().unwrap()).lines();
+    let printed = within(
+        "etcdctl reports leadership",
+        Duration::from_secs(10),
+        out.next_line(),
+    )
+    .await
+    .unwrap();
+    assert!(printed.is_some_and(|l| l.starts_with(&format!("{name}/"))));
     let pid = candidate.id().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
