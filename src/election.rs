@@ -275,9 +275,7 @@ impl Leadership {
             self.value = value;
             Ok(())
         } else {
-            Err(Error::NotOwner {
-                key: entry.key.clone(),
-            })
+            Err(self.held.not_owner())
         }
     }
 
@@ -290,14 +288,7 @@ impl Leadership {
     /// # Cancel safety
     /// As for [`MutexGuard::write`](crate::MutexGuard::write).
     pub async fn write(&self, ops: &[WriteOp]) -> Result<()> {
-        let entry = self.held.entry();
-        if self.held.session().backend().guarded(entry, ops).await? {
-            Ok(())
-        } else {
-            Err(Error::NotOwner {
-                key: entry.key.clone(),
-            })
-        }
+        self.held.write(ops).await
     }
 
     /// Gives up leadership: deletes our key if it is still ours. The next campaigner leads.

@@ -190,15 +190,7 @@ impl MutexGuard {
     /// If the future is dropped, the writes may or may not have been applied, but never
     /// after the lock was lost.
     pub async fn write(&self, ops: &[WriteOp]) -> Result<()> {
-        let entry = self.held.entry();
-        let applied = self.held.session().backend().guarded(entry, ops).await?;
-        if applied {
-            Ok(())
-        } else {
-            Err(Error::NotOwner {
-                key: entry.key.clone(),
-            })
-        }
+        self.held.write(ops).await
     }
 
     /// Releases the lock: deletes our key if it is still ours (never a successor's key).

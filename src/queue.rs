@@ -216,6 +216,22 @@ impl Held {
         &self.session
     }
 
+    /// The error for a write refused because our entry is gone.
+    pub(crate) fn not_owner(&self) -> Error {
+        Error::NotOwner {
+            key: self.entry.key.clone(),
+        }
+    }
+
+    /// Applies `ops` only while our entry exists; [`Error::NotOwner`] otherwise.
+    pub(crate) async fn write(&self, ops: &[crate::WriteOp]) -> Result<()> {
+        if self.session.backend().guarded(&self.entry, ops).await? {
+            Ok(())
+        } else {
+            Err(self.not_owner())
+        }
+    }
+
     /// Deletes the entry if it is still this incarnation; tells whether it was.
     pub(crate) async fn release(mut self) -> Result<bool> {
         self.released = true;
