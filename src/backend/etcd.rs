@@ -146,6 +146,10 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
             return Error::SessionLost(LostReason::Revoked);
         }
     }
+    // etcd-client's keep-alive reports a lease etcd no longer has this way.
+    if matches!(&e, E::LeaseKeepAliveError(m) if m.contains("lease not found")) {
+        return Error::SessionLost(LostReason::Revoked);
+    }
     Error::Backend {
         op,
         source: e.into(),
@@ -376,12 +380,7 @@ impl Backend for EtcdBackend {
         match result {
             Ok(ttl) if ttl > 0 => Ok(Some(Duration::from_secs(ttl.unsigned_abs()))),
             // etcd answers TTL <= 0 for a lease it no longer has.
-            Ok(_) => Ok(None),
-            Err(Error::Backend { source, .. })
-                if source.to_string().contains("lease not found") =>
-            {
-                Ok(None)
-            }
+            Ok(_) | Err(Error::SessionLost(_)) => Ok(None),
             Err(e) => Err(e),
         }
     }
