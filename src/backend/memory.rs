@@ -70,6 +70,8 @@ struct State {
     next_lease: i64,
     kvs: BTreeMap<String, Kv>,
     leases: HashMap<LeaseId, LeaseState>,
+    /// Lease deadlines in order, so that expiry looks only at what is due.
+    by_deadline: BTreeSet<(Instant, LeaseId)>,
     /// Per key: waiters of one incarnation (create revision) of that key.
     waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
     /// Every revision's changes, in order, for observers (the in-process watch).
@@ -86,6 +88,7 @@ impl Default for State {
             next_lease: 0x694d_7a5c_1bf9_c800,
             kvs: BTreeMap::new(),
             leases: HashMap::new(),
+            by_deadline: BTreeSet::new(),
             waiters: HashMap::new(),
             changes: broadcast::channel(1024).0,
             batch: Vec::new(),
@@ -170,6 +173,7 @@ impl State {
         let Some(lease) = self.leases.remove(&id) else {
             return 0;
         };
+        self.by_deadline.remove(&(lease.deadline, id));
         if lease.keys.is_empty() {
             return 0;
         }
@@ -178,17 +182,27 @@ impl State {
     }
 
     fn expire(&mut self, now: Instant) -> u64 {
-        let expired: Vec<LeaseId> = self
-            .leases
-            .iter()
-            .filter(|(_, l)| l.deadline <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        expired.into_iter().map(|id| self.drop_lease(id)).sum()
+        let mut woken = 0;
+        while let Some(&(deadline, id)) = self.by_deadline.first() {
+            if deadline > now {
+                break;
+            }
+            woken += self.drop_lease(id);
+        }
+        woken
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.leases.values().map(|l| l.deadline).min()
+        self.by_deadline.first().map(|(deadline, _)| *deadline)
+    }
+
+    /// Renews lease `id` to `now + ttl`; its TTL, or `None` if it does not exist.
+    fn renew(&mut self, id: LeaseId, now: Instant) -> Option<Duration> {
+        let lease = self.leases.get_mut(&id)?;
+        self.by_deadline.remove(&(lease.deadline, id));
+        lease.deadline = now + lease.ttl;
+        self.by_deadline.insert((lease.deadline, id));
+        Some(lease.ttl)
     }
 
     /// Publishes the changes made under the current lock as one batch: observers never see
@@ -317,6 +331,7 @@ impl Backend for MemoryBackend {
                     keys: BTreeSet::new(),
                 },
             );
+            state.by_deadline.insert((deadline, id));
             id
         };
         self.start_reaper();
@@ -334,11 +349,7 @@ impl Backend for MemoryBackend {
         if partitioned {
             return Err(Error::Unavailable);
         }
-        let mut state = self.available()?;
-        Ok(state.leases.get_mut(&lease).map(|l| {
-            l.deadline = Instant::now() + l.ttl;
-            l.ttl
-        }))
+        Ok(self.available()?.renew(lease, Instant::now()))
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
