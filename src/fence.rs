@@ -40,12 +40,19 @@ pub trait Fence: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`Error::StaleToken`] if a higher token was accepted; [`Error::InvalidArgument`],
     /// [`Error::CorruptFence`] or backend errors. Nothing is written on any error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the write may or may not have been applied, but never
+    /// partly and never after a higher token was accepted.
     async fn write(&self, resource: &str, token: FencingToken, data: &[u8]) -> Result<()>;
 
     /// The highest accepted token and the data written with it, if any.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`], [`Error::CorruptFence`] or backend errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     async fn read(&self, resource: &str) -> Result<Option<(FencingToken, Vec<u8>)>>;
 }
 

@@ -96,6 +96,10 @@ impl Session {
     ///
     /// # Errors
     /// Whatever the backend returns for the lease grant.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped while the grant is in flight, the lease may have been
+    /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
     pub async fn new(backend: impl Backend) -> Result<Session> {
         Self::with_options(backend, SessionOptions::new()).await
     }
@@ -105,6 +109,10 @@ impl Session {
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero TTL (nothing is created); whatever the backend
     /// returns for the lease grant.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped while the grant is in flight, the lease may have been
+    /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
     pub async fn with_options(backend: impl Backend, options: SessionOptions) -> Result<Session> {
         Self::from_shared(Arc::new(backend), options).await
     }
@@ -114,6 +122,10 @@ impl Session {
     ///
     /// # Errors
     /// As for [`with_options`](Session::with_options).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped while the grant is in flight, the lease may have been
+    /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
     pub async fn from_shared(
         backend: Arc<dyn Backend>,
         options: SessionOptions,

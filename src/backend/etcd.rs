@@ -192,6 +192,9 @@ impl EtcdBackend {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty endpoint list, [`Error::Connect`] if no
     /// endpoint answers in time, [`Error::Auth`] for rejected credentials.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server.
     pub async fn connect<S: AsRef<str>>(endpoints: &[S], options: EtcdOptions) -> Result<Self> {
         let endpoints: Vec<String> = endpoints.iter().map(|e| e.as_ref().to_owned()).collect();
         if endpoints.is_empty() || endpoints.iter().any(|e| e.trim().is_empty()) {

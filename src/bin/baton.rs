@@ -145,8 +145,10 @@ impl From<Error> for Failure {
             Error::InvalidArgument(_) => exit::USAGE,
             Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => exit::UNAVAILABLE,
             Error::Auth { .. } => exit::AUTH,
-            Error::SessionLost(_) | Error::EntryGone { .. } | Error::NotOwner { .. } => exit::LOST,
-            Error::LeadershipLost { .. } => exit::LOST,
+            Error::SessionLost(_)
+            | Error::EntryGone { .. }
+            | Error::NotOwner { .. }
+            | Error::LeadershipLost { .. } => exit::LOST,
             _ => exit::ERROR,
         };
         // One line: the error and its causes.
