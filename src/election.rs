@@ -2,7 +2,9 @@
 //! layout of etcd's Go `concurrency.Election`.
 
 use std::future::Future;
+use std::sync::Arc;
 
+use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
 use tracing::Instrument;
 
@@ -43,7 +45,8 @@ use crate::session::Session;
 #[derive(Debug, Clone)]
 pub struct Election {
     session: Session,
-    name: String,
+    /// Shared with the session's in-process queue for this name.
+    name: Arc<str>,
 }
 
 /// The current leader of an election.
@@ -85,10 +88,11 @@ impl Election {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Election> {
-        let name = name.into();
+        let name: String = name.into();
         if name.is_empty() {
             return Err(Error::InvalidArgument("election name must not be empty"));
         }
+        let name: Arc<str> = name.into();
         Ok(Election {
             session: session.clone(),
             name,
@@ -117,11 +121,8 @@ impl Election {
             token = tracing::field::Empty,
         );
         let held = queue::acquire(&self.session, &self.name, value.into(), Mode::Wait)
-            .instrument(span.clone())
+            .instrument(span)
             .await?;
-        span.record("key", held.entry().key.as_str());
-        span.record("token", held.entry().token.get());
-        tracing::debug!(parent: &span, "elected");
         Ok(Leadership {
             name: self.name.clone(),
             value: held.entry().value.clone(),
@@ -210,11 +211,11 @@ impl Election {
             }
             reason = leadership.lost() => {
                 tracing::warn!(name = %self.name, %reason, "leadership lost; work cancelled");
-                Err(Error::LeadershipLost { name: self.name.clone() })
+                Err(Error::LeadershipLost { name: self.name.to_string() })
             }
             _ = own_key_gone => {
                 tracing::warn!(name = %self.name, "leadership key deleted; work cancelled");
-                Err(Error::LeadershipLost { name: self.name.clone() })
+                Err(Error::LeadershipLost { name: self.name.to_string() })
             }
         }
     }
@@ -225,7 +226,7 @@ impl Election {
 #[must_use = "leadership is resigned in the background as soon as it is dropped"]
 #[derive(Debug)]
 pub struct Leadership {
-    name: String,
+    name: Arc<str>,
     value: Vec<u8>,
     held: Held,
 }
@@ -298,9 +299,14 @@ impl Leadership {
     /// lease.
     ///
     /// # Cancel safety
-    /// If dropped before the delete completes, the key is left until the session ends.
-    pub async fn resign(self) -> Result<()> {
+    /// Cancel safe: if the future is dropped before the delete answered, the resignation is
+    /// finished by a background task, as when the leadership is dropped.
+    pub fn resign(self) -> impl Future<Output = Result<()>> + Send + 'static {
         let span = tracing::debug_span!("baton.resign", name = %self.name, key = %self.key());
-        self.held.release().instrument(span).await.map(|_| ())
+        // A combinator: an `async fn` or block would keep a second copy of the release.
+        self.held
+            .release()
+            .map(|released| released.map(|_| ()))
+            .instrument(span)
     }
 }

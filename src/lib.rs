@@ -46,6 +46,7 @@
 //!
 //! See `docs/guarantees.md` for what the lock promises and under which assumptions.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 mod backend;
 mod election;

@@ -1,7 +1,9 @@
 //! [`Mutex`]: the queue-fair distributed lock, and its [`MutexGuard`].
 
 use std::future::Future;
+use std::sync::Arc;
 
+use futures::FutureExt;
 use tracing::Instrument;
 
 use crate::backend::{Entry, FencingToken, WriteOp};
@@ -50,7 +52,8 @@ use crate::session::Session;
 #[derive(Debug, Clone)]
 pub struct Mutex {
     session: Session,
-    name: String,
+    /// Shared with the session's in-process queue for this name.
+    name: Arc<str>,
     owner: Vec<u8>,
 }
 
@@ -60,13 +63,13 @@ impl Mutex {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Mutex> {
-        let name = name.into();
+        let name: String = name.into();
         if name.is_empty() {
             return Err(Error::InvalidArgument("lock name must not be empty"));
         }
         Ok(Mutex {
             session: session.clone(),
-            name,
+            name: name.into(),
             owner: format!("pid={}", std::process::id()).into_bytes(),
         })
     }
@@ -121,11 +124,8 @@ impl Mutex {
             token = tracing::field::Empty,
         );
         let held = queue::acquire(&self.session, &self.name, self.owner.clone(), mode)
-            .instrument(span.clone())
+            .instrument(span)
             .await?;
-        span.record("key", held.entry().key.as_str());
-        span.record("token", held.entry().token.get());
-        tracing::debug!(parent: &span, "lock acquired");
         Ok(MutexGuard { held })
     }
 }
@@ -200,18 +200,24 @@ impl MutexGuard {
     /// lease.
     ///
     /// # Cancel safety
-    /// If the future is dropped before the delete completes, the key is left until the
-    /// session ends or its lease expires. Prefer letting it finish.
-    pub async fn unlock(self) -> Result<()> {
+    /// Cancel safe: if the future is dropped before the delete answered, the release is
+    /// finished by a background task, as when the guard is dropped.
+    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + 'static {
         let span = tracing::debug_span!(
             "baton.unlock",
             key = %self.key(),
             token = self.fencing_token().get()
         );
-        let released = self.held.release().instrument(span.clone()).await?;
-        if !released {
-            tracing::debug!(parent: &span, "key was already gone (lease ended or deleted from outside)");
-        }
-        Ok(())
+        // A combinator, not an `async fn` or block: those would keep a second copy of the
+        // guard or of the release in their state, and callers keep this future in theirs.
+        self.held
+            .release()
+            .map(|released| {
+                if !released? {
+                    tracing::debug!("key was already gone (lease ended or deleted from outside)");
+                }
+                Ok(())
+            })
+            .instrument(span)
     }
 }

@@ -1,17 +1,17 @@
 //! [`Session`]: one lease, kept alive in the background, and the signal that it was lost.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio::task::AbortHandle;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::{Backend, Lease, LeaseId};
 use crate::error::{Error, LostReason, Result};
+
+mod keeper;
 
 /// Options for [`Session::with_options`].
 #[derive(Debug, Clone)]
@@ -51,7 +51,7 @@ impl SessionOptions {
     }
 }
 
-/// A client's liveness in the backend: one lease, renewed every TTL/3 by a background task.
+/// A client's liveness in the backend: one lease, renewed every TTL/3 in the background.
 ///
 /// Every lock and leadership taken through a session is bound to its lease and ends with it.
 /// The session is **lost** when the server reports the lease gone, or when a deadline passes
@@ -60,8 +60,12 @@ impl SessionOptions {
 /// when [`lost`](Session::lost) resolves, assume that someone else may hold your locks.
 ///
 /// `Session` is a cheap handle (clone it freely). [`close`](Session::close) revokes the lease
-/// at once; when the last handle (including those held by guards) is dropped, the keep-alive
-/// task stops and the lease is revoked in the background, best effort.
+/// at once; when the last handle (including those held by guards) is dropped, renewals stop
+/// and the lease is revoked in the background, best effort.
+///
+/// Renewals of all sessions of a tokio runtime are sent by one driver task of that runtime
+/// (started with the first session), so a session costs a few hundred bytes and no task of
+/// its own; a slow renewal of one session never delays another's.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
@@ -83,13 +87,18 @@ pub struct Session {
 struct Inner {
     backend: Arc<dyn Backend>,
     lease: Lease,
-    lost: watch::Sender<Option<LostReason>>,
-    keeper: AbortHandle,
+    lost: Arc<LostSignal>,
+    /// Set by [`Session::close`]; the keep-alive driver then stops renewing.
     closed: AtomicBool,
     /// In-process FIFO per lock name, so that two tasks sharing this session (and so the
     /// same key) queue here before they queue in the backend.
-    locals: StdMutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
+    /// A list, not a map: a session waits on a handful of names at a time, and a map's
+    /// smallest table costs more than the list's one entry (this is per waiter at scale).
+    locals: StdMutex<Vec<LocalQueue>>,
 }
+
+/// A lock name and its in-process FIFO, alive while a task of this process uses it.
+type LocalQueue = (Arc<str>, Weak<tokio::sync::Mutex<()>>);
 
 impl Session {
     /// Grants a lease with the default TTL (60 s) and starts keeping it alive.
@@ -135,27 +144,19 @@ impl Session {
                 "session TTL must be greater than zero",
             ));
         }
+        let keeper = keeper::for_current_runtime()?;
         let asked_at = Instant::now();
         let lease = backend.grant_lease(options.ttl).await?;
-        let (lost, _) = watch::channel(None);
-        let keeper = tokio::spawn(keep_alive(
-            Arc::clone(&backend),
+        let inner = Arc::new(Inner {
+            backend,
             lease,
-            asked_at,
-            lost.clone(),
-        ))
-        .abort_handle();
+            lost: Arc::default(),
+            closed: AtomicBool::new(false),
+            locals: StdMutex::new(Vec::new()),
+        });
+        keeper.keep(&inner, asked_at);
         tracing::debug!(lease = %lease.id, ttl = ?lease.ttl, "session started");
-        Ok(Session {
-            inner: Arc::new(Inner {
-                backend,
-                lease,
-                lost,
-                keeper,
-                closed: AtomicBool::new(false),
-                locals: StdMutex::new(HashMap::new()),
-            }),
-        })
+        Ok(Session { inner })
     }
 
     /// The lease id; keys created through this session end in it, in lowercase hex.
@@ -175,7 +176,7 @@ impl Session {
 
     /// Whether the session has been lost (or closed).
     pub fn is_lost(&self) -> bool {
-        self.inner.lost.borrow().is_some()
+        self.inner.lost.reason().is_some()
     }
 
     /// Resolves when the session is lost, with the reason; at once if it already is.
@@ -186,16 +187,18 @@ impl Session {
     /// # Cancel safety
     /// Cancel safe: dropping it only stops this one observer.
     pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        let mut rx = self.inner.lost.subscribe();
+        // Only the signal, not the session: a pending `lost()` must not keep the lease alive.
+        let signal = Arc::clone(&self.inner.lost);
         async move {
             loop {
-                if let Some(reason) = *rx.borrow_and_update() {
+                let notified = signal.notify.notified();
+                tokio::pin!(notified);
+                // Registered before the check, so a loss recorded after it wakes us.
+                notified.as_mut().enable();
+                if let Some(reason) = signal.reason() {
                     return reason;
                 }
-                // The sender lives as long as any handle of the session.
-                if rx.changed().await.is_err() {
-                    return LostReason::Closed;
-                }
+                notified.await;
             }
         }
     }
@@ -214,27 +217,31 @@ impl Session {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.inner.keeper.abort();
-        mark_lost(&self.inner.lost, self.inner.lease.id, LostReason::Closed);
+        self.inner
+            .lost
+            .mark(self.inner.lease.id, LostReason::Closed);
         self.inner.backend.revoke_lease(self.inner.lease.id).await
     }
 
     /// The in-process FIFO for lock `name` on this session.
-    pub(crate) fn local_queue(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn local_queue(&self, name: &Arc<str>) -> Arc<tokio::sync::Mutex<()>> {
         let mut locals = self.inner.locals.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(queue) = locals.get(name).and_then(Weak::upgrade) {
+        let existing = locals.iter().find(|(n, _)| n == name);
+        if let Some(queue) = existing.and_then(|(_, q)| q.upgrade()) {
             return queue;
         }
-        locals.retain(|_, q| q.strong_count() > 0);
+        locals.retain(|(_, q)| q.strong_count() > 0);
         let queue = Arc::new(tokio::sync::Mutex::new(()));
-        locals.insert(name.to_owned(), Arc::downgrade(&queue));
+        locals.reserve_exact(1);
+        locals.push((Arc::clone(name), Arc::downgrade(&queue)));
         queue
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        self.keeper.abort();
+        // Observers outliving every handle hear that the session ended.
+        self.lost.mark(self.lease.id, LostReason::Closed);
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
@@ -255,56 +262,45 @@ impl Drop for Inner {
     }
 }
 
-fn mark_lost(lost: &watch::Sender<Option<LostReason>>, lease: LeaseId, reason: LostReason) {
-    let changed = lost.send_if_modified(|state| {
-        if state.is_some() {
-            return false;
-        }
-        *state = Some(reason);
-        true
-    });
-    if changed && reason != LostReason::Closed {
-        tracing::warn!(%lease, %reason, "session lost");
-    }
+/// Whether (and why) a session was lost, and a wakeup for those waiting to hear it.
+/// A few dozen bytes per session, where a `watch` channel takes hundreds.
+#[derive(Debug, Default)]
+struct LostSignal {
+    /// 0 while the session lives, else the [`LostReason`] as [`LostSignal::code`] encodes it.
+    reason: AtomicU8,
+    notify: Notify,
 }
 
-/// Renews `lease` every TTL/3 until it is lost. `asked_at` is the instant before the grant
-/// was requested: the server's clock for the lease started no earlier than that.
-async fn keep_alive(
-    backend: Arc<dyn Backend>,
-    lease: Lease,
-    asked_at: Instant,
-    lost: watch::Sender<Option<LostReason>>,
-) {
-    let mut ttl = lease.ttl;
-    let mut deadline = asked_at + ttl;
-    let mut next = asked_at + ttl / 3;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(next) => {}
-            () = tokio::time::sleep_until(deadline) => break,
+impl LostSignal {
+    fn code(reason: LostReason) -> u8 {
+        match reason {
+            LostReason::Expired => 1,
+            LostReason::Revoked => 2,
+            LostReason::Closed => 3,
         }
-        let sent = Instant::now();
-        let renewed = tokio::select! {
-            r = backend.keep_alive(lease.id) => r,
-            () = tokio::time::sleep_until(deadline) => break,
-        };
-        match renewed {
-            Ok(Some(granted)) => {
-                ttl = granted;
-                deadline = sent + ttl;
-                next = sent + ttl / 3;
-            }
-            Ok(None) => {
-                mark_lost(&lost, lease.id, LostReason::Revoked);
-                return;
-            }
-            Err(e) => {
-                let retry = (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-                tracing::debug!(lease = %lease.id, error = %e, ?retry, "keep-alive failed; retrying");
-                next = Instant::now() + retry;
+    }
+
+    fn reason(&self) -> Option<LostReason> {
+        match self.reason.load(Ordering::Acquire) {
+            0 => None,
+            1 => Some(LostReason::Expired),
+            2 => Some(LostReason::Revoked),
+            _ => Some(LostReason::Closed),
+        }
+    }
+
+    /// Records `reason` unless a reason is recorded already (the first one stays), and wakes
+    /// every observer.
+    fn mark(&self, lease: LeaseId, reason: LostReason) {
+        let first = self
+            .reason
+            .compare_exchange(0, Self::code(reason), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if first {
+            self.notify.notify_waiters();
+            if reason != LostReason::Closed {
+                tracing::warn!(%lease, %reason, "session lost");
             }
         }
     }
-    mark_lost(&lost, lease.id, LostReason::Expired);
 }

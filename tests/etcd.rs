@@ -30,6 +30,73 @@ async fn rig(test: &str) -> Rig {
 
 conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
 
+/// The suite again with every wake taking the linearizable read (as when a replica lags).
+async fn rig_without_shortcut(test: &str) -> Rig {
+    let backend: Arc<dyn Backend> = Arc::new(backend().await);
+    Rig {
+        backend: support::Partitionable::new(backend).without_shortcut(),
+        outside: Arc::new(self::backend().await),
+        prefix: format!("etcd-{}/slow-{test}", std::process::id()),
+    }
+}
+
+conformance!(mod without_shortcut; super::rig_without_shortcut; flavor = "multi_thread", worker_threads = 2);
+
+/// `was_head` (a serializable read) answers `true` only for an entry that is present with
+/// nothing older: never for a waiter behind another entry, a foreign key, or a gone entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn was_head_is_true_only_for_a_present_head() {
+    let backend = backend().await;
+    let queue = test_name("was-head");
+    let (a, b) = (
+        Session::new(backend.clone()).await.unwrap(),
+        Session::new(backend.clone()).await.unwrap(),
+    );
+    let first = backend
+        .enqueue(&queue, &a.lease_id().to_hex(), a.lease_id(), b"")
+        .await
+        .unwrap()
+        .entry;
+    let second = backend
+        .enqueue(&queue, &b.lease_id().to_hex(), b.lease_id(), b"")
+        .await
+        .unwrap()
+        .entry;
+    assert!(backend.was_head(&first).await.unwrap());
+    assert!(
+        !backend.was_head(&second).await.unwrap(),
+        "an older entry exists"
+    );
+    assert!(backend.delete_entry(&first).await.unwrap());
+    assert!(backend.was_head(&second).await.unwrap());
+    assert!(
+        !backend.was_head(&first).await.unwrap(),
+        "a gone entry is never head"
+    );
+
+    // A key written by another client under the prefix, older than ours, counts.
+    let mut raw = backend.client().clone();
+    raw.put(format!("{queue}/zz-foreign"), "x", None)
+        .await
+        .unwrap();
+    let third = backend
+        .enqueue(&queue, &a.lease_id().to_hex(), a.lease_id(), b"")
+        .await
+        .unwrap()
+        .entry;
+    assert!(backend.delete_entry(&second).await.unwrap());
+    assert!(
+        !backend.was_head(&third).await.unwrap(),
+        "the foreign key is older"
+    );
+    raw.delete(format!("{queue}/zz-foreign"), None)
+        .await
+        .unwrap();
+    assert!(backend.was_head(&third).await.unwrap());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
+
 fn test_name(test: &str) -> String {
     format!("etcd-{}/{test}", std::process::id())
 }

@@ -20,6 +20,122 @@ async fn rig(test: &str) -> Rig {
 
 conformance!(super::rig; start_paused = true);
 
+/// The same suite with [`Backend::was_head`] answering "not known": every wake takes the
+/// authoritative read, as it does on etcd when a replica lags.
+async fn rig_without_shortcut(test: &str) -> Rig {
+    let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    Rig {
+        backend: support::Partitionable::new(Arc::clone(&memory)).without_shortcut(),
+        outside: memory,
+        prefix: format!("mem-slow/{test}"),
+    }
+}
+
+conformance!(mod without_shortcut; super::rig_without_shortcut; start_paused = true);
+
+/// Renewals of all sessions are sent by one driver per runtime: a renewal that never
+/// answers must not delay another session's, and its own session is lost at its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_delays_no_other_session() {
+    let backend = support::Partitionable::new(Arc::new(MemoryBackend::new()));
+    let ttl = Duration::from_secs(3);
+    let options = SessionOptions::new().with_ttl(ttl);
+    let hung = Session::from_shared(backend.clone(), options.clone())
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let healthy = Session::from_shared(backend.clone(), options)
+        .await
+        .unwrap();
+    backend.hang(hung.lease_id());
+    let reason = support::within("the hung session told", ttl * 2, hung.lost()).await;
+    assert_eq!(reason, LostReason::Expired);
+    assert!(
+        tokio::time::Instant::now() <= started + ttl,
+        "the hung session was told after its deadline"
+    );
+    tokio::time::sleep(ttl * 20).await;
+    assert!(!healthy.is_lost());
+    assert!(
+        backend
+            .lease_ttl(healthy.lease_id())
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// Many sessions on one runtime are all kept alive by its one driver.
+#[tokio::test(start_paused = true)]
+async fn one_driver_keeps_many_sessions() {
+    let backend = MemoryBackend::new();
+    let options = SessionOptions::new().with_ttl(Duration::from_secs(2));
+    let mut sessions = Vec::new();
+    for _ in 0..200 {
+        sessions.push(
+            Session::with_options(backend.clone(), options.clone())
+                .await
+                .unwrap(),
+        );
+        tokio::time::sleep(Duration::from_millis(7)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    for s in &sessions {
+        assert!(!s.is_lost());
+        assert!(backend.lease_ttl(s.lease_id()).await.unwrap().is_some());
+    }
+}
+
+/// An unlock dropped while its delete is in flight still releases the lock.
+#[tokio::test(start_paused = true)]
+async fn unlock_dropped_in_flight_still_releases() {
+    let backend = support::Partitionable::new(Arc::new(MemoryBackend::new()));
+    let holder = Session::from_shared(backend.clone(), SessionOptions::new())
+        .await
+        .unwrap();
+    let next = Session::from_shared(backend.clone(), SessionOptions::new())
+        .await
+        .unwrap();
+    let guard = Mutex::new(&holder, "drop-unlock")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let stalled = backend.stall_deletes();
+    let unlock = guard.unlock();
+    // Polled until the delete is in flight (stalled), then dropped.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), unlock)
+            .await
+            .is_err()
+    );
+    drop(stalled);
+    let granted = support::within(
+        "the successor's grant",
+        Duration::from_secs(5),
+        Mutex::new(&next, "drop-unlock").unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    granted.unlock().await.unwrap();
+    assert!(!holder.is_lost(), "the session outlives a dropped unlock");
+}
+
+/// A `lost()` observer does not keep its session alive, and hears that it ended.
+#[tokio::test(start_paused = true)]
+async fn lost_outlives_the_session() {
+    let backend = MemoryBackend::new();
+    let s = Session::new(backend.clone()).await.unwrap();
+    let lease = s.lease_id();
+    let lost = tokio::spawn(s.lost());
+    drop(s);
+    assert_eq!(lost.await.unwrap(), LostReason::Closed);
+    support::eventually("the dropped session's lease revoked", || async {
+        backend.lease_ttl(lease).await.unwrap().is_none()
+    })
+    .await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_release_wakes_one_waiter() {
     let backend = MemoryBackend::new();
@@ -98,6 +214,39 @@ async fn keep_alive_keeps_the_lock_past_many_ttls() {
     assert!(!s.is_lost());
     assert!(guard.is_owner().await.unwrap());
     guard.unlock().await.unwrap();
+}
+
+/// What every waiter keeps for as long as it waits (the budget in `docs/performance.md` is
+/// 2 KiB per waiter, all included): a regression guard with some headroom, not a target.
+#[tokio::test(start_paused = true)]
+async fn waiting_futures_stay_small() {
+    let session = Session::new(MemoryBackend::new()).await.unwrap();
+    let mutex = Mutex::new(&session, "footprint").unwrap();
+    let lock = mutex.lock();
+    assert!(
+        std::mem::size_of_val(&lock) <= 640,
+        "lock(): {} bytes",
+        std::mem::size_of_val(&lock)
+    );
+    let guard = lock.await.unwrap();
+    assert!(
+        std::mem::size_of_val(&guard) <= 128,
+        "guard: {} bytes",
+        std::mem::size_of_val(&guard)
+    );
+    let unlock = guard.unlock();
+    assert!(
+        std::mem::size_of_val(&unlock) <= 256,
+        "unlock(): {} bytes",
+        std::mem::size_of_val(&unlock)
+    );
+    unlock.await.unwrap();
+    let lost = session.lost();
+    assert!(
+        std::mem::size_of_val(&lost) <= 128,
+        "lost(): {} bytes",
+        std::mem::size_of_val(&lost)
+    );
 }
 
 #[test]

@@ -110,20 +110,27 @@ impl EtcdOptions {
 /// deletes and writes conditioned on a create revision, reads). Waits re-establish their
 /// watch after a broken stream or a compaction and re-read before they resume, so a
 /// deletion is never missed.
+///
+/// `EtcdBackend` is a handle: clones share one connection, one watch stream and one request
+/// counter, and cost one reference count.
 #[derive(Clone)]
 pub struct EtcdBackend {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
     client: Client,
     options: EtcdOptions,
     endpoints: Vec<String>,
-    watches: Arc<WatchHub>,
+    watches: WatchHub,
     requests: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &self.endpoints)
-            .field("options", &self.options)
+            .field("endpoints", &self.inner.endpoints)
+            .field("options", &self.inner.options)
             .finish_non_exhaustive()
     }
 }
@@ -232,11 +239,13 @@ impl EtcdBackend {
                 other => other,
             }),
             Ok(Ok(_)) => Ok(EtcdBackend {
-                client,
-                options,
-                endpoints,
-                watches: Arc::default(),
-                requests: Arc::default(),
+                inner: Arc::new(Shared {
+                    client,
+                    options,
+                    endpoints,
+                    watches: WatchHub::default(),
+                    requests: Arc::default(),
+                }),
             }),
         }
     }
@@ -244,12 +253,12 @@ impl EtcdBackend {
     /// Requests sent to etcd so far by this backend and its clones: unary requests
     /// (each retry counts) and watch creations. For measuring what an operation costs.
     pub fn requests_sent(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.inner.requests.load(Ordering::Relaxed)
     }
 
     /// The underlying etcd-client, for operations baton does not wrap.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.inner.client
     }
 
     /// Runs `f` until it succeeds, fails for good, or the retry budget is spent.
@@ -258,12 +267,17 @@ impl EtcdBackend {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let give_up = Instant::now() + self.options.retry_for;
+        let give_up = Instant::now() + self.inner.options.retry_for;
         let mut backoff = Duration::from_millis(25);
         loop {
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            let attempt =
-                tokio::time::timeout(self.options.request_timeout, f(self.client.clone()));
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
+            // Boxed: a gRPC request future is several KiB, and every caller that awaits this
+            // one (a waiter parked on its predecessor, too) would otherwise carry that size
+            // for as long as it lives.
+            let attempt = Box::pin(tokio::time::timeout(
+                self.inner.options.request_timeout,
+                f(self.inner.client.clone()),
+            ));
             let error: BoxError = match attempt.await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if !tonic_code::is_transient(&e) => return Err(etcd_err(op, e)),
@@ -478,29 +492,62 @@ impl Backend for EtcdBackend {
         Ok(first_kv(resp.op_responses().first()))
     }
 
+    async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        // A serializable read, answered by whichever member receives it without a round of
+        // consensus: it does not wait behind writes in flight (the next contender's enqueue
+        // usually is), which is most of a handoff's cost on a busy lock. Trusted only when it
+        // shows `mine` and nothing older; a lagging member shows the predecessor still there
+        // or `mine` not yet, and the caller falls back to the linearizable read.
+        let queue = super::memory::queue_of(&mine.key);
+        let newest_two = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision(mine.token))
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(2)
+            .with_serializable();
+        let resp = self
+            .call("was_head", |mut c| {
+                let (prefix, options) = (queue_prefix(queue), newest_two.clone());
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await?;
+        Ok(match resp.kvs() {
+            [only] => {
+                only.create_revision() == revision(mine.token) && only.key() == mine.key.as_bytes()
+            }
+            _ => false,
+        })
+    }
+
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         // Register with the shared watch stream; once the watch is confirmed, check that the
         // entry still exists unless the watch is older than the entry: a deletion after that
         // point is delivered.
         let mut backoff = Duration::from_millis(25);
         loop {
-            let registration = self.watches.register(
-                &self.client,
+            let registration = self.inner.watches.register(
+                &self.inner.client,
                 &entry.key,
                 revision(entry.token),
-                Arc::clone(&self.requests),
+                Arc::clone(&self.inner.requests),
             );
             let Ok(coverage) = registration.ready.await else {
                 tracing::debug!(key = %entry.key, ?backoff, "watch not established; retrying");
-                tokio::time::sleep(backoff).await;
+                Box::pin(tokio::time::sleep(backoff)).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             };
             // A watch that existed before this incarnation was created has reported (or will
             // report) its deletion: no read needed. That is the usual case in a FIFO queue,
             // where the predecessor's key name is watched from one cycle to the next.
+            // (The read is boxed: this future is parked on `fired` for as long as the wait
+            // lasts, and should not carry a request's size all that time.)
             let covered = coverage.since.is_some_and(|w| revision(entry.token) > w);
-            if !covered && !self.if_live("wait_gone", entry, vec![]).await?.succeeded() {
+            if !covered
+                && !Box::pin(self.if_live("wait_gone", entry, vec![]))
+                    .await?
+                    .succeeded()
+            {
                 return Ok(());
             }
             match registration.fired.await {
@@ -616,7 +663,7 @@ impl EtcdBackend {
                 }
             };
             let options = WatchOptions::new().with_prefix().with_start_revision(start);
-            let mut client = self.client.clone();
+            let mut client = self.inner.client.clone();
             let mut stream = match client.watch(prefix.as_str(), Some(options)).await {
                 Ok(stream) => stream,
                 Err(e) => {

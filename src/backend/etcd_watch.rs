@@ -140,8 +140,9 @@ struct Driver {
     counter: Arc<std::sync::atomic::AtomicU64>,
     sender: Option<WatchRequestSender>,
     next_id: i64,
-    keys: HashMap<String, KeyWatch>,
-    by_id: HashMap<i64, String>,
+    /// One key name, shared by both maps: there is an entry per waiter at scale.
+    keys: HashMap<Arc<str>, KeyWatch>,
+    by_id: HashMap<i64, Arc<str>>,
 }
 
 impl Driver {
@@ -188,7 +189,7 @@ impl Driver {
 
     /// Registers a waiter; opens the stream if needed (returned to the caller's loop).
     async fn handle(&mut self, cmd: Cmd) -> Option<WatchResponseStream> {
-        if let Some(w) = self.keys.get_mut(&cmd.key) {
+        if let Some(w) = self.keys.get_mut(cmd.key.as_str()) {
             w.waiters.retain(|(_, tx)| !tx.is_closed());
             w.idle_since = None;
             if cmd.create_revision <= w.last_ended {
@@ -236,9 +237,10 @@ impl Driver {
             let _ = cmd.fired.send(Fired::Recheck);
             return opened;
         }
-        self.by_id.insert(id, cmd.key.clone());
+        let key: Arc<str> = cmd.key.into();
+        self.by_id.insert(id, Arc::clone(&key));
         self.keys.insert(
-            cmd.key,
+            key,
             KeyWatch {
                 id,
                 created: false,
@@ -273,7 +275,8 @@ impl Driver {
             w.created = true;
             w.created_revision = resp.header().map(|h| h.revision());
             let coverage = w.coverage();
-            for ready in w.pending_ready.drain(..) {
+            // Taken, not drained: an idle kept watch should hold no buffer.
+            for ready in std::mem::take(&mut w.pending_ready) {
                 let _ = ready.send(coverage);
             }
         }

@@ -411,6 +411,13 @@ impl Backend for MemoryBackend {
             .last())
     }
 
+    async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        // One store, always current: the exact answer.
+        let state = self.available()?;
+        let head = state.queue(queue_of(&mine.key)).into_iter().next();
+        Ok(state.is_live(mine) && head.is_some_and(|h| h.position == mine.position))
+    }
+
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         let rx = {
             let mut state = self.available()?;

@@ -212,6 +212,20 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// longer exists.
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>>;
 
+    /// A cheaper check, made after a predecessor of `mine` was seen gone: `Ok(true)` only if
+    /// some committed state of the queue had `mine` present and no older entry. `false`
+    /// means "not known": the caller then reads [`predecessor`](Backend::predecessor).
+    ///
+    /// The answer may come from a replica that lags behind (that is what makes it cheaper):
+    /// a positive answer stays true because no entry older than `mine` can be created later,
+    /// so from that state on `mine` is the head until it is deleted, which its owner learns
+    /// through its session. Anything less certain (a replica that has not yet seen the
+    /// deletion, or `mine` not visible) must answer `false`. The default always does.
+    async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        let _ = mine;
+        Ok(false)
+    }
+
     /// Resolves once `entry` (this incarnation) no longer exists; at once if it is already
     /// gone. Never misses a deletion, whatever happens to connections meanwhile.
     async fn wait_gone(&self, entry: &Entry) -> Result<()>;

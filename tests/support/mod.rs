@@ -623,6 +623,11 @@ pub async fn dropped_guard_releases(rig: Rig) {
 pub struct Partitionable {
     inner: Arc<dyn Backend>,
     blocked: StdMutex<std::collections::HashSet<baton::LeaseId>>,
+    hung: StdMutex<std::collections::HashSet<baton::LeaseId>>,
+    /// Deletes wait for a read lock: a test holding the write lock stalls them in flight.
+    deletes: Arc<tokio::sync::RwLock<()>>,
+    /// Whether `was_head` is forwarded; off, it answers "not known" (the trait default).
+    shortcut: std::sync::atomic::AtomicBool,
 }
 
 impl Partitionable {
@@ -630,11 +635,32 @@ impl Partitionable {
         Arc::new(Partitionable {
             inner,
             blocked: StdMutex::default(),
+            hung: StdMutex::default(),
+            deletes: Arc::default(),
+            shortcut: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
+    /// Renewals of `lease` fail (as if the server were unreachable).
     pub fn block(&self, lease: baton::LeaseId) {
         self.blocked.lock().unwrap().insert(lease);
+    }
+
+    /// Renewals of `lease` never answer.
+    pub fn hang(&self, lease: baton::LeaseId) {
+        self.hung.lock().unwrap().insert(lease);
+    }
+
+    /// Deletes sent while the returned guard lives stay in flight until it is dropped.
+    pub fn stall_deletes(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        Arc::clone(&self.deletes).try_write_owned().unwrap()
+    }
+
+    /// Turns off [`Backend::was_head`]: every wake takes the authoritative read.
+    pub fn without_shortcut(self: Arc<Self>) -> Arc<Self> {
+        self.shortcut
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self
     }
 }
 
@@ -646,6 +672,9 @@ impl Backend for Partitionable {
     async fn keep_alive(&self, lease: baton::LeaseId) -> baton::Result<Option<Duration>> {
         if self.blocked.lock().unwrap().contains(&lease) {
             return Err(Error::Unavailable);
+        }
+        if self.hung.lock().unwrap().contains(&lease) {
+            return std::future::pending().await;
         }
         self.inner.keep_alive(lease).await
     }
@@ -664,6 +693,12 @@ impl Backend for Partitionable {
     async fn predecessor(&self, mine: &baton::Entry) -> baton::Result<Option<baton::Entry>> {
         self.inner.predecessor(mine).await
     }
+    async fn was_head(&self, mine: &baton::Entry) -> baton::Result<bool> {
+        if !self.shortcut.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(false);
+        }
+        self.inner.was_head(mine).await
+    }
     async fn wait_gone(&self, entry: &baton::Entry) -> baton::Result<()> {
         self.inner.wait_gone(entry).await
     }
@@ -674,6 +709,7 @@ impl Backend for Partitionable {
         self.inner.entries(queue).await
     }
     async fn delete_entry(&self, entry: &baton::Entry) -> baton::Result<bool> {
+        let _flowing = self.deletes.read().await;
         self.inner.delete_entry(entry).await
     }
     async fn update_entry(&self, entry: &baton::Entry, value: &[u8]) -> baton::Result<bool> {
@@ -1027,8 +1063,8 @@ pub async fn election_drops_clean_up(rig: Rig) {
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
-    ($rig:path; $($attr:tt)*) => {
-        $crate::conformance!(@tests $rig; ($($attr)*);
+    (mod $module:ident; $rig:path; $($attr:tt)*) => {
+        $crate::conformance!(@tests $module; $rig; ($($attr)*);
             mutual_exclusion, fifo_order, try_lock_leaves_nothing, dropped_lock_leaves_nothing,
             revoked_holder_is_told, crashed_holder_is_followed, late_unlock_spares_successor,
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
@@ -1036,8 +1072,11 @@ macro_rules! conformance {
             election_fifo_succession, election_dead_leader_is_followed, election_proclaim_and_loss,
             election_lost_campaigner_gets_error, election_run_while_leader, election_drops_clean_up);
     };
-    (@tests $rig:path; $attr:tt; $($test:ident),*) => {
-        mod conformance {
+    ($rig:path; $($attr:tt)*) => {
+        $crate::conformance!(mod conformance; $rig; $($attr)*);
+    };
+    (@tests $module:ident; $rig:path; $attr:tt; $($test:ident),*) => {
+        mod $module {
             $(
                 $crate::conformance!(@one $rig; $attr; $test);
             )*

@@ -1,0 +1,194 @@
+//! One keep-alive driver per tokio runtime: renews the lease of every session created in
+//! that runtime, and marks a session lost when its deadline passes without a renewal.
+//!
+//! A task per session would cost each session its task and timer (about half a KiB) and
+//! 10,000 tasks for 10,000 sessions; the driver keeps one ordered map entry per session
+//! instead, and runs the renewals that are due concurrently, so a slow one never delays
+//! another.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::Inner;
+use crate::error::{Error, LostReason, Result};
+
+/// The drivers started so far, by runtime. A driver ends with its runtime (its receiver is
+/// dropped with the task), which `is_closed` reveals; such entries are pruned.
+static DRIVERS: StdMutex<Vec<(tokio::runtime::Id, mpsc::UnboundedSender<Kept>)>> =
+    StdMutex::new(Vec::new());
+
+/// The driver of the current runtime, started if there is none.
+pub(super) fn for_current_runtime() -> Result<Keeper> {
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|_| Error::InvalidArgument("a session needs a tokio runtime"))?;
+    let mut drivers = DRIVERS.lock().unwrap_or_else(|p| p.into_inner());
+    drivers.retain(|(_, tx)| !tx.is_closed());
+    if let Some((_, tx)) = drivers.iter().find(|(id, _)| *id == runtime.id()) {
+        return Ok(Keeper { tx: tx.clone() });
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    runtime.spawn(drive(rx));
+    drivers.push((runtime.id(), tx.clone()));
+    Ok(Keeper { tx })
+}
+
+/// A handle to a runtime's driver.
+pub(super) struct Keeper {
+    tx: mpsc::UnboundedSender<Kept>,
+}
+
+impl Keeper {
+    /// Starts renewing `session`'s lease. `asked_at` is the instant before the grant was
+    /// requested: the server's clock for the lease started no earlier than that.
+    pub(super) fn keep(&self, session: &Arc<Inner>, asked_at: Instant) {
+        let ttl = session.lease.ttl;
+        let kept = Kept {
+            session: Arc::downgrade(session),
+            ttl,
+            deadline: asked_at + ttl,
+            next: asked_at + ttl / 3,
+            renewing: false,
+        };
+        if self.tx.send(kept).is_err() {
+            // Only if the runtime is shutting down: nothing will run to renew it.
+            session.lost.mark(session.lease.id, LostReason::Expired);
+        }
+    }
+}
+
+/// A session as the driver tracks it.
+struct Kept {
+    /// Weak: the driver does not keep a session alive. A dropped session is forgotten
+    /// at its next wakeup (its `Drop` revokes the lease).
+    session: Weak<Inner>,
+    ttl: Duration,
+    /// The lease may have expired on the server from this instant on.
+    deadline: Instant,
+    /// When to send the next renewal.
+    next: Instant,
+    /// A renewal is in flight: the session is keyed by its deadline until it answers.
+    renewing: bool,
+}
+
+impl Kept {
+    fn wake_at(&self) -> Instant {
+        if self.renewing {
+            self.deadline
+        } else {
+            self.next.min(self.deadline)
+        }
+    }
+}
+
+/// Sessions by the instant they need attention, and a sequence number for uniqueness.
+type Key = (Instant, u64);
+
+/// What a renewal reports back: the session's key while it was in flight, the instant
+/// before it was sent, and the backend's answer.
+type Renewed = (Key, Instant, Result<Option<Duration>>);
+
+async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
+    let mut sessions: BTreeMap<Key, Kept> = BTreeMap::new();
+    let mut renewals: FuturesUnordered<BoxFuture<'static, Renewed>> = FuturesUnordered::new();
+    let mut seq = 0u64;
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    loop {
+        if let Some(((at, _), _)) = sessions.first_key_value() {
+            timer.as_mut().reset(*at);
+        }
+        tokio::select! {
+            kept = rx.recv() => match kept {
+                Some(kept) => {
+                    seq += 1;
+                    sessions.insert((kept.wake_at(), seq), kept);
+                }
+                // Every sender is gone: only when the process-wide list itself is dropped.
+                None => return,
+            },
+            Some((key, sent, answer)) = renewals.next(), if !renewals.is_empty() => {
+                if let Some(kept) = sessions.remove(&key) {
+                    renewed(&mut sessions, key.1, kept, sent, answer);
+                }
+                // Else the deadline passed while the renewal was in flight: already lost.
+            }
+            () = &mut timer, if !sessions.is_empty() => {
+                let now = Instant::now();
+                while let Some(entry) = sessions.first_entry() {
+                    if entry.key().0 > now {
+                        break;
+                    }
+                    let ((_, id), kept) = entry.remove_entry();
+                    if let Some(renewal) = due(&mut sessions, id, kept, now) {
+                        renewals.push(renewal);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Handles a session whose wakeup came: expired, forgotten, or renewed now.
+fn due(
+    sessions: &mut BTreeMap<Key, Kept>,
+    id: u64,
+    mut kept: Kept,
+    now: Instant,
+) -> Option<BoxFuture<'static, Renewed>> {
+    let session = kept.session.upgrade()?;
+    if session.closed.load(std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    if now >= kept.deadline {
+        session.lost.mark(session.lease.id, LostReason::Expired);
+        return None;
+    }
+    kept.renewing = true;
+    let key = (kept.wake_at(), id);
+    sessions.insert(key, kept);
+    let (backend, lease) = (Arc::clone(&session.backend), session.lease.id);
+    drop(session);
+    let sent = Instant::now();
+    Some(Box::pin(async move {
+        let answer = backend.keep_alive(lease).await;
+        (key, sent, answer)
+    }))
+}
+
+/// Applies a renewal's answer to the session it was sent for.
+fn renewed(
+    sessions: &mut BTreeMap<Key, Kept>,
+    id: u64,
+    mut kept: Kept,
+    sent: Instant,
+    answer: Result<Option<Duration>>,
+) {
+    let Some(session) = kept.session.upgrade() else {
+        return;
+    };
+    match answer {
+        Ok(Some(granted)) => {
+            kept.ttl = granted;
+            kept.deadline = sent + granted;
+            kept.next = sent + granted / 3;
+        }
+        Ok(None) => {
+            session.lost.mark(session.lease.id, LostReason::Revoked);
+            return;
+        }
+        Err(e) => {
+            let retry = (kept.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+            tracing::debug!(lease = %session.lease.id, error = %e, ?retry, "keep-alive failed; retrying");
+            kept.next = Instant::now() + retry;
+        }
+    }
+    kept.renewing = false;
+    sessions.insert((kept.wake_at(), id), kept);
+}
