@@ -15,6 +15,8 @@
 // forbids it): forwarding calls to the system allocator cannot be written without it.
 #![allow(unsafe_code)]
 
+mod common;
+
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -585,12 +587,8 @@ fn plot(path: &str, runs: &[Run], ceiling: f64) -> Res<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Res<()> {
+    let arg = common::flag_value;
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
     let quick = args.iter().any(|a| a == "--quick");
     let secs = Duration::from_secs_f64(
         arg("--seconds").map_or(Ok(if quick { 1.0 } else { 3.0 }), |s| s.parse())?,

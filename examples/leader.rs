@@ -15,6 +15,8 @@
 //! cargo run --example leader -- --endpoints 127.0.0.1:2379 --name b
 //! ```
 
+mod common;
+
 use std::time::Duration;
 
 use baton::{
@@ -41,12 +43,7 @@ async fn job(instance: &str, token: FencingToken, period: Duration, runs: Option
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
+    let arg = common::flag_value;
     match arg("--endpoints") {
         Some(endpoints) => {
             let name = arg("--name").unwrap_or_else(|| format!("instance-{}", std::process::id()));

@@ -5,6 +5,8 @@
 //! `just soak` (60 s) or `cargo run --release --features testing --example soak -- --seconds 20`.
 //! With `--endpoints a,b,c` it runs against a cluster you started (and restarts nothing).
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -28,12 +30,7 @@ struct Lock {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let arg = |flag: &str| {
-        args.iter()
-            .position(|a| a == flag)
-            .and_then(|i| args.get(i + 1).cloned())
-    };
+    let arg = common::flag_value;
     let seconds: u64 = arg("--seconds").map_or(Ok(60), |s| s.parse())?;
     let run_for = Duration::from_secs(seconds);
 

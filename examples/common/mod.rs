@@ -16,12 +16,15 @@ pub(crate) struct Setup {
     pub(crate) on: &'static str,
 }
 
+/// The value after `flag` on the command line (`--flag value`), if given.
+pub(crate) fn flag_value(flag: &str) -> Option<String> {
+    let mut args = std::env::args().skip(1);
+    args.find(|a| a == flag)?;
+    args.next()
+}
+
 pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let endpoints = args
-        .iter()
-        .position(|a| a == "--endpoints")
-        .and_then(|i| args.get(i + 1));
+    let endpoints = flag_value("--endpoints");
     let prefix = format!("examples/{}", std::process::id());
     Ok(match endpoints {
         None => Setup {
