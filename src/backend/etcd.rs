@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::etcd_watch::{Fired, WatchHub};
 use super::{
     Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
-    WriteOp, receiver_stream,
+    WriteOp, queue_of, receiver_stream,
 };
 use crate::error::{BoxError, Error, LostReason, Result};
 
@@ -336,9 +336,18 @@ fn queue_prefix(queue: &str) -> String {
 }
 
 fn oldest_first(limit: i64) -> GetOptions {
+    by_creation(SortOrder::Ascend, limit)
+}
+
+fn newest_first(limit: i64) -> GetOptions {
+    by_creation(SortOrder::Descend, limit)
+}
+
+/// A prefix read sorted by create revision (queue order), at most `limit` keys (0: all).
+fn by_creation(order: SortOrder, limit: i64) -> GetOptions {
     GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_sort(SortTarget::Create, order)
         .with_limit(limit)
 }
 
@@ -424,14 +433,10 @@ impl Backend for EtcdBackend {
         let key = format!("{queue}/{tag}");
         // Created now: read the newest entry *before* the put, which is our predecessor (or
         // none: we are the head), so a waiter can start waiting without another read.
-        let newest = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::get(queue_prefix(queue), Some(newest)),
+                TxnOp::get(queue_prefix(queue), Some(newest_first(1))),
                 TxnOp::put(
                     key.as_str(),
                     value,
@@ -471,12 +476,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
-        let queue = super::memory::queue_of(&mine.key);
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(revision(mine.token) - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
+        let queue = queue_of(&mine.key);
+        let before = newest_first(1).with_max_create_revision(revision(mine.token) - 1);
         let resp = self
             .if_live(
                 "predecessor",
@@ -498,12 +499,9 @@ impl Backend for EtcdBackend {
         // usually is), which is most of a handoff's cost on a busy lock. Trusted only when it
         // shows `mine` and nothing older; a lagging member shows the predecessor still there
         // or `mine` not yet, and the caller falls back to the linearizable read.
-        let queue = super::memory::queue_of(&mine.key);
-        let newest_two = GetOptions::new()
-            .with_prefix()
+        let queue = queue_of(&mine.key);
+        let newest_two = newest_first(2)
             .with_max_create_revision(revision(mine.token))
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(2)
             .with_serializable();
         let resp = self
             .call("was_head", |mut c| {

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{
     Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
-    WriteOp, receiver_stream,
+    WriteOp, queue_of, receiver_stream,
 };
 use crate::error::{Error, LostReason, Result};
 
@@ -412,10 +412,12 @@ impl Backend for MemoryBackend {
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
-        // One store, always current: the exact answer.
-        let state = self.available()?;
-        let head = state.queue(queue_of(&mine.key)).into_iter().next();
-        Ok(state.is_live(mine) && head.is_some_and(|h| h.position == mine.position))
+        // One store, always current: the exact answer, "present with no predecessor".
+        match self.predecessor(mine).await {
+            Ok(predecessor) => Ok(predecessor.is_none()),
+            Err(Error::EntryGone { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
@@ -523,20 +525,9 @@ impl Backend for MemoryBackend {
     }
 }
 
-/// The queue an entry key belongs to: everything before the last `/`.
-pub(crate) fn queue_of(key: &str) -> &str {
-    key.rsplit_once('/').map_or(key, |(q, _)| q)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn queue_of_strips_the_tag_only() {
-        assert_eq!(queue_of("orders/lock/694d"), "orders/lock");
-        assert_eq!(queue_of("plain"), "plain");
-    }
 
     #[tokio::test(start_paused = true)]
     async fn entries_order_by_creation_not_by_key() {

@@ -332,6 +332,11 @@ impl QueueMirror {
     }
 }
 
+/// The queue an entry key belongs to: everything before the last `/`.
+pub(crate) fn queue_of(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(q, _)| q)
+}
+
 /// Turns a channel fed by an observer task into a stream; the task notices when the stream
 /// is dropped through `Sender::closed`.
 pub(crate) fn receiver_stream<T: Send + 'static>(
@@ -345,3 +350,14 @@ pub(crate) fn receiver_stream<T: Send + 'static>(
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
 pub use memory::MemoryBackend;
+
+#[cfg(test)]
+mod tests {
+    use super::queue_of;
+
+    #[test]
+    fn queue_of_strips_the_tag_only() {
+        assert_eq!(queue_of("orders/lock/694d"), "orders/lock");
+        assert_eq!(queue_of("plain"), "plain");
+    }
+}
