@@ -53,8 +53,7 @@ impl Keeper {
             session: Arc::downgrade(session),
             ttl,
             deadline: asked_at + ttl,
-            next: asked_at + ttl / 3,
-            renewing: false,
+            next: Some(asked_at + ttl / 3),
         };
         if self.tx.send(kept).is_err() {
             // Only if the runtime is shutting down: nothing will run to renew it.
@@ -71,20 +70,19 @@ struct Kept {
     ttl: Duration,
     /// The lease may have expired on the server from this instant on.
     deadline: Instant,
-    /// When to send the next renewal.
-    next: Instant,
-    /// A renewal is in flight: the session is keyed by its deadline until it answers.
-    renewing: bool,
+    /// When to send the next renewal; `None` while one is in flight (the session then
+    /// wakes the driver only at its deadline).
+    next: Option<Instant>,
 }
 
-impl Kept {
-    fn wake_at(&self) -> Instant {
-        if self.renewing {
-            self.deadline
-        } else {
-            self.next.min(self.deadline)
-        }
-    }
+/// Files `kept` under the instant it next needs attention; returns its key.
+fn schedule(sessions: &mut BTreeMap<Key, Kept>, id: u64, kept: Kept) -> Key {
+    let wake_at = kept
+        .next
+        .map_or(kept.deadline, |next| next.min(kept.deadline));
+    let key = (wake_at, id);
+    sessions.insert(key, kept);
+    key
 }
 
 /// Sessions by the instant they need attention, and a sequence number for uniqueness.
@@ -101,14 +99,16 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
     let timer = tokio::time::sleep(Duration::ZERO);
     tokio::pin!(timer);
     loop {
-        if let Some(((at, _), _)) = sessions.first_key_value() {
-            timer.as_mut().reset(*at);
+        if let Some(&(at, _)) = sessions.keys().next()
+            && timer.deadline() != at
+        {
+            timer.as_mut().reset(at);
         }
         tokio::select! {
             kept = rx.recv() => match kept {
                 Some(kept) => {
                     seq += 1;
-                    sessions.insert((kept.wake_at(), seq), kept);
+                    schedule(&mut sessions, seq, kept);
                 }
                 // Every sender is gone: only when the process-wide list itself is dropped.
                 None => return,
@@ -150,9 +150,8 @@ fn due(
         session.lost.mark(session.lease.id, LostReason::Expired);
         return None;
     }
-    kept.renewing = true;
-    let key = (kept.wake_at(), id);
-    sessions.insert(key, kept);
+    kept.next = None;
+    let key = schedule(sessions, id, kept);
     let (backend, lease) = (Arc::clone(&session.backend), session.lease.id);
     drop(session);
     let sent = Instant::now();
@@ -177,7 +176,7 @@ fn renewed(
         Ok(Some(granted)) => {
             kept.ttl = granted;
             kept.deadline = sent + granted;
-            kept.next = sent + granted / 3;
+            kept.next = Some(sent + granted / 3);
         }
         Ok(None) => {
             session.lost.mark(session.lease.id, LostReason::Revoked);
@@ -186,9 +185,8 @@ fn renewed(
         Err(e) => {
             let retry = (kept.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
             tracing::debug!(lease = %session.lease.id, error = %e, ?retry, "keep-alive failed; retrying");
-            kept.next = Instant::now() + retry;
+            kept.next = Some(Instant::now() + retry);
         }
     }
-    kept.renewing = false;
-    sessions.insert((kept.wake_at(), id), kept);
+    schedule(sessions, id, kept);
 }
