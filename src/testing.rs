@@ -62,6 +62,14 @@ pub enum FixtureError {
     /// Operating-system error (free port lookup, pipes).
     #[error("i/o error while starting etcd")]
     Io(#[from] std::io::Error),
+    /// A cluster member index out of range.
+    #[error("no member {index}: the cluster has {members}")]
+    NoSuchMember {
+        /// The index asked for.
+        index: usize,
+        /// How many members the cluster has.
+        members: usize,
+    },
 }
 
 /// A free TCP port on 127.0.0.1 (the listener is closed again; etcd binds it right after).
@@ -422,9 +430,9 @@ impl EtcdCluster {
     /// it back.
     ///
     /// # Errors
-    /// The container runtime's error.
+    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
     pub async fn stop_member(&self, i: usize) -> Result<(), FixtureError> {
-        self.members[i]
+        self.member(i)?
             .stop_with_timeout(Some(0))
             .await
             .map_err(|source| self.container_error(source))
@@ -435,9 +443,9 @@ impl EtcdCluster {
     /// meanwhile).
     ///
     /// # Errors
-    /// The container runtime's error.
+    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
     pub async fn start_member(&self, i: usize) -> Result<(), FixtureError> {
-        self.members[i]
+        self.member(i)?
             .start()
             .await
             .map_err(|source| self.container_error(source))
@@ -446,9 +454,9 @@ impl EtcdCluster {
     /// Freezes member `i` (`docker pause`).
     ///
     /// # Errors
-    /// The container runtime's error.
+    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
     pub async fn pause_member(&self, i: usize) -> Result<(), FixtureError> {
-        self.members[i]
+        self.member(i)?
             .pause()
             .await
             .map_err(|source| self.container_error(source))
@@ -457,12 +465,19 @@ impl EtcdCluster {
     /// Unfreezes member `i`.
     ///
     /// # Errors
-    /// The container runtime's error.
+    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
     pub async fn unpause_member(&self, i: usize) -> Result<(), FixtureError> {
-        self.members[i]
+        self.member(i)?
             .unpause()
             .await
             .map_err(|source| self.container_error(source))
+    }
+
+    fn member(&self, index: usize) -> Result<&ContainerAsync<GenericImage>, FixtureError> {
+        self.members.get(index).ok_or(FixtureError::NoSuchMember {
+            index,
+            members: self.members.len(),
+        })
     }
 
     fn container_error(&self, source: testcontainers::TestcontainersError) -> FixtureError {

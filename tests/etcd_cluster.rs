@@ -48,6 +48,18 @@ async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
         }
     })
     .await;
+    // A member that does not exist is an error, not a panic.
+    let err = cluster.stop_member(3).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            baton::testing::FixtureError::NoSuchMember {
+                index: 3,
+                members: 3
+            }
+        ),
+        "{err:?}"
+    );
     cluster.stop_member(leader).await.unwrap();
     // Requests that hit the stopped member are retried on the others.
     for _ in 0..20 {
