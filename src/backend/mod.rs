@@ -181,8 +181,13 @@ pub struct Lease {
 /// - Implementations retry idempotent requests on transient failures themselves; an error
 ///   returned means the operation is not known to have happened.
 ///
-/// Implementors must release everything a dropped future created, or document that the
-/// caller must: the recipes run every call that creates state in a spawned task.
+/// # Cancel safety
+/// Reads ([`predecessor`](Backend::predecessor), [`was_head`](Backend::was_head),
+/// [`head`](Backend::head), [`entries`](Backend::entries), [`read`](Backend::read)) and waits
+/// create nothing and may be dropped at any point. For calls that create state,
+/// implementors must release everything a dropped future created, or document that the
+/// caller must: the recipes never drop an [`enqueue`](Backend::enqueue) in flight (they
+/// hand it to a cleanup task that lets it finish and deletes what it created).
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Grants a lease of at least `ttl`. The returned TTL may be larger (server minimum).
