@@ -262,12 +262,26 @@ impl EtcdBackend {
     }
 
     /// Runs `f` until it succeeds, fails for good, or the retry budget is spent.
-    async fn call<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T>
+    async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let give_up = Instant::now() + self.inner.options.retry_for;
+        self.call_within(op, self.inner.options.retry_for, f).await
+    }
+
+    /// [`call`](Self::call) with its own retry budget; `Duration::ZERO` sends one attempt.
+    async fn call_within<T, F, Fut>(
+        &self,
+        op: &'static str,
+        retry_for: Duration,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let give_up = Instant::now() + retry_for;
         let mut backoff = Duration::from_millis(25);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
@@ -503,8 +517,10 @@ impl Backend for EtcdBackend {
         let newest_two = newest_first(2)
             .with_max_create_revision(revision(mine.token))
             .with_serializable();
+        // One attempt: a failed hint is "not known", and the authoritative read that
+        // follows it has the retries.
         let resp = self
-            .call("was_head", |mut c| {
+            .call_within("was_head", Duration::ZERO, |mut c| {
                 let (prefix, options) = (queue_prefix(queue), newest_two.clone());
                 async move { c.get(prefix, Some(options)).await }
             })
