@@ -9,7 +9,7 @@
 //! Options: `--endpoints a,b`, `--seconds S` per configuration (default 3), `--scale W`
 //! waiters (default 10000), `--quick` (N = 1 and 8 only, 1 s, 1000 waiters; no files
 //! written unless `--out` is given), `--only scale|contended` (that part only, no files
-//! written unless `--out` is given), `--out FILE`.
+//! written unless `--out` is given), `--n 8,64` (those contender counts only), `--out FILE`.
 
 // The counting allocator below is the only unsafe code in the repository (the library
 // forbids it): forwarding calls to the system allocator cannot be written without it.
@@ -596,11 +596,19 @@ async fn main() -> Res<()> {
     let waiters: usize =
         arg("--scale").map_or(Ok(if quick { 1000 } else { 10_000 }), |s| s.parse())?;
     let out = arg("--out").or_else(|| (!quick).then(|| "docs/performance.md".to_owned()));
-    let ns: &[usize] = if quick { &[1, 8] } else { &[1, 8, 64, 256] };
+    let ns: Vec<usize> = match arg("--n") {
+        Some(list) => list.split(',').map(str::parse).collect::<Result<_, _>>()?,
+        None if quick => vec![1, 8],
+        None => vec![1, 8, 64, 256],
+    };
     // `--only scale` or `--only contended`: one part, for working on it (no files written).
     let only = arg("--only");
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
-    let out = if only.is_some() { arg("--out") } else { out };
+    let out = if only.is_some() || arg("--n").is_some() {
+        arg("--out")
+    } else {
+        out
+    };
 
     let node;
     let endpoints: Vec<String> = match arg("--endpoints") {
