@@ -97,6 +97,49 @@ async fn was_head_is_true_only_for_a_present_head() {
     b.close().await.unwrap();
 }
 
+/// The shared watch tells incarnations of one key apart by the revision of each deletion
+/// (it asks for no previous values): a wait on the next incarnation of a key, served by the
+/// watch kept from the last one, ends when that incarnation is deleted, not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_watch_tells_incarnations_apart() {
+    let backend = backend().await;
+    let queue = test_name("incarnations");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let tag = s.lease_id().to_hex();
+    let enqueue = || backend.enqueue(&queue, &tag, s.lease_id(), b"");
+    let first = enqueue().await.unwrap().entry;
+    let gone = backend.wait_gone(&first);
+    let mut gone = std::pin::pin!(gone);
+    assert!(futures::poll!(&mut gone).is_pending());
+    assert!(backend.delete_entry(&first).await.unwrap());
+    within("first deleted", Duration::from_secs(10), gone)
+        .await
+        .unwrap();
+
+    let second = enqueue().await.unwrap().entry;
+    let waiting = backend.wait_gone(&second);
+    let mut waiting = std::pin::pin!(waiting);
+    assert!(futures::poll!(&mut waiting).is_pending());
+    // The watch task serves registrations in order: once a later wait (on the incarnation
+    // it saw deleted) has ended, the wait on the second one has been registered.
+    within(
+        "a deleted incarnation",
+        Duration::from_secs(10),
+        backend.wait_gone(&first),
+    )
+    .await
+    .unwrap();
+    assert!(
+        futures::poll!(&mut waiting).is_pending(),
+        "woken by the deletion of an earlier incarnation"
+    );
+    assert!(backend.delete_entry(&second).await.unwrap());
+    within("second deleted", Duration::from_secs(10), waiting)
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+}
+
 fn test_name(test: &str) -> String {
     format!("etcd-{}/{test}", std::process::id())
 }

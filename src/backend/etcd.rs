@@ -514,8 +514,10 @@ impl Backend for EtcdBackend {
         // shows `mine` and nothing older; a lagging member shows the predecessor still there
         // or `mine` not yet, and the caller falls back to the linearizable read.
         let queue = queue_of(&mine.key);
+        // Keys and revisions are all it looks at: no values (an election's can be large).
         let newest_two = newest_first(2)
             .with_max_create_revision(revision(mine.token))
+            .with_keys_only()
             .with_serializable();
         // One attempt: a failed hint is "not known", and the authoritative read that
         // follows it has the retries.

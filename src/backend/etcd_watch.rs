@@ -99,10 +99,12 @@ struct KeyWatch {
     /// The revision the server reported when it created the watch: deletions of
     /// incarnations created after it are all seen here.
     created_revision: Option<i64>,
-    /// The newest incarnation (create revision) whose deletion this watch reported; every
-    /// incarnation up to it is gone (a key's incarnations are created in increasing order).
+    /// Every incarnation created at or before this revision is gone: this watch reported
+    /// a deletion (or a new incarnation) after it. A key's incarnations are created in
+    /// increasing order and a deletion ends whichever one exists, so a deletion at revision
+    /// `r` ends every incarnation created before `r`.
     last_ended: i64,
-    /// A deletion came without its previous value: which incarnation ended is unknown.
+    /// A deletion came without its revision: what it ended is unknown.
     uncertain: bool,
     pending_ready: Vec<oneshot::Sender<Coverage>>,
     waiters: Vec<(i64, oneshot::Sender<Fired>)>,
@@ -208,9 +210,10 @@ impl Driver {
         let id = self.next_id;
         self.next_id += 1;
         // Deletions only: a kept watch must not be woken (or cost an event) when the key
-        // is created again for the next cycle. `prev_kv` tells which incarnation ended.
+        // is created again for the next cycle. No previous values: the deletion's revision
+        // tells what ended, and fetching the previous value is a read on the server between
+        // the deletion and its event, on every handoff.
         let options = WatchOptions::new()
-            .with_prev_key()
             .with_filters([WatchFilterType::NoPut])
             .with_watch_id(id);
         self.counter
@@ -282,10 +285,10 @@ impl Driver {
         }
         for ev in resp.events() {
             match ev.event_type() {
-                EventType::Delete => match ev.prev_kv() {
-                    Some(prev) => w.ended(prev.create_revision()),
-                    None => {
-                        // Which incarnation ended is unknown: everyone reads again.
+                EventType::Delete => match ev.kv().map(|kv| kv.mod_revision()) {
+                    Some(deleted_at) if deleted_at > 0 => w.ended(deleted_at - 1),
+                    _ => {
+                        // What ended is unknown: everyone reads again.
                         w.uncertain = true;
                         for (_, tx) in w.waiters.drain(..) {
                             let _ = tx.send(Fired::Recheck);
