@@ -817,7 +817,7 @@ async fn main() -> Res<()> {
                 .map_or(0.0, |r| r.etcd_cpu_ms_per_cycle)
         };
         md.push_str(&format!(
-            "In the contended loop, by contrast, every handoff shares etcd with the previous holder queueing again: its create transaction lands while the next holder reads and deletes. The ceiling counts one write and one read per cycle; the loop needs two writes and the read, and etcd spent {:.2} ms of CPU per cycle on it at N = 8 (the Lock API's uncontended lock + unlock: {:.2} ms). That, not the handoff path, is the distance between the N = 8 row and the ceiling.\n\n",
+            "In the contended loop, by contrast, every handoff shares etcd with the previous holder queueing again: its create transaction lands while the next holder reads and deletes. The ceiling counts one write and one read per cycle; the loop needs two writes and the read. etcd spent {:.2} ms of CPU per cycle on it at N = 8, about what it spends on the Lock API's uncontended lock + unlock ({:.2} ms), on a machine whose 2 cores it shares with the client. That, not the handoff path, is the distance between the N = 8 row and the ceiling (docs/design.md, 2026-11-22).\n\n",
             cpu("baton", 8),
             cpu("etcd Lock API", 1)
         ));
