@@ -447,7 +447,8 @@ async fn formed_queue_handoffs(
             })
             .collect();
         // Polled (a read per millisecond) until every waiter's key exists; only then release.
-        while backend.entries(name).await?.len() < n {
+        // A waiter that ended early failed: its error is reported below.
+        while backend.entries(name).await?.len() < n && !waiters.iter().any(|w| w.is_finished()) {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         *released_at.lock().unwrap() = Some(Instant::now());
