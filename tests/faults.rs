@@ -273,7 +273,12 @@ struct Proxy {
 }
 
 impl Proxy {
-    async fn start(upstream: SocketAddr) -> Proxy {
+    /// A proxy in front of `endpoint` (`http://127.0.0.1:port`).
+    async fn start(endpoint: &str) -> Proxy {
+        let upstream: SocketAddr = endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("an endpoint of the form http://ip:port");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (state, rx) = watch::channel((true, 0u64));
@@ -295,6 +300,11 @@ impl Proxy {
             }
         });
         Proxy { addr, state }
+    }
+
+    /// The endpoint to give a client that should go through the proxy.
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     fn black_hole(&self) {
@@ -340,15 +350,11 @@ async fn pipe(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_cut_off_by_a_proxy() {
     let node = EtcdNode::shared();
-    let upstream: SocketAddr = node.endpoints()[0]
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
     let name = name("proxy");
     let register = Arc::new(FencedRegister::default());
     let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
-    let behind = connect(&[format!("http://{}", proxy.addr)], Duration::from_secs(2)).await;
+    let behind = connect(&[proxy.endpoint()], Duration::from_secs(2)).await;
     let fence = EtcdFence::new(direct.clone(), format!("{name}-fence")).unwrap();
 
     let ttl = Duration::from_secs(3);
@@ -607,14 +613,10 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
 async fn observer_resumes_after_a_broken_connection() {
     use baton::{Election, LeaderEvent};
     let node = EtcdNode::shared();
-    let upstream: SocketAddr = node.endpoints()[0]
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
     let name = name("observe-resume");
     let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
-    let behind = connect(&[format!("http://{}", proxy.addr)], Duration::from_secs(2)).await;
+    let behind = connect(&[proxy.endpoint()], Duration::from_secs(2)).await;
     let observer_session = session(&direct, Duration::from_secs(60)).await;
     // The observer's stream goes through the proxy; its session does not need to.
     let mut events = Election::new(&Session::new(behind.clone()).await.unwrap(), &name)
