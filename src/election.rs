@@ -4,11 +4,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::FutureExt;
 use futures::stream::{BoxStream, StreamExt};
+use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
-use crate::backend::{Entry, FencingToken, WriteOp};
+use crate::backend::{Entry, FencingToken, HeadEvent, WriteOp};
 use crate::error::{Error, LostReason, Result};
 use crate::queue::{self, Held, Mode};
 use crate::session::Session;
@@ -26,9 +26,17 @@ use crate::session::Session;
 /// - A campaigner whose session is lost while waiting gets an error, never leadership.
 ///
 /// # Failure modes
-/// A leader whose session is lost is told through [`Leadership::lost`]; from then on
-/// another campaigner may lead, and [`proclaim`](Leadership::proclaim) and guarded writes
-/// fail with [`Error::NotOwner`].
+/// A leader whose session is lost, or whose key is deleted from outside, is told through
+/// [`Leadership::lost`]; from then on another campaigner may lead, and
+/// [`proclaim`](Leadership::proclaim), guarded writes and [`resign`](Leadership::resign) fail
+/// with [`Error::NotOwner`]. A campaign that fails part way leaves no key behind (a cleanup
+/// looks for it and deletes it, retrying until that is confirmed or the session is lost);
+/// a later campaign on the same session waits for that cleanup, then creates a new key with
+/// its own value and a new token: it never takes over an old one.
+///
+/// Names that nest share a queue, as in etcd's Go recipes and `etcdctl elect`: an election
+/// named `svc` sees the keys of an election named `svc/b` (they live under `svc/`), reports
+/// them as leaders, and queues behind them. Use names that are not prefixes of one another.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
@@ -38,7 +46,7 @@ use crate::session::Session;
 /// let mut leadership = election.campaign("node-a").await?;
 /// leadership.proclaim("node-a (draining)").await?;
 /// let leader = election.leader().await?.expect("we lead");
-/// assert_eq!(leader.value, b"node-a (draining)");
+/// assert_eq!(leader.value(), b"node-a (draining)");
 /// leadership.resign().await?;
 /// # Ok(()) }
 /// ```
@@ -52,21 +60,35 @@ pub struct Election {
 /// The current leader of an election.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Leader {
-    /// The leader's key, `<name>/<lease id hex>`.
-    pub key: String,
+    entry: Entry,
+}
+
+impl Leader {
+    /// The leader's key, `<name>/<lease id hex>` (see [`Entry::key`] for keys that are not
+    /// UTF-8).
+    pub fn key(&self) -> &str {
+        self.entry.key()
+    }
+
     /// The leader's proposal (its latest proclaimed value).
-    pub value: Vec<u8>,
+    pub fn value(&self) -> &[u8] {
+        self.entry.value()
+    }
+
     /// The leader's fencing token (its key's create revision).
-    pub token: FencingToken,
+    pub fn token(&self) -> FencingToken {
+        self.entry.token()
+    }
+
+    /// The leader's queue entry, as read.
+    pub fn entry(&self) -> &Entry {
+        &self.entry
+    }
 }
 
 impl From<Entry> for Leader {
-    fn from(e: Entry) -> Self {
-        Leader {
-            key: e.key,
-            value: e.value,
-            token: e.token,
-        }
+    fn from(entry: Entry) -> Self {
+        Leader { entry }
     }
 }
 
@@ -80,6 +102,11 @@ pub enum LeaderEvent {
     Proclaimed(Leader),
     /// No one leads.
     Vacant,
+    /// Leader changes were missed here and cannot be replayed (etcd compacted its history
+    /// while this observer was cut off or behind): leaders may have come and gone unseen.
+    /// The next event is the current state, reported as [`LeaderEvent::Elected`] or
+    /// [`LeaderEvent::Vacant`] even if it is the leader seen before the gap.
+    Skipped,
 }
 
 impl Election {
@@ -113,20 +140,26 @@ impl Election {
     ///
     /// # Cancel safety
     /// Dropping the future at any point withdraws the candidacy and leaves no key.
-    pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
+    pub fn campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+    ) -> impl Future<Output = Result<Leadership>> + Send + Sync + '_ {
         let span = tracing::debug_span!(
             "baton.campaign",
             name = %self.name,
             key = tracing::field::Empty,
             token = tracing::field::Empty,
         );
-        let held = queue::acquire(&self.session, &self.name, value.into(), Mode::Wait)
-            .instrument(span)
-            .await?;
-        Ok(Leadership {
-            name: self.name.clone(),
-            value: held.entry().value.clone(),
-            held,
+        let value = value.into();
+        SyncFuture::new(async move {
+            let held = queue::acquire(&self.session, &self.name, value, Mode::Wait)
+                .instrument(span)
+                .await?;
+            Ok(Leadership {
+                name: self.name.clone(),
+                value: held.entry().value().to_vec(),
+                held,
+            })
         })
     }
 
@@ -137,43 +170,55 @@ impl Election {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn leader(&self) -> Result<Option<Leader>> {
-        Ok(self
-            .session
-            .backend()
-            .head(&self.name)
-            .await?
-            .map(Leader::from))
+    pub fn leader(&self) -> impl Future<Output = Result<Option<Leader>>> + Send + Sync + '_ {
+        SyncFuture::new(async move {
+            Ok(self
+                .session
+                .backend()
+                .head(&self.name)
+                .await?
+                .map(Leader::from))
+        })
     }
 
     /// A stream of leader events: the current state first ([`LeaderEvent::Elected`] or
-    /// [`LeaderEvent::Vacant`]), then every change. Each leader the observer learns of is
-    /// reported, one after the other, never skipped; the stream resumes by itself after
-    /// reconnects and compactions (a compaction may hide leaders that came and went while
-    /// the observer was cut off). Backend errors are reported as items, and the stream goes
-    /// on.
+    /// [`LeaderEvent::Vacant`]), then every change, in order, however slowly it is read:
+    /// every leader, every proclamation and every vacancy the backend applied, each once.
+    /// The stream resumes by itself after reconnects. Where the backend cannot replay what the
+    /// observer missed (etcd, when its history was compacted while the observer was cut off
+    /// or far behind) the stream says so with [`LeaderEvent::Skipped`] and goes on from the
+    /// current state. Backend errors are reported as items, and the stream goes on.
+    ///
+    /// Creating the stream sends nothing and needs no runtime; it works while it is polled.
+    /// Several changes applied in one step (a transaction, a lease revoke that removes many
+    /// keys) are one change: the heads "between" them never existed.
     pub fn observe(&self) -> BoxStream<'static, Result<LeaderEvent>> {
         let mut last: Option<Leader> = None;
         self.session
             .backend()
             .observe_head(&self.name)
-            .map(move |head| {
-                Ok(match head? {
-                    None => {
+            .map(move |event| {
+                Ok(match event? {
+                    HeadEvent::Head(None) => {
                         last = None;
                         LeaderEvent::Vacant
                     }
-                    Some(entry) => {
+                    HeadEvent::Head(Some(entry)) => {
                         let leader = Leader::from(entry);
                         let same = last
                             .as_ref()
-                            .is_some_and(|l| l.key == leader.key && l.token == leader.token);
+                            .is_some_and(|l| l.entry.is_same_incarnation(&leader.entry));
                         last = Some(leader.clone());
                         if same {
                             LeaderEvent::Proclaimed(leader)
                         } else {
                             LeaderEvent::Elected(leader)
                         }
+                    }
+                    // `HeadEvent` may grow; anything else is a gap too.
+                    _ => {
+                        last = None;
+                        LeaderEvent::Skipped
                     }
                 })
             })
@@ -190,8 +235,17 @@ impl Election {
     /// have been applied; writes fenced with the token are refused once a newer leader has
     /// written.
     ///
+    /// `Ok` means more than "the work finished": the resignation found our key still there,
+    /// the same incarnation, so no one else led at any point while the work ran. A failed
+    /// resignation is retried (with backoff) until it is answered; a backend error or outage
+    /// while the work runs or while resigning is not taken for a loss.
+    ///
     /// # Errors
-    /// As for [`campaign`](Election::campaign); [`Error::LeadershipLost`] as above.
+    /// As for [`campaign`](Election::campaign). [`Error::LeadershipLost`] if leadership was
+    /// lost while the work ran (the work was cancelled), or if the work finished but its
+    /// leadership cannot be confirmed to the end: the key was already gone when it resigned,
+    /// or the session was lost before the resignation was answered. The work's output is
+    /// dropped then: it ran, at least in part, while another campaigner may have led.
     ///
     /// # Cancel safety
     /// Dropping the future cancels `work` and resigns in the background (or withdraws the
@@ -202,20 +256,27 @@ impl Election {
         Fut: Future<Output = T>,
     {
         let leadership = self.campaign(value).await?;
-        let backend = self.session.backend().clone();
-        let own_key_gone = backend.wait_gone(leadership.held.entry());
-        tokio::select! {
-            out = work(leadership.fencing_token()) => {
-                leadership.resign().await?;
-                Ok(out)
-            }
-            reason = leadership.lost() => {
+        let lost = leadership.held.lost();
+        let lost_leadership = || Error::LeadershipLost {
+            name: self.name.to_string(),
+        };
+        let out = tokio::select! {
+            biased;
+            out = work(leadership.fencing_token()) => out,
+            reason = lost => {
                 tracing::warn!(name = %self.name, %reason, "leadership lost; work cancelled");
-                Err(Error::LeadershipLost { name: self.name.to_string() })
+                return Err(lost_leadership());
             }
-            _ = own_key_gone => {
-                tracing::warn!(name = %self.name, "leadership key deleted; work cancelled");
-                Err(Error::LeadershipLost { name: self.name.to_string() })
+        };
+        match leadership.held.release_confirmed().await {
+            Ok(true) => Ok(out),
+            Ok(false) => {
+                tracing::warn!(name = %self.name, "the work finished after leadership was lost (key already gone)");
+                Err(lost_leadership())
+            }
+            Err(e) => {
+                tracing::warn!(name = %self.name, error = %e, "the work finished but leadership could not be confirmed");
+                Err(lost_leadership())
             }
         }
     }
@@ -234,12 +295,12 @@ pub struct Leadership {
 impl Leadership {
     /// The fencing token: our key's create revision, strictly increasing across leaders.
     pub fn fencing_token(&self) -> FencingToken {
-        self.held.entry().token
+        self.held.entry().token()
     }
 
     /// Our key, `<name>/<lease id hex>`.
     pub fn key(&self) -> &str {
-        &self.held.entry().key
+        self.held.entry().key()
     }
 
     /// The value we last proclaimed.
@@ -247,12 +308,14 @@ impl Leadership {
         &self.value
     }
 
-    /// Resolves when the session under this leadership is lost.
+    /// Resolves when leadership is lost: the session under it is lost, or our key was
+    /// deleted from outside ([`LostReason::EntryDeleted`]). See
+    /// [`MutexGuard::lost`](crate::MutexGuard::lost).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it only stops this one observer.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.held.session().lost()
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
+        SyncFuture::new(self.held.lost())
     }
 
     /// Replaces our value (the proposal observers see), only while we still lead.
@@ -263,21 +326,26 @@ impl Leadership {
     /// # Cancel safety
     /// If dropped, the new value may or may not have been written, never after leadership
     /// was lost.
-    pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
+    pub fn proclaim(
+        &mut self,
+        value: impl Into<Vec<u8>>,
+    ) -> impl Future<Output = Result<()>> + Send + Sync + '_ {
         let value = value.into();
-        let entry = self.held.entry();
-        if self
-            .held
-            .session()
-            .backend()
-            .update_entry(entry, &value)
-            .await?
-        {
-            self.value = value;
-            Ok(())
-        } else {
-            Err(self.held.not_owner())
-        }
+        SyncFuture::new(async move {
+            let entry = self.held.entry();
+            if self
+                .held
+                .session()
+                .backend()
+                .update_entry(entry, &value)
+                .await?
+            {
+                self.value = value;
+                Ok(())
+            } else {
+                Err(self.held.not_owner())
+            }
+        })
     }
 
     /// Applies `ops` atomically only while we still lead (see
@@ -288,25 +356,27 @@ impl Leadership {
     ///
     /// # Cancel safety
     /// As for [`MutexGuard::write`](crate::MutexGuard::write).
-    pub async fn write(&self, ops: &[WriteOp]) -> Result<()> {
-        self.held.write(ops).await
+    pub fn write<'a>(
+        &'a self,
+        ops: &'a [WriteOp],
+    ) -> impl Future<Output = Result<()>> + Send + Sync + 'a {
+        SyncFuture::new(self.held.write(ops))
     }
 
     /// Gives up leadership: deletes our key if it is still ours. The next campaigner leads.
     ///
     /// # Errors
-    /// Backend errors; the key is then deleted by a background retry, or vanishes with the
-    /// lease.
+    /// [`Error::NotOwner`] if the key was already gone: leadership had been lost before this
+    /// call, and nothing was deleted. Backend errors: the outcome is unknown, and the delete
+    /// goes on in the background until it is confirmed or the session is lost (a campaign of
+    /// this session on the same name waits for it).
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the resignation is
     /// finished by a background task, as when the leadership is dropped.
-    pub fn resign(self) -> impl Future<Output = Result<()>> + Send + 'static {
+    pub fn resign(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
         let span = tracing::debug_span!("baton.resign", name = %self.name, key = %self.key());
-        // A combinator: an `async fn` or block would keep a second copy of the release.
-        self.held
-            .release()
-            .map(|released| released.map(|_| ()))
-            .instrument(span)
+        // Not an `async fn` or block: those would keep a second copy of the release.
+        SyncFuture::new(self.held.release().instrument(span))
     }
 }

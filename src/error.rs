@@ -3,10 +3,12 @@
 use std::error::Error as StdError;
 use std::fmt;
 
+use crate::backend::FencingToken;
+
 /// A boxed cause, kept as the `source` of an [`Error`] rather than turned into a string.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// Why a [`Session`](crate::Session) ended.
+/// Why a [`Session`](crate::Session) ended, or a lock or leadership built on it was lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LostReason {
@@ -19,6 +21,11 @@ pub enum LostReason {
     Revoked,
     /// [`Session::close`](crate::Session::close) was called.
     Closed,
+    /// The entry of a lock or leadership was deleted while its session lived (an operator's
+    /// `etcdctl del`, a cleanup script, another client). Only guards and leaderships report
+    /// it ([`MutexGuard::lost`](crate::MutexGuard::lost),
+    /// [`Leadership::lost`](crate::Leadership::lost)); the session goes on.
+    EntryDeleted,
 }
 
 impl fmt::Display for LostReason {
@@ -27,6 +34,7 @@ impl fmt::Display for LostReason {
             LostReason::Expired => "lease deadline passed without a renewal",
             LostReason::Revoked => "lease no longer exists on the server",
             LostReason::Closed => "session was closed",
+            LostReason::EntryDeleted => "the entry was deleted while the session lived",
         })
     }
 }
@@ -80,9 +88,9 @@ pub enum Error {
         /// The resource written to.
         resource: String,
         /// The token of the refused write.
-        token: u64,
+        token: FencingToken,
         /// The highest token the resource has accepted.
-        highest: u64,
+        highest: FencingToken,
     },
 
     /// The token stored for a fenced resource is not a token: the resource was written by
@@ -95,7 +103,10 @@ pub enum Error {
         stored: String,
     },
 
-    /// A guarded write was not applied because the caller no longer owns the lock.
+    /// The lock or leadership had already been lost when this call reached the backend (its
+    /// entry was gone): a guarded write or proclamation was not applied; an unlock or
+    /// resignation found nothing to delete, and tells you that the protected work may have
+    /// overlapped a successor's.
     #[error("not the owner of `{key}` any more; nothing was written")]
     NotOwner {
         /// The key of the lock entry that was checked.

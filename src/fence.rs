@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 /// let fence = MemoryFence::new();
 /// fence.write("accounts/42", FencingToken::new(7), b"balance=100").await?;
 /// let late = fence.write("accounts/42", FencingToken::new(5), b"balance=0").await;
-/// assert!(matches!(late, Err(Error::StaleToken { highest: 7, .. })));
+/// assert!(matches!(late, Err(Error::StaleToken { highest, .. }) if highest.get() == 7));
 /// assert_eq!(fence.read("accounts/42").await?.unwrap().1, b"balance=100");
 /// # Ok(()) }
 /// ```
@@ -93,8 +93,8 @@ impl Fence for MemoryFence {
         {
             return Err(Error::StaleToken {
                 resource: resource.to_owned(),
-                token: token.get(),
-                highest: highest.get(),
+                token,
+                highest: *highest,
             });
         }
         registers.insert(resource.to_owned(), (token, data.to_vec()));
@@ -203,8 +203,8 @@ mod etcd {
                         if token < highest {
                             return Err(Error::StaleToken {
                                 resource: resource.to_owned(),
-                                token: token.get(),
-                                highest: highest.get(),
+                                token,
+                                highest,
                             });
                         }
                         Compare::mod_revision(token_key.as_str(), CompareOp::Equal, *mod_rev)

@@ -59,7 +59,8 @@ mod session;
 pub mod testing;
 
 pub use backend::{
-    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, MemoryBackend, Position, WriteOp,
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, MemoryBackend, Position,
+    WriteOp,
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use futures::FutureExt;
+use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
 use crate::backend::{Entry, FencingToken, WriteOp};
@@ -32,9 +32,19 @@ use crate::session::Session;
 /// # Failure modes
 /// - The session is lost while waiting: [`lock`](Mutex::lock) fails with
 ///   [`Error::SessionLost`], never returns a guard.
-/// - The holder's lease is lost (expiry, revoke, partition longer than the TTL): another
-///   contender may be granted the lock; [`MutexGuard::lost`] resolves and guarded writes
-///   ([`MutexGuard::write`]) fail with [`Error::NotOwner`].
+/// - The holder's lease is lost (expiry, revoke, partition longer than the TTL), or its key
+///   is deleted from outside (an operator's `etcdctl del`): another contender may be granted
+///   the lock; [`MutexGuard::lost`] resolves, guarded writes ([`MutexGuard::write`]) fail
+///   with [`Error::NotOwner`], and so does [`unlock`](MutexGuard::unlock), so that the loss
+///   is never hidden.
+/// - A call that fails part way (the backend timed out after creating the key) leaves no key
+///   behind: a cleanup task looks for the key and deletes it, retrying until that is
+///   confirmed or the session is lost. Until then, other tasks of this process that use the
+///   same session and name wait, so none of them can be granted the old key and its token.
+///
+/// Names that nest share a queue, as in etcd's Go recipes and `etcdctl lock`: a lock named
+/// `job` sees the keys of a lock named `job/sub` (they live under `job/`) and waits behind
+/// them. Use names that are not prefixes of one another (`job/lock`, `job/sub/lock`).
 ///
 /// To give up after a while, wrap the call: `tokio::time::timeout(d, mutex.lock())`; the
 /// timed-out call leaves nothing behind.
@@ -92,14 +102,15 @@ impl Mutex {
     /// # Errors
     /// [`Error::SessionLost`] if the session is lost before the lock is granted (the key, if
     /// created, vanishes with the lease); [`Error::EntryGone`] if our key was deleted from
-    /// outside while waiting; backend errors after retries.
+    /// outside while waiting; backend errors after retries. On every error, the key (if it
+    /// was created, even by a request whose answer was lost) is removed in the background.
     ///
     /// # Cancel safety
     /// Dropping the future at any point gives up the place in the queue and leaves no key:
     /// a cleanup task, independent of the dropped future, waits for an in-flight create and
     /// deletes exactly the key it created.
-    pub async fn lock(&self) -> Result<MutexGuard> {
-        self.acquire(Mode::Wait).await
+    pub fn lock(&self) -> impl Future<Output = Result<MutexGuard>> + Send + Sync + '_ {
+        SyncFuture::new(self.acquire(Mode::Wait))
     }
 
     /// Takes the lock only if no one holds it or waits for it; never waits.
@@ -111,8 +122,8 @@ impl Mutex {
     ///
     /// # Cancel safety
     /// As for [`lock`](Mutex::lock): a dropped call leaves no key.
-    pub async fn try_lock(&self) -> Result<MutexGuard> {
-        self.acquire(Mode::Try).await
+    pub fn try_lock(&self) -> impl Future<Output = Result<MutexGuard>> + Send + Sync + '_ {
+        SyncFuture::new(self.acquire(Mode::Try))
     }
 
     async fn acquire(&self, mode: Mode) -> Result<MutexGuard> {
@@ -141,12 +152,12 @@ pub struct MutexGuard {
 impl MutexGuard {
     /// The fencing token: our key's create revision. Strictly increasing in grant order.
     pub fn fencing_token(&self) -> FencingToken {
-        self.held.entry().token
+        self.held.entry().token()
     }
 
     /// Our key, `<name>/<lease id hex>`.
     pub fn key(&self) -> &str {
-        &self.held.entry().key
+        self.held.entry().key()
     }
 
     /// The queue entry as it was when the lock was granted.
@@ -154,13 +165,18 @@ impl MutexGuard {
         self.held.entry()
     }
 
-    /// Resolves when the session under this lock is lost: from then on, another contender
-    /// may hold the lock. Run protected work in a `select!` against it.
+    /// Resolves when the lock is lost: the session under it is lost, or our key was deleted
+    /// from outside ([`LostReason::EntryDeleted`]). From then on another contender may hold
+    /// the lock. Run protected work in a `select!` against it.
+    ///
+    /// Session loss is heard at once (at the lease deadline at the latest); a deleted key as
+    /// soon as the backend reports the deletion (one watch on our own key, opened when this
+    /// future is first polled).
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it only stops this one observer.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
-        self.held.session().lost()
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
+        SyncFuture::new(self.held.lost())
     }
 
     /// Whether our key still exists with our token, checked against the backend now.
@@ -170,12 +186,13 @@ impl MutexGuard {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn is_owner(&self) -> Result<bool> {
-        self.held
-            .session()
-            .backend()
-            .guarded(self.held.entry(), &[])
-            .await
+    pub fn is_owner(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
+        SyncFuture::new(
+            self.held
+                .session()
+                .backend()
+                .guarded(self.held.entry(), &[]),
+        )
     }
 
     /// Applies `ops` atomically in the backend only while we still hold the lock: the
@@ -189,35 +206,33 @@ impl MutexGuard {
     /// # Cancel safety
     /// If the future is dropped, the writes may or may not have been applied, but never
     /// after the lock was lost.
-    pub async fn write(&self, ops: &[WriteOp]) -> Result<()> {
-        self.held.write(ops).await
+    pub fn write<'a>(
+        &'a self,
+        ops: &'a [WriteOp],
+    ) -> impl Future<Output = Result<()>> + Send + Sync + 'a {
+        SyncFuture::new(self.held.write(ops))
     }
 
     /// Releases the lock: deletes our key if it is still ours (never a successor's key).
     ///
     /// # Errors
-    /// Backend errors; the key is then deleted by a background retry, or vanishes with the
-    /// lease.
+    /// [`Error::NotOwner`] if the key was already gone: the lock had been lost before this
+    /// call (lease ended, key deleted from outside), so the protected work may have overlapped
+    /// a successor's; nothing was deleted. Backend errors: the outcome is unknown, and the
+    /// delete goes on in the background until it is confirmed or the session is lost (until
+    /// then, other tasks of this process wait to take the same lock through this session).
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the release is
     /// finished by a background task, as when the guard is dropped.
-    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + 'static {
+    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
         let span = tracing::debug_span!(
             "baton.unlock",
             key = %self.key(),
             token = self.fencing_token().get()
         );
-        // A combinator, not an `async fn` or block: those would keep a second copy of the
-        // guard or of the release in their state, and callers keep this future in theirs.
-        self.held
-            .release()
-            .map(|released| {
-                if !released? {
-                    tracing::debug!("key was already gone (lease ended or deleted from outside)");
-                }
-                Ok(())
-            })
-            .instrument(span)
+        // Not an `async fn` or block: those would keep a second copy of the guard or of the
+        // release in their state, and callers keep this future in theirs.
+        SyncFuture::new(self.held.release().instrument(span))
     }
 }

@@ -1,19 +1,23 @@
 //! The queue engine behind every recipe: enqueue, wait for the predecessor, release.
 //!
 //! A drop guard owns every acquisition in progress, including the create request while it
-//! is in flight: if the caller's future is dropped, the guard moves the unfinished request
-//! into a cleanup task that lets it complete and deletes exactly what it created. So a
-//! caller can be dropped at any await point without leaving a key behind, and the common
-//! path spawns nothing.
+//! is in flight: if the caller's future is dropped or fails, the guard hands what the
+//! acquisition may have left in the backend to a cleanup task. The cleanup lets an
+//! unfinished create complete, looks for the entry when a create failed (its answer may have
+//! been lost after it was applied), and deletes exactly that incarnation, retrying with
+//! backoff until the delete is confirmed or the session is lost. Until then it keeps the
+//! in-process slot for the name, so no other task of this session can adopt the old entry and
+//! its token. The common path spawns nothing.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use tokio::sync::OwnedMutexGuard;
 
-use crate::backend::{Enqueued, Entry};
-use crate::error::{Error, Result};
+use crate::backend::{Backend, Enqueued, Entry};
+use crate::error::{Error, LostReason, Result};
 use crate::session::Session;
 
 /// Whether [`acquire`] waits for its turn or gives up at once.
@@ -21,6 +25,29 @@ use crate::session::Session;
 pub(crate) enum Mode {
     Wait,
     Try,
+}
+
+/// Exponential backoff for retries that must not hammer a failing backend.
+#[derive(Debug)]
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(25);
+    const MAX: Duration = Duration::from_secs(1);
+
+    pub(crate) fn new() -> Self {
+        Backoff(Self::FIRST)
+    }
+
+    /// The pause before going round a loop that should not have come round at all.
+    const SLOW: Duration = Duration::from_millis(250);
+
+    /// The delay to wait now; the next one is twice as long, up to a second.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let now = self.0;
+        self.0 = (self.0 * 2).min(Self::MAX);
+        now
+    }
 }
 
 /// The head of a queue, held: the entry exists and no older entry does.
@@ -34,68 +61,137 @@ pub(crate) struct Held {
     released: bool,
 }
 
+/// What an acquisition may have left in the backend.
+enum Trace {
+    /// Nothing: no create was sent, or what was created is known to be gone.
+    Nothing,
+    /// The create request (in this queue), not finished; polled in place by the acquisition,
+    /// and moved to the cleanup task if the acquisition ends first.
+    Creating(BoxFuture<'static, Result<Enqueued>>, Arc<str>),
+    /// The create request (in this queue) failed: it may have been applied anyway, its
+    /// answer lost.
+    Unknown(Arc<str>),
+    /// Our entry, as created.
+    Created(Entry),
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Trace::Nothing => f.write_str("Nothing"),
+            Trace::Creating(_, queue) => f.debug_tuple("Creating").field(queue).finish(),
+            Trace::Unknown(queue) => f.debug_tuple("Unknown").field(queue).finish(),
+            Trace::Created(entry) => f.debug_tuple("Created").field(entry).finish(),
+        }
+    }
+}
+
 /// Cleanup for an acquisition that did not finish: runs on drop, in a task of its own.
+#[derive(Debug)]
 struct Pending {
     session: Session,
     local: Option<OwnedMutexGuard<()>>,
-    /// The create request, polled in place; moved to the cleanup task if we are dropped.
-    enqueue: Option<BoxFuture<'static, Result<Enqueued>>>,
-    entry: Option<Entry>,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("entry", &self.entry)
-            .field("enqueue_in_flight", &self.enqueue.is_some())
-            .finish_non_exhaustive()
-    }
+    trace: Trace,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let (enqueue, entry, local) = (self.enqueue.take(), self.entry.take(), self.local.take());
-        if enqueue.is_none() && entry.is_none() {
+        let trace = std::mem::replace(&mut self.trace, Trace::Nothing);
+        let local = self.local.take();
+        if matches!(trace, Trace::Nothing) {
             return;
         }
-        let backend = self.session.backend().clone();
-        spawn_cleanup("acquisition abandoned", async move {
-            let entry = match (entry, enqueue) {
-                (Some(entry), _) => Some(entry),
-                // The enqueue request may already be on its way: let it finish rather than
-                // race it, then delete exactly what it created.
-                (None, Some(enqueue)) => enqueue.await.ok().map(|enqueued| enqueued.entry),
-                (None, None) => None,
-            };
-            if let Some(entry) = entry {
-                delete_logged(&*backend, &entry).await;
+        spawn_cleanup(
+            &self.session,
+            "acquisition abandoned",
+            clean_up(self.session.clone(), trace, local),
+        );
+    }
+}
+
+/// Removes what an acquisition or a hold left in the backend, retrying with backoff until
+/// the removal is confirmed or the session is lost (its lease, and every entry bound to it,
+/// then ends on the server without us). The in-process slot is released only then.
+async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGuard<()>>) {
+    let backend = Arc::clone(session.backend());
+    let lost = session.lost();
+    tokio::pin!(lost);
+    let mut backoff = Backoff::new();
+    loop {
+        let step = async {
+            match trace {
+                Trace::Nothing => Trace::Nothing,
+                // The create may be on its way: let it finish rather than race it.
+                Trace::Creating(create, queue) => match create.await {
+                    Ok(enqueued) => Trace::Created(enqueued.into_parts().0),
+                    Err(_) => Trace::Unknown(queue),
+                },
+                Trace::Unknown(queue) => {
+                    let tag = session.lease_id().to_hex();
+                    match backend.find_entry(&queue, &tag).await {
+                        // Ours: our tag, our lease. The slot we hold means no other task of
+                        // this session created it.
+                        Ok(Some(entry)) if entry.lease() == Some(session.lease_id()) => {
+                            Trace::Created(entry)
+                        }
+                        Ok(_) => Trace::Nothing,
+                        Err(e) => {
+                            tracing::debug!(%queue, error = %e, "cleanup: cannot look for the entry; retrying");
+                            wait(&mut backoff).await;
+                            Trace::Unknown(queue)
+                        }
+                    }
+                }
+                Trace::Created(entry) => match backend.delete_entry(&entry).await {
+                    Ok(_) => {
+                        tracing::debug!(key = %entry.key(), token = %entry.token(), "entry removed");
+                        Trace::Nothing
+                    }
+                    Err(e) => {
+                        tracing::debug!(key = %entry.key(), error = %e, "cleanup: delete failed; retrying");
+                        wait(&mut backoff).await;
+                        Trace::Created(entry)
+                    }
+                },
             }
-            drop(local);
-        });
-    }
-}
-
-async fn delete_logged(backend: &dyn crate::Backend, entry: &Entry) {
-    match backend.delete_entry(entry).await {
-        Ok(_) => tracing::debug!(key = %entry.key, token = %entry.token, "entry removed"),
-        Err(e) => tracing::warn!(
-            key = %entry.key, error = %e,
-            "could not remove entry; it vanishes when its lease ends"
-        ),
-    }
-}
-
-/// Runs `cleanup` in the current runtime, or logs that it could not.
-fn spawn_cleanup(what: &'static str, cleanup: impl Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
-            rt.spawn(cleanup);
+        };
+        trace = tokio::select! {
+            biased;
+            reason = &mut lost => {
+                tracing::debug!(%reason, "cleanup ends with the session; the lease takes its entries");
+                break;
+            }
+            next = step => next,
+        };
+        if matches!(trace, Trace::Nothing) {
+            break;
         }
-        Err(_) => tracing::warn!(
-            what,
-            "dropped outside a tokio runtime; the entry vanishes when its lease ends"
-        ),
     }
+    drop(local);
+}
+
+async fn wait(backoff: &mut Backoff) {
+    // Boxed: a timer is large, and only failing paths need one.
+    Box::pin(tokio::time::sleep(backoff.next_delay())).await;
+}
+
+/// Runs `cleanup` in the current runtime, else in the session's; logs if neither runs.
+fn spawn_cleanup(
+    session: &Session,
+    what: &'static str,
+    cleanup: impl Future<Output = ()> + Send + 'static,
+) {
+    let runtime =
+        tokio::runtime::Handle::try_current().unwrap_or_else(|_| session.runtime().clone());
+    tracing::debug!(what, "cleanup started");
+    // Counted from now, not from its first poll, so that `Session::settled` cannot miss it.
+    let counted = session.cleanup_started();
+    // If that runtime is shutting down the task never runs: its session is lost at its
+    // deadline then (nothing renews it), and the lease takes the entry.
+    drop(runtime.spawn(async move {
+        cleanup.await;
+        drop(counted);
+    }));
 }
 
 /// Takes the head of `queue` for `session`: in process first, then in the backend.
@@ -111,7 +207,7 @@ pub(crate) fn acquire<'a>(
     mode: Mode,
 ) -> impl Future<Output = Result<Held>> + Send + 'a {
     async move {
-        let lost = session.lost();
+        let lost = session.lost_recorded();
         tokio::pin!(lost);
         let local = session.local_queue(queue);
         let local = match mode {
@@ -123,47 +219,53 @@ pub(crate) fn acquire<'a>(
                 name: queue.to_string(),
             })?,
         };
-        if session.is_lost() {
-            return Err(Error::SessionLost(lost.await));
+        if let Some(reason) = session.loss().check() {
+            return Err(Error::SessionLost(reason));
         }
 
-        let backend = session.backend().clone();
+        let backend = Arc::clone(session.backend());
         let (q, tag, lease) = (
-            queue.to_owned(),
+            Arc::clone(queue),
             session.lease_id().to_hex(),
             session.lease_id(),
         );
         let mut pending = Pending {
             session: session.clone(),
             local: Some(local),
-            enqueue: Some(Box::pin(async move {
-                backend.enqueue(&q, &tag, lease, &value).await
-            })),
-            entry: None,
+            trace: Trace::Creating(
+                Box::pin(async move { backend.enqueue(&q, &tag, lease, &value).await }),
+                Arc::clone(queue),
+            ),
         };
-        let Some(enqueue) = pending.enqueue.as_mut() else {
+        let Trace::Creating(create, _) = &mut pending.trace else {
             unreachable!("set just above")
         };
-        let enqueued = tokio::select! {
-            enqueued = enqueue => enqueued,
+        // Matched at once, not kept in a local: a named answer would stay in this state for
+        // as long as the waiter waits.
+        let (entry, is_head, predecessor) = match tokio::select! {
+            enqueued = create => enqueued,
             reason = &mut lost => return Err(Error::SessionLost(reason)),
+        } {
+            Ok(enqueued) => enqueued.into_parts(),
+            Err(e) => {
+                // The create may have been applied and its answer lost: the cleanup looks.
+                pending.trace = Trace::Unknown(Arc::clone(queue));
+                return Err(e);
+            }
         };
-        pending.enqueue = None;
-        let Enqueued {
-            entry,
-            is_head,
-            predecessor,
-        } = enqueued?;
         // Our entry lives in the drop guard only (a waiter may wait long: one copy per waiter).
-        let mine: &Entry = pending.entry.insert(entry);
-        tracing::debug!(key = %mine.key, token = %mine.token, head = is_head, "enqueued");
+        pending.trace = Trace::Created(entry);
+        let Trace::Created(mine) = &pending.trace else {
+            unreachable!("set just above")
+        };
+        tracing::debug!(key = %mine.key(), token = %mine.token(), head = is_head, "enqueued");
 
         if !is_head {
             if mode == Mode::Try {
-                let backend = session.backend();
-                // Leave nothing behind before reporting "busy"; on failure the drop guard retries.
-                if backend.delete_entry(mine).await.is_ok() {
-                    pending.entry = None;
+                // Leave nothing behind before reporting "busy"; on failure the drop guard
+                // retries.
+                if session.backend().delete_entry(mine).await.is_ok() {
+                    pending.trace = Trace::Nothing;
                 }
                 return Err(Error::Locked {
                     name: queue.to_string(),
@@ -171,14 +273,19 @@ pub(crate) fn acquire<'a>(
             }
             wait_for_turn(session, mine, predecessor, &mut lost).await?;
         }
+        // Nothing is granted to a lost session, even one whose loss nothing has recorded yet
+        // (its deadline passed while the keep-alive driver did not run).
+        if let Some(reason) = session.loss().check() {
+            return Err(Error::SessionLost(reason));
+        }
 
         // Recorded on the caller's span (`baton.lock`, `baton.campaign`), which is current:
         // the callers keep no second handle of it in their state.
         let span = tracing::Span::current();
-        span.record("key", mine.key.as_str());
-        span.record("token", mine.token.get());
+        span.record("key", mine.key());
+        span.record("token", mine.token().get());
         tracing::debug!("granted");
-        let (Some(entry), local) = (pending.entry.take(), pending.local.take()) else {
+        let Trace::Created(entry) = std::mem::replace(&mut pending.trace, Trace::Nothing) else {
             unreachable!(
                 "the entry was stored above and only taken on the `try` path, which returned"
             )
@@ -186,7 +293,7 @@ pub(crate) fn acquire<'a>(
         Ok(Held {
             session: session.clone(),
             entry,
-            local,
+            local: pending.local.take(),
             released: false,
         })
     }
@@ -201,10 +308,14 @@ fn wait_for_turn<'a>(
     session: &'a Session,
     mine: &'a Entry,
     mut predecessor: Option<Entry>,
-    lost: &'a mut (impl Future<Output = crate::LostReason> + Unpin + Send),
+    lost: &'a mut (impl Future<Output = LostReason> + Unpin + Send),
 ) -> impl Future<Output = Result<()>> + Send + 'a {
     async move {
         let backend = session.backend();
+        // The token of the predecessor last seen gone (0: none; tokens start at 1). A read
+        // that shows it again (a backend whose wait cannot see that entry, a lagging replica)
+        // backs off instead of spinning.
+        let mut last_gone = 0u64;
         loop {
             // The first predecessor may come with the enqueue answer; later ones are read. One
             // variable holds it throughout: this state is kept by every waiter.
@@ -224,11 +335,19 @@ fn wait_for_turn<'a>(
                     }
                 }
             };
-            tracing::debug!(key = %mine.key, predecessor = %waited_for.key, "waiting for predecessor");
+            if last_gone == waited_for.token().get() {
+                tracing::debug!(key = %mine.key(), predecessor = %waited_for.key(), "predecessor seen again after it was gone; backing off");
+                tokio::select! {
+                    () = Box::pin(tokio::time::sleep(Backoff::SLOW)) => {}
+                    reason = &mut *lost => return Err(Error::SessionLost(reason)),
+                }
+            }
+            tracing::debug!(key = %mine.key(), predecessor = %waited_for.key(), "waiting for predecessor");
             tokio::select! {
                 gone = backend.wait_gone(waited_for) => gone?,
                 reason = &mut *lost => return Err(Error::SessionLost(reason)),
             }
+            last_gone = waited_for.token().get();
             predecessor = None;
             // Usually the predecessor was the holder and we are now the head: a cheap check
             // first (it may be answered by a replica); when it cannot tell, or fails, the
@@ -238,9 +357,6 @@ fn wait_for_turn<'a>(
                 reason = &mut *lost => return Err(Error::SessionLost(reason)),
             };
             if head {
-                if session.is_lost() {
-                    break;
-                }
                 return Ok(());
             }
         }
@@ -261,7 +377,7 @@ impl Held {
     /// The error for a write refused because our entry is gone.
     pub(crate) fn not_owner(&self) -> Error {
         Error::NotOwner {
-            key: self.entry.key.clone(),
+            key: self.entry.key().to_owned(),
         }
     }
 
@@ -274,23 +390,99 @@ impl Held {
         }
     }
 
-    /// Deletes the entry if it is still this incarnation; tells whether it was.
+    /// Resolves when the hold is lost: the session is lost, or our entry was deleted while
+    /// the session lives. Holds no session handle, so it does not keep the lease alive.
+    pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let loss = self.session.loss();
+        let backend = Arc::clone(self.session.backend());
+        let entry = self.entry.clone();
+        let lease = self.session.lease_id();
+        async move {
+            tokio::select! {
+                biased;
+                reason = Arc::clone(&loss).wait() => reason,
+                () = entry_deleted(&*backend, &entry) => {
+                    if let Some(reason) = loss.check() {
+                        return reason;
+                    }
+                    // Gone with the lease? Then the session is lost, and says why.
+                    if let Ok(None) = backend.lease_ttl(lease).await {
+                        loss.mark(LostReason::Revoked);
+                        return LostReason::Revoked;
+                    }
+                    tracing::warn!(key = %entry.key(), "entry deleted while its session lives");
+                    LostReason::EntryDeleted
+                }
+            }
+        }
+    }
+
+    /// Deletes the entry if it is still this incarnation; [`Error::NotOwner`] if it was
+    /// already gone. On another error (the outcome is unknown) the delete goes on in the
+    /// background until it is confirmed or the session is lost.
     ///
     /// (An `async` block, not an `async fn`, which would keep `self` twice in its state.)
     #[allow(clippy::manual_async_fn)] // On purpose: see above.
-    pub(crate) fn release(mut self) -> impl Future<Output = Result<bool>> + Send + 'static {
+    pub(crate) fn release(mut self) -> impl Future<Output = Result<()>> + Send + 'static {
         async move {
             // `released` is set only once the delete answered: if this future is dropped
             // before, `Drop` hands the (idempotent, revision-conditioned) delete to a task.
-            let result = self.session.backend().delete_entry(&self.entry).await;
-            if result.is_ok() {
-                self.disarm();
-            } else {
-                // Retry once in the background rather than leave the key until the lease
-                // ends; the local queue stays taken until then, so no local task reuses it.
-                self.cleanup_in_background("release failed");
+            match self.session.backend().delete_entry(&self.entry).await {
+                Ok(was_ours) => {
+                    self.disarm();
+                    if was_ours {
+                        Ok(())
+                    } else {
+                        tracing::warn!(key = %self.entry.key(), "lost before the release: the entry was already gone");
+                        Err(self.not_owner())
+                    }
+                }
+                Err(e) => {
+                    // The local queue stays taken until the cleanup confirms, so no local
+                    // task reuses the key (and its token) meanwhile.
+                    self.cleanup_in_background("release failed");
+                    Err(e)
+                }
             }
-            result
+        }
+    }
+
+    /// Like [`release`](Held::release), but retries a failed delete (with backoff) until it
+    /// is answered: `Ok(true)` if our entry was still there, `Ok(false)` if it was already
+    /// gone, [`Error::SessionLost`] if the session was lost first (the entry then ends with
+    /// the lease; whether it was still ours at the end is not known).
+    pub(crate) async fn release_confirmed(mut self) -> Result<bool> {
+        let lost = self.session.lost();
+        tokio::pin!(lost);
+        let mut backoff = Backoff::new();
+        loop {
+            let attempt = self.session.backend().delete_entry(&self.entry);
+            let result = tokio::select! {
+                biased;
+                reason = &mut lost => Err(Error::SessionLost(reason)),
+                result = attempt => result,
+            };
+            match result {
+                Ok(was_ours) => {
+                    self.disarm();
+                    return Ok(was_ours);
+                }
+                Err(Error::SessionLost(reason)) => {
+                    self.disarm();
+                    return Err(Error::SessionLost(reason));
+                }
+                Err(e) => {
+                    tracing::debug!(key = %self.entry.key(), error = %e, "release failed; retrying");
+                    tokio::select! {
+                        biased;
+                        reason = &mut lost => {
+                            self.disarm();
+                            return Err(Error::SessionLost(reason));
+                        }
+                        () = wait(&mut backoff) => {}
+                    }
+                }
+            }
         }
     }
 
@@ -301,15 +493,13 @@ impl Held {
 
     fn cleanup_in_background(&mut self, what: &'static str) {
         self.disarm();
-        let (backend, entry, local) = (
-            self.session.backend().clone(),
-            self.entry.clone(),
-            self.local.take(),
+        let trace = Trace::Created(self.entry.clone());
+        let local = self.local.take();
+        spawn_cleanup(
+            &self.session,
+            what,
+            clean_up(self.session.clone(), trace, local),
         );
-        spawn_cleanup(what, async move {
-            delete_logged(&*backend, &entry).await;
-            drop(local);
-        });
     }
 }
 
@@ -318,5 +508,15 @@ impl Drop for Held {
         if !self.released {
             self.cleanup_in_background("guard dropped");
         }
+    }
+}
+
+/// Resolves once `entry` is deleted. A failed wait says nothing about the entry: it is
+/// retried with backoff, never taken for a deletion.
+async fn entry_deleted(backend: &dyn Backend, entry: &Entry) {
+    let mut backoff = Backoff::new();
+    while let Err(e) = backend.wait_gone(entry).await {
+        tracing::debug!(key = %entry.key(), error = %e, "watching our own entry failed; retrying");
+        wait(&mut backoff).await;
     }
 }

@@ -1,7 +1,7 @@
 //! [`Session`]: one lease, kept alive in the background, and the signal that it was lost.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -65,7 +65,11 @@ impl SessionOptions {
 ///
 /// Renewals of all sessions of a tokio runtime are sent by one driver task of that runtime
 /// (started with the first session), so a session costs a few hundred bytes and no task of
-/// its own; a slow renewal of one session never delays another's.
+/// its own; a slow renewal of one session never delays another's. Create a session on the
+/// runtime that will keep running: if that runtime shuts down, renewals stop, and the
+/// session is lost at its deadline ([`is_lost`](Session::is_lost) and every
+/// [`lost`](Session::lost) future check the deadline themselves, whichever runtime they run
+/// on).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
@@ -87,9 +91,15 @@ pub struct Session {
 struct Inner {
     backend: Arc<dyn Backend>,
     lease: Lease,
+    /// The runtime whose keep-alive driver renews this lease: cleanups that have no runtime
+    /// of their own (a guard dropped outside one) run there.
+    runtime: tokio::runtime::Handle,
     lost: Arc<LostSignal>,
     /// Set by [`Session::close`]; the keep-alive driver then stops renewing.
     closed: AtomicBool,
+    /// Background cleanups (releases, abandoned acquisitions) still running.
+    cleanups: AtomicUsize,
+    cleanups_done: Notify,
     /// In-process FIFO per lock name, so that two tasks sharing this session (and so the
     /// same key) queue here before they queue in the backend.
     /// A list, not a map: a session waits on a handful of names at a time, and a map's
@@ -144,29 +154,32 @@ impl Session {
                 "session TTL must be greater than zero",
             ));
         }
-        let keeper = keeper::for_current_runtime()?;
+        let (keeper, runtime) = keeper::for_current_runtime()?;
         let asked_at = Instant::now();
         let lease = backend.grant_lease(options.ttl).await?;
         let inner = Arc::new(Inner {
             backend,
             lease,
-            lost: Arc::default(),
+            runtime,
+            lost: Arc::new(LostSignal::new(lease.id(), asked_at + lease.ttl())),
             closed: AtomicBool::new(false),
+            cleanups: AtomicUsize::new(0),
+            cleanups_done: Notify::new(),
             locals: StdMutex::new(Vec::new()),
         });
         keeper.keep(&inner, asked_at);
-        tracing::debug!(lease = %lease.id, ttl = ?lease.ttl, "session started");
+        tracing::debug!(lease = %lease.id(), ttl = ?lease.ttl(), "session started");
         Ok(Session { inner })
     }
 
     /// The lease id; keys created through this session end in it, in lowercase hex.
     pub fn lease_id(&self) -> LeaseId {
-        self.inner.lease.id
+        self.inner.lease.id()
     }
 
     /// The TTL the backend granted (may be larger than asked).
     pub fn ttl(&self) -> Duration {
-        self.inner.lease.ttl
+        self.inner.lease.ttl()
     }
 
     /// The backend this session lives in.
@@ -174,9 +187,10 @@ impl Session {
         &self.inner.backend
     }
 
-    /// Whether the session has been lost (or closed).
+    /// Whether the session has been lost (or closed): `true` from the instant its deadline
+    /// passes without a renewal, even if nothing has run to notice it yet.
     pub fn is_lost(&self) -> bool {
-        self.inner.lost.reason().is_some()
+        self.inner.lost.check().is_some()
     }
 
     /// Resolves when the session is lost, with the reason; at once if it already is.
@@ -186,8 +200,47 @@ impl Session {
     ///
     /// # Cancel safety
     /// Cancel safe: dropping it only stops this one observer.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
         // Only the signal, not the session: a pending `lost()` must not keep the lease alive.
+        sync_wrapper::SyncFuture::new(Arc::clone(&self.inner.lost).wait())
+    }
+
+    /// Resolves once no background cleanup of this session is running: every guard dropped
+    /// or release that failed, every `lock()` or `campaign()` dropped or failed part way, has
+    /// had its entry deleted (confirmed by the backend), or the session was lost. At once if
+    /// none is running.
+    ///
+    /// Tests use it to check that nothing was left behind while the session still lives;
+    /// a program can use it to let background releases finish before it exits.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub async fn settled(&self) {
+        loop {
+            let done = self.inner.cleanups_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.inner.cleanups.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+
+    /// Counts a background cleanup until the returned token is dropped.
+    pub(crate) fn cleanup_started(&self) -> CleanupToken {
+        self.inner.cleanups.fetch_add(1, Ordering::AcqRel);
+        CleanupToken(Arc::clone(&self.inner))
+    }
+
+    /// A handle on this session's loss that does not keep the session alive.
+    pub(crate) fn loss(&self) -> Arc<LostSignal> {
+        Arc::clone(&self.inner.lost)
+    }
+
+    /// Waits for the loss as recorded, without a timer of its own: for the queue engine's
+    /// waiters, which stay small and check [`is_lost`](Session::is_lost) before every grant.
+    pub(crate) fn lost_recorded(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let signal = Arc::clone(&self.inner.lost);
         async move {
             loop {
@@ -201,6 +254,11 @@ impl Session {
                 notified.await;
             }
         }
+    }
+
+    /// The runtime that keeps this session alive, for cleanups started outside a runtime.
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
     }
 
     /// Revokes the lease: every key of this session is deleted, waiters behind it proceed,
@@ -217,10 +275,8 @@ impl Session {
         if self.inner.closed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.inner
-            .lost
-            .mark(self.inner.lease.id, LostReason::Closed);
-        self.inner.backend.revoke_lease(self.inner.lease.id).await
+        self.inner.lost.mark(LostReason::Closed);
+        self.inner.backend.revoke_lease(self.inner.lease.id()).await
     }
 
     /// The in-process FIFO for lock `name` on this session.
@@ -238,15 +294,27 @@ impl Session {
     }
 }
 
+/// A running cleanup of a session, counted for [`Session::settled`].
+#[derive(Debug)]
+pub(crate) struct CleanupToken(Arc<Inner>);
+
+impl Drop for CleanupToken {
+    fn drop(&mut self) {
+        if self.0.cleanups.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.cleanups_done.notify_waiters();
+        }
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // Observers outliving every handle hear that the session ended.
-        self.lost.mark(self.lease.id, LostReason::Closed);
+        self.lost.mark(LostReason::Closed);
         if self.closed.load(Ordering::SeqCst) {
             return;
         }
         let backend = Arc::clone(&self.backend);
-        let lease = self.lease.id;
+        let lease = self.lease.id();
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
@@ -262,21 +330,35 @@ impl Drop for Inner {
     }
 }
 
-/// Whether (and why) a session was lost, and a wakeup for those waiting to hear it.
-/// A few dozen bytes per session, where a `watch` channel takes hundreds.
-#[derive(Debug, Default)]
-struct LostSignal {
+/// Whether (and why) a session was lost, the instant it will be if no renewal comes, and a
+/// wakeup for those waiting to hear it. A few dozen bytes per session, where a `watch`
+/// channel takes hundreds.
+#[derive(Debug)]
+pub(crate) struct LostSignal {
+    lease: LeaseId,
     /// 0 while the session lives, else the [`LostReason`] as [`LostSignal::code`] encodes it.
     reason: AtomicU8,
+    /// From this instant the server may have expired the lease: moved by each renewal.
+    deadline: StdMutex<Instant>,
     notify: Notify,
 }
 
 impl LostSignal {
+    fn new(lease: LeaseId, deadline: Instant) -> Self {
+        LostSignal {
+            lease,
+            reason: AtomicU8::new(0),
+            deadline: StdMutex::new(deadline),
+            notify: Notify::new(),
+        }
+    }
+
     fn code(reason: LostReason) -> u8 {
         match reason {
             LostReason::Expired => 1,
             LostReason::Revoked => 2,
             LostReason::Closed => 3,
+            LostReason::EntryDeleted => 4,
         }
     }
 
@@ -285,13 +367,36 @@ impl LostSignal {
             0 => None,
             1 => Some(LostReason::Expired),
             2 => Some(LostReason::Revoked),
+            4 => Some(LostReason::EntryDeleted),
             _ => Some(LostReason::Closed),
         }
     }
 
+    pub(crate) fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A renewal succeeded: the server keeps the lease at least until `deadline`.
+    pub(crate) fn extend(&self, deadline: Instant) {
+        let mut current = self.deadline.lock().unwrap_or_else(|p| p.into_inner());
+        *current = (*current).max(deadline);
+    }
+
+    /// The reason, recording `Expired` first if the deadline has passed.
+    pub(crate) fn check(&self) -> Option<LostReason> {
+        if let Some(reason) = self.reason() {
+            return Some(reason);
+        }
+        if Instant::now() >= self.deadline() {
+            self.mark(LostReason::Expired);
+            return self.reason();
+        }
+        None
+    }
+
     /// Records `reason` unless a reason is recorded already (the first one stays), and wakes
     /// every observer.
-    fn mark(&self, lease: LeaseId, reason: LostReason) {
+    pub(crate) fn mark(&self, reason: LostReason) {
         let first = self
             .reason
             .compare_exchange(0, Self::code(reason), Ordering::AcqRel, Ordering::Acquire)
@@ -299,7 +404,32 @@ impl LostSignal {
         if first {
             self.notify.notify_waiters();
             if reason != LostReason::Closed {
-                tracing::warn!(%lease, %reason, "session lost");
+                tracing::warn!(lease = %self.lease, %reason, "session lost");
+            }
+        }
+    }
+
+    /// Resolves with the reason once the session is lost, or at the deadline (when polled
+    /// inside a tokio runtime), so the loss is heard even if the keep-alive driver no longer
+    /// runs.
+    pub(crate) async fn wait(self: Arc<Self>) -> LostReason {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a loss recorded after it wakes us.
+            notified.as_mut().enable();
+            if let Some(reason) = self.check() {
+                return reason;
+            }
+            if tokio::runtime::Handle::try_current().is_ok() {
+                // Boxed: this future is kept by every caller of `lost()`.
+                let at_deadline = Box::pin(tokio::time::sleep_until(self.deadline()));
+                tokio::select! {
+                    () = notified => {}
+                    () = at_deadline => {}
+                }
+            } else {
+                notified.await;
             }
         }
     }

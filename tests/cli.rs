@@ -195,7 +195,7 @@ async fn a_lost_lock_terminates_the_command() {
     assert_eq!(holder.line().await, "started");
     let backend = backend().await;
     let entry = backend.entries(&name).await.unwrap().remove(0);
-    backend.revoke_lease(entry.lease.unwrap()).await.unwrap();
+    backend.revoke_lease(entry.lease().unwrap()).await.unwrap();
     let (code, stderr) = holder.exit_code().await;
     assert_eq!(code, 79, "{stderr}");
     assert!(stderr.contains("lost"), "{stderr}");

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::EtcdNode;
+use baton::testing::{Call, EtcdNode, Fault, FaultyBackend};
 use baton::{Backend, Error, EtcdBackend, EtcdOptions, Mutex, Session, SessionOptions};
 use support::{Rig, eventually, within};
 
@@ -30,11 +30,13 @@ async fn rig(test: &str) -> Rig {
 
 conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
 
-/// The suite again with every wake taking the linearizable read (as when a replica lags).
+/// The suite again with every wake taking the linearizable read (as when a replica lags):
+/// `was_head` fails, which the engine takes for "not known".
 async fn rig_without_shortcut(test: &str) -> Rig {
-    let backend: Arc<dyn Backend> = Arc::new(backend().await);
+    let faulty = FaultyBackend::wrap(Arc::new(backend().await));
+    faulty.inject_every(Call::WasHead, Fault::FailBefore);
     Rig {
-        backend: support::Partitionable::new(backend).without_shortcut(),
+        backend: faulty,
         outside: Arc::new(self::backend().await),
         prefix: format!("etcd-{}/slow-{test}", std::process::id()),
     }
@@ -56,12 +58,14 @@ async fn was_head_is_true_only_for_a_present_head() {
         .enqueue(&queue, &a.lease_id().to_hex(), a.lease_id(), b"")
         .await
         .unwrap()
-        .entry;
+        .into_parts()
+        .0;
     let second = backend
         .enqueue(&queue, &b.lease_id().to_hex(), b.lease_id(), b"")
         .await
         .unwrap()
-        .entry;
+        .into_parts()
+        .0;
     assert!(backend.was_head(&first).await.unwrap());
     assert!(
         !backend.was_head(&second).await.unwrap(),
@@ -83,7 +87,8 @@ async fn was_head_is_true_only_for_a_present_head() {
         .enqueue(&queue, &a.lease_id().to_hex(), a.lease_id(), b"")
         .await
         .unwrap()
-        .entry;
+        .into_parts()
+        .0;
     assert!(backend.delete_entry(&second).await.unwrap());
     assert!(
         !backend.was_head(&third).await.unwrap(),
@@ -107,7 +112,7 @@ async fn kept_watch_tells_incarnations_apart() {
     let s = Session::new(backend.clone()).await.unwrap();
     let tag = s.lease_id().to_hex();
     let enqueue = || backend.enqueue(&queue, &tag, s.lease_id(), b"");
-    let first = enqueue().await.unwrap().entry;
+    let first = enqueue().await.unwrap().into_parts().0;
     let gone = backend.wait_gone(&first);
     let mut gone = std::pin::pin!(gone);
     assert!(futures::poll!(&mut gone).is_pending());
@@ -116,7 +121,7 @@ async fn kept_watch_tells_incarnations_apart() {
         .await
         .unwrap();
 
-    let second = enqueue().await.unwrap().entry;
+    let second = enqueue().await.unwrap().into_parts().0;
     let waiting = backend.wait_gone(&second);
     let mut waiting = std::pin::pin!(waiting);
     assert!(futures::poll!(&mut waiting).is_pending());
@@ -189,7 +194,7 @@ async fn granted_ttl_is_used_as_granted() {
     assert!(s.ttl() >= Duration::from_secs(1), "{:?}", s.ttl());
     let mut client = backend.client().clone();
     let ttl = client
-        .lease_time_to_live(s.lease_id().0, None)
+        .lease_time_to_live(s.lease_id().get(), None)
         .await
         .unwrap();
     assert_eq!(Duration::from_secs(ttl.granted_ttl() as u64), s.ttl());
@@ -303,7 +308,7 @@ async fn interoperates_with_etcdctl_lock() {
     assert!(line.starts_with(&format!("{name}/")), "{line}");
     let entries = backend.entries(&name).await.unwrap();
     assert_eq!(entries.len(), 1);
-    assert!(entries[0].token > token);
+    assert!(entries[0].token() > token);
     stop(&mut etcdctl).await;
     eventually("etcdctl released", || async {
         backend.entries(&name).await.unwrap().is_empty()
@@ -474,7 +479,7 @@ async fn observe_continues_across_compaction() {
     assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);
     let a = election.campaign("a").await.unwrap();
     assert!(
-        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"a")
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value() == b"a")
     );
 
     support::compact_history(backend.client(), &format!("{name}-filler")).await;
@@ -488,7 +493,7 @@ async fn observe_continues_across_compaction() {
         .await
         .unwrap();
     assert!(
-        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"b")
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value() == b"b")
     );
     b.resign().await.unwrap();
 }
@@ -535,4 +540,76 @@ async fn kept_watches_follow_recreated_keys() {
         per_cycle < 4.0,
         "{per_cycle:.2} requests per cycle: kept watches not used"
     );
+}
+
+/// A foreign key under the lock's prefix whose name is not UTF-8 is waited on by its exact
+/// bytes: the waiter watches it without polling (no request loop) and is granted once it is
+/// deleted. (Before, the key was converted lossily; the wait named a key that did not exist,
+/// returned at once, and the waiter sent about 1,500 requests a second.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_utf8_is_waited_on_not_polled() {
+    let backend = backend().await;
+    let name = test_name("not-utf8");
+    let mut raw = backend.client().clone();
+    let mut foreign = format!("{name}/").into_bytes();
+    foreign.extend_from_slice(&[0xff, 0xfe, b'x']);
+    raw.put(foreign.clone(), "foreign", None).await.unwrap();
+
+    let faulty = FaultyBackend::wrap(Arc::new(backend.clone()));
+    faulty.set_spin_guard(20, Duration::from_secs(1));
+    let s = support::session_on(faulty.clone(), SessionOptions::DEFAULT_TTL).await;
+    let waiter = tokio::spawn({
+        let (s, name) = (s.clone(), name.clone());
+        async move { Mutex::new(&s, &name).unwrap().lock().await }
+    });
+    faulty.until_count(Call::WaitGone, 1).await;
+    let entries = backend.entries(&name).await.unwrap();
+    assert_eq!(
+        entries[0].key_bytes(),
+        foreign.as_slice(),
+        "exact, and first"
+    );
+    // A window in which a spinning waiter would send hundreds of requests.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(faulty.spins(), 0, "a request loop without backoff");
+    assert!(
+        faulty.count(Call::WaitGone) + faulty.count(Call::Predecessor) <= 3,
+        "{:?}",
+        faulty.log()
+    );
+    assert!(!waiter.is_finished(), "the foreign key is older: it waits");
+    raw.delete(foreign, None).await.unwrap();
+    let guard = within(
+        "granted after the foreign key left",
+        Duration::from_secs(10),
+        waiter,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    guard.unlock().await.unwrap();
+    s.close().await.unwrap();
+}
+
+/// A session created on a runtime that then shut down (its keep-alive driver, and the etcd
+/// connection made there, gone with it) is reported lost at its deadline on another runtime.
+#[test]
+fn lost_after_the_runtime_that_renewed_it_ended() {
+    let helper = tokio::runtime::Runtime::new().unwrap();
+    let session = helper.block_on(async {
+        let backend = EtcdNode::shared().backend().await.unwrap();
+        Session::with_options(
+            backend,
+            SessionOptions::new().with_ttl(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap()
+    });
+    let ttl = session.ttl();
+    drop(helper);
+    let elsewhere = tokio::runtime::Runtime::new().unwrap();
+    let reason = elsewhere
+        .block_on(async { within("lost() at the deadline", ttl * 3, session.lost()).await });
+    assert_eq!(reason, baton::LostReason::Expired);
+    assert!(session.is_lost());
 }

@@ -86,7 +86,7 @@ async fn queued_tokens(backend: &EtcdBackend, name: &str) -> Vec<u64> {
         .await
         .unwrap()
         .iter()
-        .map(|e| e.token.get())
+        .map(|e| e.token().get())
         .collect()
 }
 
@@ -468,7 +468,7 @@ async fn lease_revoked_from_outside() {
     let s = session(&backend, ttl).await;
     let guard = hold(&s, &name, &register).await;
     let mut client = backend.client().clone();
-    client.lease_revoke(s.lease_id().0).await.unwrap();
+    client.lease_revoke(s.lease_id().get()).await.unwrap();
     let revoked_at = Instant::now();
     within("lost()", ttl / 3 + Duration::from_secs(1), guard.lost()).await;
     assert!(revoked_at.elapsed() <= ttl / 3 + Duration::from_secs(1));
@@ -531,7 +531,7 @@ async fn foreign_keys_under_the_prefix() {
         queue_contenders(&backend, &name, 2, Duration::from_secs(30), &register).await;
     let entries = backend.entries(&name).await.unwrap();
     assert_eq!(entries.len(), 6);
-    let tokens: Vec<u64> = entries.iter().map(|e| e.token.get()).collect();
+    let tokens: Vec<u64> = entries.iter().map(|e| e.token().get()).collect();
     support::assert_strictly_increasing(&tokens);
     // Remove the foreign keys newest first: nobody is granted until the oldest is gone.
     for key in foreign.iter().rev() {
@@ -578,7 +578,7 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
         keys.push(key);
     }
     let entries = backend.entries(&name).await.unwrap();
-    let tokens: Vec<u64> = entries.iter().map(|e| e.token.get()).collect();
+    let tokens: Vec<u64> = entries.iter().map(|e| e.token().get()).collect();
     let mut sorted = tokens.clone();
     sorted.sort_unstable();
     assert_eq!(tokens, sorted, "queue order is creation order");
@@ -631,7 +631,7 @@ async fn observer_resumes_after_a_broken_connection() {
         .await
         .unwrap();
     assert!(
-        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value == b"a")
+        matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value() == b"a")
     );
 
     proxy.black_hole();
@@ -659,7 +659,7 @@ async fn observer_resumes_after_a_broken_connection() {
     )
     .await;
     assert!(
-        matches!(&next, LeaderEvent::Elected(l) if l.value == b"b"),
+        matches!(&next, LeaderEvent::Elected(l) if l.value() == b"b"),
         "{next:?}"
     );
     leader_b.resign().await.unwrap();

@@ -6,6 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton::testing::{Call, Fault, FaultyBackend};
 use baton::{Backend, LostReason, MemoryBackend, Mutex, Session, SessionOptions};
 use support::{Rig, within};
 
@@ -20,12 +21,14 @@ async fn rig(test: &str) -> Rig {
 
 conformance!(super::rig; start_paused = true);
 
-/// The same suite with [`Backend::was_head`] answering "not known": every wake takes the
-/// authoritative read, as it does on etcd when a replica lags.
+/// The same suite with [`Backend::was_head`] failing (which the engine takes for "not
+/// known"): every wake takes the authoritative read, as it does on etcd when a replica lags.
 async fn rig_without_shortcut(test: &str) -> Rig {
     let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let faulty = FaultyBackend::wrap(Arc::clone(&memory));
+    faulty.inject_every(Call::WasHead, Fault::FailBefore);
     Rig {
-        backend: support::Partitionable::new(Arc::clone(&memory)).without_shortcut(),
+        backend: faulty,
         outside: memory,
         prefix: format!("mem-slow/{test}"),
     }
@@ -37,17 +40,18 @@ conformance!(mod without_shortcut; super::rig_without_shortcut; start_paused = t
 /// answers must not delay another session's, and its own session is lost at its deadline.
 #[tokio::test(start_paused = true)]
 async fn a_hung_renewal_delays_no_other_session() {
-    let backend = support::Partitionable::new(Arc::new(MemoryBackend::new()));
+    let backend = MemoryBackend::new();
+    let faulty = FaultyBackend::new(backend.clone());
     let ttl = Duration::from_secs(3);
     let options = SessionOptions::new().with_ttl(ttl);
-    let hung = Session::from_shared(backend.clone(), options.clone())
+    let hung = Session::from_shared(faulty.clone(), options.clone())
         .await
         .unwrap();
     let started = tokio::time::Instant::now();
-    let healthy = Session::from_shared(backend.clone(), options)
+    let healthy = Session::with_options(backend.clone(), options)
         .await
         .unwrap();
-    backend.hang(hung.lease_id());
+    faulty.inject_every(Call::KeepAlive, Fault::HangBefore);
     let reason = support::within("the hung session told", ttl * 2, hung.lost()).await;
     assert_eq!(reason, LostReason::Expired);
     assert!(
@@ -89,11 +93,11 @@ async fn one_driver_keeps_many_sessions() {
 /// An unlock dropped while its delete is in flight still releases the lock.
 #[tokio::test(start_paused = true)]
 async fn unlock_dropped_in_flight_still_releases() {
-    let backend = support::Partitionable::new(Arc::new(MemoryBackend::new()));
+    let backend = FaultyBackend::new(MemoryBackend::new());
     let holder = Session::from_shared(backend.clone(), SessionOptions::new())
         .await
         .unwrap();
-    let next = Session::from_shared(backend.clone(), SessionOptions::new())
+    let next = Session::from_shared(backend.inner().clone(), SessionOptions::new())
         .await
         .unwrap();
     let guard = Mutex::new(&holder, "drop-unlock")
@@ -101,15 +105,12 @@ async fn unlock_dropped_in_flight_still_releases() {
         .lock()
         .await
         .unwrap();
-    let stalled = backend.stall_deletes();
-    let unlock = guard.unlock();
-    // Polled until the delete is in flight (stalled), then dropped.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), unlock)
-            .await
-            .is_err()
-    );
-    drop(stalled);
+    backend.inject(Call::DeleteEntry, 1, Fault::HangBefore);
+    let mut unlock = Box::pin(guard.unlock());
+    // Polled until the delete is in flight (hung), then dropped.
+    support::drive_until(&mut unlock, backend.until_hung()).await;
+    drop(unlock);
+    backend.release();
     let granted = support::within(
         "the successor's grant",
         Duration::from_secs(5),
@@ -174,32 +175,82 @@ async fn one_release_wakes_one_waiter() {
     }
 }
 
+/// The session's deadline is measured from *before* each renewal was sent, so `lost()` fires
+/// no later than the server expires the lease, even when renewals are slow to answer. Here
+/// every renewal is applied at once and answered 2 s later: a deadline measured from the
+/// answer would fire 2 s after the server's expiry.
 #[tokio::test(start_paused = true)]
 async fn lost_no_later_than_server_expiry() {
     let backend = MemoryBackend::new();
+    let faulty = FaultyBackend::new(backend.clone());
     let ttl = Duration::from_secs(9);
-    let s = Session::with_options(backend.clone(), SessionOptions::new().with_ttl(ttl))
+    faulty.inject_every(Call::KeepAlive, Fault::DelayAfter(Duration::from_secs(2)));
+    let s = Session::from_shared(faulty.clone(), SessionOptions::new().with_ttl(ttl))
         .await
         .unwrap();
     let guard = Mutex::new(&s, "partition").unwrap().lock().await.unwrap();
-    // Let one renewal succeed, then cut the network.
-    tokio::time::sleep(ttl / 3 + Duration::from_millis(1)).await;
-    let renewed_by = tokio::time::Instant::now();
-    backend.set_unavailable(true);
+    // Let two slow renewals go through, then cut the network.
+    faulty.until_count(Call::KeepAlive, 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    faulty.clear();
+    faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
+    // The last renewal the server applied: the server expires the lease one TTL after it.
+    let last_applied = faulty
+        .log()
+        .iter()
+        .filter(|r| r.call == Call::KeepAlive && r.fault != Some(Fault::FailBefore))
+        .map(|r| r.at)
+        .max()
+        .unwrap();
+    let server_expiry = last_applied + ttl;
     let reason = guard.lost().await;
     assert_eq!(reason, LostReason::Expired);
     let lost_at = tokio::time::Instant::now();
-    // The server still has the lease (it was renewed at ttl/3): the session gave up first.
     assert!(
-        lost_at <= renewed_by + ttl,
-        "lost() fired after the server's expiry"
+        lost_at <= server_expiry,
+        "lost() fired {:?} after the server's expiry",
+        lost_at - server_expiry
     );
-    backend.set_unavailable(false);
-    // And the server expires it on its own clock afterwards.
+    // And the server expires it on its own clock.
+    faulty.clear();
     support::eventually("server-side expiry", || async {
         backend.entries("partition").await.unwrap().is_empty()
     })
     .await;
+}
+
+/// A session whose keep-alive runtime shut down (created inside a helper runtime's
+/// `block_on`, used elsewhere) is no longer renewed: it must still be reported lost at its
+/// deadline, by `lost()` and `is_lost()`, wherever they run.
+#[test]
+fn lost_after_the_runtime_that_renewed_it_ended() {
+    let backend = MemoryBackend::new();
+    let ttl = Duration::from_secs(1);
+    let helper = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let session = helper
+        .block_on(Session::with_options(
+            backend.clone(),
+            SessionOptions::new().with_ttl(ttl),
+        ))
+        .unwrap();
+    let created = std::time::Instant::now();
+    drop(helper);
+    assert!(!session.is_lost());
+    let elsewhere = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let reason = elsewhere.block_on(async {
+        tokio::time::timeout(ttl * 5, session.lost())
+            .await
+            .expect("lost() must fire at the deadline")
+    });
+    assert_eq!(reason, LostReason::Expired);
+    assert!(created.elapsed() >= ttl, "not before the deadline");
+    assert!(session.is_lost());
 }
 
 #[tokio::test(start_paused = true)]
@@ -241,10 +292,18 @@ async fn waiting_futures_stay_small() {
         std::mem::size_of_val(&unlock)
     );
     unlock.await.unwrap();
+    // Not kept by waiters (the engine waits on the recorded loss only); it carries a timer
+    // for the session's deadline, boxed.
     let lost = session.lost();
     assert!(
-        std::mem::size_of_val(&lost) <= 128,
+        std::mem::size_of_val(&lost) <= 160,
         "lost(): {} bytes",
+        std::mem::size_of_val(&lost)
+    );
+    eprintln!(
+        "lock() {} B, guard {} B, lost() {} B",
+        std::mem::size_of_val(&mutex.lock()),
+        std::mem::size_of::<baton::MutexGuard>(),
         std::mem::size_of_val(&lost)
     );
 }
@@ -252,19 +311,30 @@ async fn waiting_futures_stay_small() {
 #[test]
 fn guards_and_futures_are_send_and_sync() {
     fn send_sync<T: Send + Sync>(_: &T) {}
-    fn send<T: Send>(_: &T) {}
-    fn check(m: &Mutex) {
-        send(&m.lock());
-        send(&m.try_lock());
+    fn check(m: &Mutex, e: &baton::Election) {
+        send_sync(&m.lock());
+        send_sync(&m.try_lock());
+        send_sync(&e.campaign("v"));
+        send_sync(&e.leader());
     }
     let _ = check;
-    fn guard_is_send_sync(g: &baton::MutexGuard) {
-        send_sync(g);
-        send(&g.lost());
+    fn guard_is_send_sync(g: baton::MutexGuard, l: baton::Leadership) {
+        send_sync(&g);
+        send_sync(&g.lost());
+        send_sync(&g.is_owner());
+        send_sync(&g.write(&[]));
+        send_sync(&g.unlock());
+        send_sync(&l.lost());
+        send_sync(&l.resign());
     }
     let _ = guard_is_send_sync;
+    fn proclaim_is_send_sync(l: &mut baton::Leadership) {
+        send_sync(&l.proclaim("v"));
+    }
+    let _ = proclaim_is_send_sync;
     fn session_is_send_sync(s: &Session) {
         send_sync(s);
+        send_sync(&s.lost());
     }
     let _ = session_is_send_sync;
 }
@@ -282,25 +352,26 @@ async fn observers_never_report_heads_between_changes_of_one_revision() {
             .grant_lease(Duration::from_secs(60))
             .await
             .unwrap()
-            .id;
+            .id();
         entries.push(
             backend
                 .enqueue("q", tag, lease, tag.as_bytes())
                 .await
                 .unwrap()
-                .entry,
+                .into_parts()
+                .0,
         );
     }
     let s = Session::new(backend.clone()).await.unwrap();
     let mut events = Election::new(&s, "q").unwrap().observe();
     let first = support::next_event(&mut events).await;
-    assert!(matches!(first, LeaderEvent::Elected(l) if l.value == b"a"));
+    assert!(matches!(first, LeaderEvent::Elected(l) if l.value() == b"a"));
     // One transaction deletes a and b.
     let ops = [WriteOp::delete("q/a"), WriteOp::delete("q/b")];
     assert!(backend.guarded(&entries[2], &ops).await.unwrap());
     let next = support::next_event(&mut events).await;
     assert!(
-        matches!(&next, LeaderEvent::Elected(l) if l.value == b"c"),
+        matches!(&next, LeaderEvent::Elected(l) if l.value() == b"c"),
         "{next:?}"
     );
 }

@@ -1,7 +1,7 @@
 //! Property tests on the memory backend under paused time: random interleavings of lock,
 //! try_lock, unlock, cancel, lease expiry and session loss never violate mutual exclusion,
-//! never grant out of token order, and leave no keys. Plus no-panic properties for
-//! everything that parses input from outside.
+//! never grant out of token order, and leave no keys (checked after every step, while the
+//! sessions live). Plus no-panic properties for everything that parses input from outside.
 
 use std::time::Duration;
 
@@ -105,6 +105,23 @@ impl Model {
         }
     }
 
+    /// Nothing left behind: a live session that holds and waits for nothing has no key, once
+    /// its background cleanups are done (checked while it lives, so its lease cannot hide a
+    /// leak).
+    async fn check_nothing_left(&self) {
+        for slot in &self.slots {
+            if matches!(slot.state, State::Idle) && !slot.session.is_lost() {
+                slot.session.settled().await;
+                let key = format!("{LOCK}/{}", slot.session.lease_id());
+                let left = self.backend.entries(LOCK).await.unwrap();
+                assert!(
+                    left.iter().all(|e| e.key() != key),
+                    "an idle live session left its key behind"
+                );
+            }
+        }
+    }
+
     /// Mutual exclusion: live holders own their keys, at most one does, zombies own nothing.
     async fn check(&self) {
         let mut owners = 0;
@@ -168,13 +185,17 @@ impl Model {
                 }
             }
             Op::Unlock(i) => {
-                if let State::Holding(g) = std::mem::replace(&mut self.slots[i].state, State::Idle)
+                if matches!(self.slots[i].state, State::Holding(_))
+                    && let State::Holding(g) =
+                        std::mem::replace(&mut self.slots[i].state, State::Idle)
                 {
                     g.unlock().await.unwrap();
                 }
             }
             Op::Cancel(i) => {
-                if let State::Waiting(h) = std::mem::replace(&mut self.slots[i].state, State::Idle)
+                if matches!(self.slots[i].state, State::Waiting(_))
+                    && let State::Waiting(h) =
+                        std::mem::replace(&mut self.slots[i].state, State::Idle)
                 {
                     h.abort();
                     let _ = h.await;
@@ -222,8 +243,9 @@ fn run(ops: Vec<Op>) {
             model.apply(op).await;
             model.settle().await;
             model.check().await;
+            model.check_nothing_left().await;
         }
-        // Everyone leaves: nothing may remain.
+        // Everyone leaves: nothing may remain, checked while every session still lives.
         for slot in &mut model.slots {
             match std::mem::replace(&mut slot.state, State::Idle) {
                 State::Holding(g) => g.unlock().await.unwrap(),
@@ -234,17 +256,17 @@ fn run(ops: Vec<Op>) {
                 State::Idle => {}
             }
         }
+        // Lost sessions' keys end with their leases, on the server's clock.
         model.zombies.clear();
+        tokio::time::sleep(TTL).await;
+        for slot in &model.slots {
+            slot.session.settled().await;
+            assert!(!slot.session.is_lost());
+        }
+        assert_eq!(model.backend.key_count(), 0, "keys left behind");
         for slot in &model.slots {
             slot.session.close().await.unwrap();
         }
-        for _ in 0..100 {
-            if model.backend.key_count() == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(model.backend.key_count(), 0, "keys left behind");
     });
 }
 

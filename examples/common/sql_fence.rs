@@ -94,10 +94,10 @@ impl Fence for SqliteFence {
         if changed == 1 {
             return Ok(());
         }
-        let highest = current.map_or(0, |(h, _)| h.get());
+        let highest = current.map_or(FencingToken::new(0), |(h, _)| h);
         Err(Error::StaleToken {
             resource: resource.to_owned(),
-            token: token.get(),
+            token,
             highest,
         })
     }

@@ -1,5 +1,6 @@
 //! [`EtcdBackend`]: the [`Backend`] trait on etcd, with the key layout of etcd's Go recipes.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,14 +11,14 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::etcd_watch::{Fired, WatchHub};
+use super::etcd_watch::{EtcdTransport, Fired, WatchHub};
 use super::{
-    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
-    WriteOp, queue_of, receiver_stream,
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
+    QueueMirror, WriteOp, queue_of_bytes,
 };
 use crate::error::{BoxError, Error, LostReason, Result};
 
@@ -122,7 +123,7 @@ struct Shared {
     client: Client,
     options: EtcdOptions,
     endpoints: Vec<String>,
-    watches: WatchHub,
+    watches: WatchHub<EtcdTransport>,
     requests: Arc<AtomicU64>,
 }
 
@@ -238,15 +239,19 @@ impl EtcdBackend {
                 Error::Backend { source, .. } => connect_error(source),
                 other => other,
             }),
-            Ok(Ok(_)) => Ok(EtcdBackend {
-                inner: Arc::new(Shared {
-                    client,
-                    options,
-                    endpoints,
-                    watches: WatchHub::default(),
-                    requests: Arc::default(),
-                }),
-            }),
+            Ok(Ok(_)) => {
+                let requests = Arc::new(AtomicU64::new(0));
+                let transport = EtcdTransport(client.clone());
+                Ok(EtcdBackend {
+                    inner: Arc::new(Shared {
+                        client,
+                        options,
+                        endpoints,
+                        watches: WatchHub::new(transport, Arc::clone(&requests)),
+                        requests,
+                    }),
+                })
+            }
         }
     }
 
@@ -324,7 +329,7 @@ impl EtcdBackend {
         ops: Vec<TxnOp>,
     ) -> Result<TxnResponse> {
         let cmp =
-            Compare::create_revision(entry.key.as_str(), CompareOp::Equal, revision(entry.token));
+            Compare::create_revision(entry.key_bytes(), CompareOp::Equal, revision(entry.token()));
         self.txn(op, Txn::new().when([cmp]).and_then(ops)).await
     }
 }
@@ -335,18 +340,26 @@ fn revision(token: FencingToken) -> i64 {
 
 fn to_entry(kv: &KeyValue) -> Entry {
     let create = u64::try_from(kv.create_revision()).unwrap_or(0);
-    Entry {
-        // Foreign clients may write keys that are not UTF-8; keep them visible and ordered.
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        value: kv.value().to_vec(),
-        position: Position::new(create),
-        token: FencingToken::new(create),
-        lease: (kv.lease() != 0).then_some(LeaseId(kv.lease())),
-    }
+    // The exact key: foreign clients may write keys that are not UTF-8, and a wait or a
+    // compare on a lossy copy of such a key would name a key that does not exist.
+    Entry::new(
+        kv.key(),
+        kv.value(),
+        Position::new(create),
+        FencingToken::new(create),
+        (kv.lease() != 0).then_some(LeaseId::new(kv.lease())),
+    )
 }
 
 fn queue_prefix(queue: &str) -> String {
     format!("{queue}/")
+}
+
+/// The prefix of the queue an entry belongs to (`<queue>/`), from its exact key.
+fn prefix_of(entry: &Entry) -> Vec<u8> {
+    let mut prefix = queue_of_bytes(entry.key_bytes()).to_vec();
+    prefix.push(b'/');
+    prefix
 }
 
 fn oldest_first(limit: i64) -> GetOptions {
@@ -395,17 +408,17 @@ impl Backend for EtcdBackend {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        Ok(Lease {
-            id: LeaseId(resp.id()),
-            ttl: Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0)),
-        })
+        Ok(Lease::new(
+            LeaseId::new(resp.id()),
+            Duration::from_secs(u64::try_from(resp.ttl()).unwrap_or(0)),
+        ))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
         let result = self
             .call("keep_alive", |mut c| async move {
                 // Opening the stream renews once; renew again to learn the TTL.
-                let (mut keeper, mut stream) = c.lease_keep_alive(lease.0).await?;
+                let (mut keeper, mut stream) = c.lease_keep_alive(lease.get()).await?;
                 keeper.keep_alive().await?;
                 // A stream that ends without an answer says nothing about the lease: a
                 // transient failure, retried, never "lease gone".
@@ -428,7 +441,7 @@ impl Backend for EtcdBackend {
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
         let result = self
             .call("revoke_lease", |mut c| async move {
-                c.lease_revoke(lease.0).await
+                c.lease_revoke(lease.get()).await
             })
             .await;
         match result {
@@ -454,7 +467,7 @@ impl Backend for EtcdBackend {
                 TxnOp::put(
                     key.as_str(),
                     value,
-                    Some(PutOptions::new().with_lease(lease.0)),
+                    Some(PutOptions::new().with_lease(lease.get())),
                 ),
             ])
             .or_else([
@@ -467,41 +480,44 @@ impl Backend for EtcdBackend {
             let rev = resp.header().map_or(0, |h| h.revision());
             let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
             let predecessor = first_kv(ops.first());
-            return Ok(Enqueued {
-                entry: Entry {
-                    key,
-                    value: value.to_vec(),
-                    position: Position::new(rev),
-                    token: FencingToken::new(rev),
-                    lease: Some(lease),
-                },
-                is_head: predecessor.is_none(),
-                predecessor,
-            });
+            let entry = Entry::new(
+                key,
+                value,
+                Position::new(rev),
+                FencingToken::new(rev),
+                Some(lease),
+            );
+            return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
         }
         // Deleted between the compare and the read cannot happen inside a transaction.
         let entry = first_kv(ops.first()).ok_or_else(|| malformed("enqueue"))?;
-        let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token == entry.token);
-        Ok(Enqueued {
-            entry,
-            is_head,
-            predecessor: None,
-        })
+        let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token() == entry.token());
+        Ok(Enqueued::new(entry, is_head, None))
+    }
+
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        let key = format!("{queue}/{tag}");
+        let resp = self
+            .call("find_entry", |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        Ok(resp.kvs().first().map(to_entry))
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
-        let queue = queue_of(&mine.key);
-        let before = newest_first(1).with_max_create_revision(revision(mine.token) - 1);
+        let before = newest_first(1).with_max_create_revision(revision(mine.token()) - 1);
         let resp = self
             .if_live(
                 "predecessor",
                 mine,
-                vec![TxnOp::get(queue_prefix(queue), Some(before))],
+                vec![TxnOp::get(prefix_of(mine), Some(before))],
             )
             .await?;
         if !resp.succeeded() {
             return Err(Error::EntryGone {
-                key: mine.key.clone(),
+                key: mine.key().to_owned(),
             });
         }
         Ok(first_kv(resp.op_responses().first()))
@@ -513,23 +529,23 @@ impl Backend for EtcdBackend {
         // usually is), which is most of a handoff's cost on a busy lock. Trusted only when it
         // shows `mine` and nothing older; a lagging member shows the predecessor still there
         // or `mine` not yet, and the caller falls back to the linearizable read.
-        let queue = queue_of(&mine.key);
+        let prefix = prefix_of(mine);
         // Keys and revisions are all it looks at: no values (an election's can be large).
         let newest_two = newest_first(2)
-            .with_max_create_revision(revision(mine.token))
+            .with_max_create_revision(revision(mine.token()))
             .with_keys_only()
             .with_serializable();
         // One attempt: a failed hint is "not known", and the authoritative read that
         // follows it has the retries.
         let resp = self
             .call_within("was_head", Duration::ZERO, |mut c| {
-                let (prefix, options) = (queue_prefix(queue), newest_two.clone());
+                let (prefix, options) = (prefix.clone(), newest_two.clone());
                 async move { c.get(prefix, Some(options)).await }
             })
             .await?;
         Ok(match resp.kvs() {
             [only] => {
-                only.create_revision() == revision(mine.token) && only.key() == mine.key.as_bytes()
+                only.create_revision() == revision(mine.token()) && only.key() == mine.key_bytes()
             }
             _ => false,
         })
@@ -541,14 +557,12 @@ impl Backend for EtcdBackend {
         // point is delivered.
         let mut backoff = Duration::from_millis(25);
         loop {
-            let registration = self.inner.watches.register(
-                &self.inner.client,
-                &entry.key,
-                revision(entry.token),
-                Arc::clone(&self.inner.requests),
-            );
+            let registration = self
+                .inner
+                .watches
+                .register(entry.key_bytes(), revision(entry.token()));
             let Ok(coverage) = registration.ready.await else {
-                tracing::debug!(key = %entry.key, ?backoff, "watch not established; retrying");
+                tracing::debug!(key = %entry.key(), ?backoff, "watch not established; retrying");
                 Box::pin(tokio::time::sleep(backoff)).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
@@ -558,7 +572,7 @@ impl Backend for EtcdBackend {
             // where the predecessor's key name is watched from one cycle to the next.
             // (The read is boxed: this future is parked on `fired` for as long as the wait
             // lasts, and should not carry a request's size all that time.)
-            let covered = coverage.since.is_some_and(|w| revision(entry.token) > w);
+            let covered = coverage.since.is_some_and(|w| revision(entry.token()) > w);
             if !covered
                 && !Box::pin(self.if_live("wait_gone", entry, vec![]))
                     .await?
@@ -569,7 +583,7 @@ impl Backend for EtcdBackend {
             match registration.fired.await {
                 Ok(Fired::Gone) => return Ok(()),
                 Ok(Fired::Recheck) | Err(_) => {
-                    tracing::debug!(key = %entry.key, "watch lost; re-reading and watching again");
+                    tracing::debug!(key = %entry.key(), "watch lost; re-reading and watching again");
                 }
             }
         }
@@ -584,13 +598,16 @@ impl Backend for EtcdBackend {
     }
 
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
-        self.guarded(entry, &[WriteOp::delete(entry.key.clone())])
-            .await
+        let delete = TxnOp::delete(entry.key_bytes(), None);
+        Ok(self
+            .if_live("delete_entry", entry, vec![delete])
+            .await?
+            .succeeded())
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
         let put = TxnOp::put(
-            entry.key.as_str(),
+            entry.key_bytes(),
             value,
             Some(PutOptions::new().with_ignore_lease()),
         );
@@ -621,115 +638,165 @@ impl Backend for EtcdBackend {
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
         let resp = self
             .call("lease_ttl", |mut c| async move {
-                c.lease_time_to_live(lease.0, None).await
+                c.lease_time_to_live(lease.get(), None).await
             })
             .await?;
         // etcd answers -1 for a lease it does not know.
         Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
     }
 
-    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>> {
-        let (tx, rx) = mpsc::channel(16);
-        let (backend, queue) = (self.clone(), queue.to_owned());
-        tokio::spawn(async move {
-            tokio::select! {
-                () = backend.observe_loop(&queue, &tx) => {}
-                () = tx.closed() => {}
-            }
-        });
-        receiver_stream(rx)
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
+        let observer = Observer {
+            backend: self.clone(),
+            prefix: queue_prefix(queue),
+            mirror: QueueMirror::default(),
+            pending: VecDeque::new(),
+            resume_from: None,
+            stream: None,
+            next: 0,
+            snapshotted: false,
+            delay: None,
+            backoff: Duration::from_millis(25),
+        };
+        futures::stream::unfold(observer, |mut o| async move {
+            let event = o.next_event().await;
+            Some((event, o))
+        })
+        .boxed()
     }
 }
 
-impl EtcdBackend {
-    /// Feeds `tx` with head changes of `queue` until the receiver is dropped: a snapshot,
-    /// then a prefix watch from the snapshot's revision. A broken stream is resumed from the
-    /// last revision seen; a compacted one starts over with a fresh snapshot.
-    async fn observe_loop(&self, queue: &str, tx: &mpsc::Sender<Result<Option<Entry>>>) {
-        let prefix = queue_prefix(queue);
-        let mut mirror = QueueMirror::default();
-        let mut backoff = Duration::from_millis(25);
-        let mut resume_from: Option<i64> = None;
+/// The state of one [`Backend::observe_head`] stream: a copy of the queue kept from a
+/// snapshot plus a prefix watch, driven by whoever polls the stream (no task of its own).
+///
+/// While the consumer does not poll, etcd holds the watch's events; a consumer that falls far
+/// behind is caught up from etcd's history, so nothing is lost unless that history is
+/// compacted meanwhile. Then the watch is canceled, the observer reports
+/// [`HeadEvent::Skipped`] and starts again from a snapshot.
+struct Observer {
+    backend: EtcdBackend,
+    prefix: String,
+    mirror: QueueMirror,
+    /// Events worked out but not yet handed out (one watch response can hold several).
+    pending: VecDeque<Result<HeadEvent>>,
+    /// Where the watch resumes: `None` means a snapshot is needed first.
+    resume_from: Option<i64>,
+    stream: Option<etcd_client::WatchStream>,
+    /// The first revision not yet seen.
+    next: i64,
+    /// A snapshot was reported: starting over from another one skips what came between.
+    snapshotted: bool,
+    /// Wait this long before the next attempt (after a failure).
+    delay: Option<Duration>,
+    backoff: Duration,
+}
+
+impl Observer {
+    async fn next_event(&mut self) -> Result<HeadEvent> {
         loop {
-            let start = match resume_from {
-                Some(rev) => rev,
-                None => {
-                    let snapshot = self
-                        .call("observe", |mut c| {
-                            let prefix = prefix.clone();
-                            async move { c.get(prefix, Some(oldest_first(0))).await }
-                        })
-                        .await;
-                    let resp = match snapshot {
-                        Ok(resp) => resp,
-                        Err(e) => {
-                            if tx.send(Err(e)).await.is_err() {
-                                return;
-                            }
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(1));
-                            continue;
-                        }
-                    };
-                    mirror.reset(resp.kvs().iter().map(to_entry).collect());
-                    if !mirror.report(tx).await {
-                        return;
-                    }
-                    resp.header().map_or(0, |h| h.revision()) + 1
-                }
+            if let Some(event) = self.pending.pop_front() {
+                return event;
+            }
+            if let Some(delay) = self.delay.take() {
+                tokio::time::sleep(delay).await;
+            }
+            self.step().await?;
+        }
+    }
+
+    fn failed(&mut self) {
+        self.delay = Some(self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+    }
+
+    /// One step: take a snapshot, open the watch, or read one response.
+    async fn step(&mut self) -> Result<()> {
+        let Some(stream) = self.stream.as_mut() else {
+            let Some(start) = self.resume_from else {
+                return self.snapshot().await;
             };
             let options = WatchOptions::new().with_prefix().with_start_revision(start);
-            let mut client = self.inner.client.clone();
-            let mut stream = match client.watch(prefix.as_str(), Some(options)).await {
-                Ok(stream) => stream,
+            let mut client = self.backend.inner.client.clone();
+            match client.watch(self.prefix.as_str(), Some(options)).await {
+                Ok(stream) => {
+                    self.stream = Some(stream);
+                    self.next = start;
+                }
                 Err(e) => {
-                    tracing::debug!(%queue, error = %e, "observe: watch failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    resume_from = Some(start);
-                    continue;
-                }
-            };
-            let mut next = start;
-            loop {
-                let resp = match stream.message().await {
-                    Ok(Some(resp)) => resp,
-                    Ok(None) | Err(_) => {
-                        // Broken: resume from the first revision not yet seen.
-                        resume_from = Some(next);
-                        break;
-                    }
-                };
-                if resp.canceled() {
-                    // Compacted (or refused): nothing to resume from, take a snapshot.
-                    tracing::debug!(%queue, compact = resp.compact_revision(), "observe: watch canceled; re-reading");
-                    resume_from = None;
-                    break;
-                }
-                backoff = Duration::from_millis(25);
-                let events = resp.events();
-                for (i, ev) in events.iter().enumerate() {
-                    let Some(kv) = ev.kv() else { continue };
-                    next = next.max(kv.mod_revision() + 1);
-                    mirror.apply(match ev.event_type() {
-                        EventType::Put => QueueChange::Put(to_entry(kv)),
-                        EventType::Delete => {
-                            QueueChange::Delete(String::from_utf8_lossy(kv.key()).into_owned())
-                        }
-                    });
-                    // Report once a revision is complete: the events of one transaction
-                    // (a lease revoke, a prefix delete) share a revision, and the heads in
-                    // between never existed.
-                    let revision_done = events
-                        .get(i + 1)
-                        .and_then(|n| n.kv())
-                        .is_none_or(|n| n.mod_revision() != kv.mod_revision());
-                    if revision_done && !mirror.report(tx).await {
-                        return;
-                    }
+                    tracing::debug!(prefix = %self.prefix, error = %e, "observe: watch failed; retrying");
+                    self.failed();
                 }
             }
+            return Ok(());
+        };
+        let resp = match stream.message().await {
+            Ok(Some(resp)) => resp,
+            Ok(None) | Err(_) => {
+                // Broken: resume from the first revision not yet seen, losing nothing.
+                self.stream = None;
+                self.resume_from = Some(self.next);
+                self.failed();
+                return Ok(());
+            }
+        };
+        if resp.canceled() {
+            // Compacted (or refused): the events in between cannot be replayed.
+            tracing::debug!(prefix = %self.prefix, compact = resp.compact_revision(), "observe: watch canceled; re-reading");
+            self.stream = None;
+            self.resume_from = None;
+            return Ok(());
         }
+        self.backoff = Duration::from_millis(25);
+        let events = resp.events();
+        for (i, ev) in events.iter().enumerate() {
+            let Some(kv) = ev.kv() else { continue };
+            self.next = self.next.max(kv.mod_revision() + 1);
+            self.mirror.apply(match ev.event_type() {
+                EventType::Put => QueueChange::Put(to_entry(kv)),
+                EventType::Delete => QueueChange::Delete(kv.key().to_vec()),
+            });
+            // Report once a revision is complete: the events of one transaction (a lease
+            // revoke, a prefix delete) share a revision, and the heads in between never
+            // existed.
+            let revision_done = events
+                .get(i + 1)
+                .and_then(|n| n.kv())
+                .is_none_or(|n| n.mod_revision() != kv.mod_revision());
+            if revision_done && let Some(head) = self.mirror.head_change() {
+                self.pending.push_back(Ok(head));
+            }
+        }
+        self.resume_from = Some(self.next);
+        Ok(())
+    }
+
+    async fn snapshot(&mut self) -> Result<()> {
+        let prefix = self.prefix.clone();
+        let snapshot = self
+            .backend
+            .call("observe", |mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(oldest_first(0))).await }
+            })
+            .await;
+        let resp = match snapshot {
+            Ok(resp) => resp,
+            Err(e) => {
+                self.failed();
+                return Err(e);
+            }
+        };
+        self.mirror.reset(resp.kvs().iter().map(to_entry).collect());
+        if self.snapshotted {
+            self.pending.push_back(Ok(HeadEvent::Skipped));
+            self.mirror.forget_reported();
+        }
+        self.snapshotted = true;
+        if let Some(head) = self.mirror.head_change() {
+            self.pending.push_back(Ok(head));
+        }
+        self.resume_from = Some(resp.header().map_or(0, |h| h.revision()) + 1);
+        Ok(())
     }
 }
 

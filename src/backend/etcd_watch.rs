@@ -6,17 +6,24 @@
 //! FIFO queue a contender's predecessor is usually the same key from one cycle to the next,
 //! so the next wait finds its watch already registered and synced on the server. That keeps
 //! handoffs off etcd's catch-up loop for newly created watches (up to 100 ms).
+//!
+//! The driver talks to etcd through [`Transport`], a seam of three calls (open a stream with
+//! a first watch, add a watch, cancel one), so that its bookkeeping is tested against
+//! scripted streams that break exactly where a test wants.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender, WatchResponseStream,
-};
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchRequestSender};
 use futures::StreamExt;
+use futures::stream::BoxStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+
+use crate::error::BoxError;
 
 /// How long a watch is kept after its last waiter finished.
 pub(crate) const LINGER: Duration = Duration::from_secs(30);
@@ -46,32 +53,152 @@ pub(crate) struct Registration {
     pub(crate) fired: oneshot::Receiver<Fired>,
 }
 
+/// One response of the watch stream, reduced to what the driver reads.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Msg {
+    pub(crate) watch_id: i64,
+    pub(crate) created: bool,
+    pub(crate) canceled: bool,
+    /// The header's revision.
+    pub(crate) revision: Option<i64>,
+    pub(crate) changes: Vec<Change>,
+}
+
+/// One event of a watched key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Change {
+    /// Deleted at this revision (`None`: not known).
+    Deleted(Option<i64>),
+    /// A new incarnation, created at this revision.
+    Created(i64),
+}
+
+impl From<etcd_client::WatchResponse> for Msg {
+    fn from(resp: etcd_client::WatchResponse) -> Msg {
+        let changes = resp
+            .events()
+            .iter()
+            .filter_map(|ev| match ev.event_type() {
+                EventType::Delete => Some(Change::Deleted(
+                    ev.kv().map(|kv| kv.mod_revision()).filter(|&r| r > 0),
+                )),
+                EventType::Put => ev.kv().map(|kv| Change::Created(kv.create_revision())),
+            })
+            .collect();
+        Msg {
+            watch_id: resp.watch_id(),
+            created: resp.created(),
+            canceled: resp.canceled(),
+            revision: resp.header().map(|h| h.revision()),
+            changes,
+        }
+    }
+}
+
+/// The responses of one watch stream.
+pub(crate) type Responses = BoxStream<'static, Result<Msg, BoxError>>;
+
+/// How the driver reaches the server.
+pub(crate) trait Transport: Clone + Send + Sync + 'static {
+    /// Adds watches to, and cancels watches of, an open stream.
+    type Sender: RequestSender;
+
+    /// Opens a new stream whose first watch is `key`, with client-chosen id `watch_id`.
+    fn open(
+        &mut self,
+        key: &[u8],
+        watch_id: i64,
+    ) -> impl Future<Output = Result<(Self::Sender, Responses), BoxError>> + Send;
+}
+
+/// The request half of an open stream.
+pub(crate) trait RequestSender: Send + 'static {
+    /// Adds a watch on `key` to the stream. An error means the stream is broken.
+    fn watch(
+        &mut self,
+        key: &[u8],
+        watch_id: i64,
+    ) -> impl Future<Output = Result<(), BoxError>> + Send;
+
+    /// Cancels a watch of the stream. An error means the stream is broken.
+    fn cancel(&mut self, watch_id: i64) -> impl Future<Output = Result<(), BoxError>> + Send;
+}
+
+/// The watches the driver asks etcd for: deletions only, so that a kept watch is not woken
+/// (and costs no event) when its key is created again for the next cycle; no previous values,
+/// because the deletion's revision tells what ended and fetching the previous value is a read
+/// on the server between the deletion and its event, on every handoff.
+fn watch_options(watch_id: i64) -> WatchOptions {
+    WatchOptions::new()
+        .with_filters([WatchFilterType::NoPut])
+        .with_watch_id(watch_id)
+}
+
+/// The real transport: etcd-client's bidirectional watch stream.
+#[derive(Clone)]
+pub(crate) struct EtcdTransport(pub(crate) Client);
+
+impl Transport for EtcdTransport {
+    type Sender = WatchRequestSender;
+
+    async fn open(
+        &mut self,
+        key: &[u8],
+        watch_id: i64,
+    ) -> Result<(WatchRequestSender, Responses), BoxError> {
+        let stream = self.0.watch(key, Some(watch_options(watch_id))).await?;
+        let (sender, responses) = stream.split();
+        let responses = responses.map(|r| r.map(Msg::from).map_err(BoxError::from));
+        Ok((sender, responses.boxed()))
+    }
+}
+
+impl RequestSender for WatchRequestSender {
+    async fn watch(&mut self, key: &[u8], watch_id: i64) -> Result<(), BoxError> {
+        Ok(WatchRequestSender::watch(self, key, Some(watch_options(watch_id))).await?)
+    }
+
+    async fn cancel(&mut self, watch_id: i64) -> Result<(), BoxError> {
+        Ok(WatchRequestSender::cancel(self, watch_id).await?)
+    }
+}
+
 struct Cmd {
-    key: String,
+    key: Arc<[u8]>,
     create_revision: i64,
     ready: oneshot::Sender<Coverage>,
     fired: oneshot::Sender<Fired>,
 }
 
 /// The handle the backend keeps; the driver is (re)started on first use.
-#[derive(Debug, Default)]
-pub(crate) struct WatchHub {
+pub(crate) struct WatchHub<T: Transport> {
+    transport: T,
+    /// Requests sent, shared with the backend's counter (each watch creation counts).
+    counter: Arc<AtomicU64>,
     tx: StdMutex<Option<mpsc::UnboundedSender<Cmd>>>,
 }
 
-impl WatchHub {
+impl<T: Transport> std::fmt::Debug for WatchHub<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchHub").finish_non_exhaustive()
+    }
+}
+
+impl<T: Transport> WatchHub<T> {
+    pub(crate) fn new(transport: T, counter: Arc<AtomicU64>) -> Self {
+        WatchHub {
+            transport,
+            counter,
+            tx: StdMutex::new(None),
+        }
+    }
+
     /// Registers interest in the deletion of `key` at `create_revision`.
-    pub(crate) fn register(
-        &self,
-        client: &Client,
-        key: &str,
-        create_revision: i64,
-        counter: Arc<std::sync::atomic::AtomicU64>,
-    ) -> Registration {
+    pub(crate) fn register(&self, key: &[u8], create_revision: i64) -> Registration {
         let (ready_tx, ready) = oneshot::channel();
         let (fired_tx, fired) = oneshot::channel();
         let mut cmd = Cmd {
-            key: key.to_owned(),
+            key: key.into(),
             create_revision,
             ready: ready_tx,
             fired: fired_tx,
@@ -86,7 +213,8 @@ impl WatchHub {
                 }
             }
             let (sender, rx) = mpsc::unbounded_channel();
-            tokio::spawn(Driver::new(client.clone(), counter.clone()).run(rx));
+            let driver = Driver::new(self.transport.clone(), Arc::clone(&self.counter));
+            tokio::spawn(driver.run(rx));
             *tx = Some(sender);
         }
         Registration { ready, fired }
@@ -137,20 +265,31 @@ impl KeyWatch {
     }
 }
 
-struct Driver {
-    client: Client,
-    counter: Arc<std::sync::atomic::AtomicU64>,
-    sender: Option<WatchRequestSender>,
-    next_id: i64,
-    /// One key name, shared by both maps: there is an entry per waiter at scale.
-    keys: HashMap<Arc<str>, KeyWatch>,
-    by_id: HashMap<i64, Arc<str>>,
+/// What a command or a sweep did to the stream.
+enum StreamChange {
+    Unchanged,
+    /// A new stream was opened: read its responses from now on.
+    Opened(Responses),
+    /// The stream broke: stop reading it (every watch on it was reset).
+    Broken,
 }
 
-impl Driver {
-    fn new(client: Client, counter: Arc<std::sync::atomic::AtomicU64>) -> Self {
+struct Driver<T: Transport> {
+    transport: T,
+    counter: Arc<AtomicU64>,
+    /// The open stream's request half. When it is `None`, no watch is registered: every
+    /// path that drops it also forgets every watch (see [`Driver::reset`]).
+    sender: Option<T::Sender>,
+    next_id: i64,
+    /// One key name, shared by both maps: there is an entry per waiter at scale.
+    keys: HashMap<Arc<[u8]>, KeyWatch>,
+    by_id: HashMap<i64, Arc<[u8]>>,
+}
+
+impl<T: Transport> Driver<T> {
+    fn new(transport: T, counter: Arc<AtomicU64>) -> Self {
         Driver {
-            client,
+            transport,
             counter,
             sender: None,
             next_id: 1,
@@ -160,38 +299,42 @@ impl Driver {
     }
 
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
-        let mut responses: Option<WatchResponseStream> = None;
+        let mut responses: Option<Responses> = None;
         let mut sweep = tokio::time::interval(LINGER / 3);
         loop {
-            tokio::select! {
+            let change = tokio::select! {
                 cmd = rx.recv() => match cmd {
-                    Some(cmd) => {
-                        if let Some(stream) = self.handle(cmd).await {
-                            responses = Some(stream);
-                        }
-                    }
+                    Some(cmd) => self.handle(cmd).await,
                     None => return,
                 },
                 msg = async { responses.as_mut()?.next().await }, if responses.is_some() => match msg {
-                    Some(Ok(resp)) => self.on_response(resp),
+                    Some(Ok(msg)) => {
+                        self.on_response(msg);
+                        StreamChange::Unchanged
+                    }
                     Some(Err(e)) => {
                         tracing::debug!(error = %e, "watch stream broke; waiters re-read");
-                        responses = None;
                         self.reset();
+                        StreamChange::Broken
                     }
                     None => {
-                        responses = None;
                         self.reset();
+                        StreamChange::Broken
                     }
                 },
                 _ = sweep.tick() => self.sweep().await,
+            };
+            match change {
+                StreamChange::Unchanged => {}
+                StreamChange::Opened(stream) => responses = Some(stream),
+                StreamChange::Broken => responses = None,
             }
         }
     }
 
-    /// Registers a waiter; opens the stream if needed (returned to the caller's loop).
-    async fn handle(&mut self, cmd: Cmd) -> Option<WatchResponseStream> {
-        if let Some(w) = self.keys.get_mut(cmd.key.as_str()) {
+    /// Registers a waiter; opens the stream if needed.
+    async fn handle(&mut self, cmd: Cmd) -> StreamChange {
+        if let Some(w) = self.keys.get_mut(&cmd.key) {
             w.waiters.retain(|(_, tx)| !tx.is_closed());
             w.idle_since = None;
             if cmd.create_revision <= w.last_ended {
@@ -205,45 +348,40 @@ impl Driver {
             } else {
                 w.pending_ready.push(cmd.ready);
             }
-            return None;
+            return StreamChange::Unchanged;
         }
         let id = self.next_id;
         self.next_id += 1;
-        // Deletions only: a kept watch must not be woken (or cost an event) when the key
-        // is created again for the next cycle. No previous values: the deletion's revision
-        // tells what ended, and fetching the previous value is a read on the server between
-        // the deletion and its event, on every handoff.
-        let options = WatchOptions::new()
-            .with_filters([WatchFilterType::NoPut])
-            .with_watch_id(id);
-        self.counter
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut opened = None;
-        let sent = match self.sender.as_mut() {
-            Some(sender) => sender.watch(cmd.key.as_str(), Some(options)).await.is_ok(),
-            None => match self.client.watch(cmd.key.as_str(), Some(options)).await {
-                Ok(stream) => {
-                    let (sender, responses) = stream.split();
+        self.counter.fetch_add(1, Ordering::Relaxed);
+        let change = match self.sender.as_mut() {
+            Some(sender) => match sender.watch(&cmd.key, id).await {
+                Ok(()) => StreamChange::Unchanged,
+                Err(e) => {
+                    // The stream is broken, whether or not its end has been read yet: every
+                    // watch on it is gone. Left marked as created, those watches would tell
+                    // later waiters that they are covered, and nothing would ever fire them.
+                    tracing::debug!(error = %e, "watch stream broke on send; waiters re-read");
+                    self.reset();
+                    // Dropping `ready` tells the waiter to back off and try again.
+                    let _ = cmd.fired.send(Fired::Recheck);
+                    return StreamChange::Broken;
+                }
+            },
+            None => match self.transport.open(&cmd.key, id).await {
+                Ok((sender, responses)) => {
                     self.sender = Some(sender);
-                    opened = Some(responses);
-                    true
+                    StreamChange::Opened(responses)
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot open the watch stream");
-                    false
+                    let _ = cmd.fired.send(Fired::Recheck);
+                    return StreamChange::Unchanged;
                 }
             },
         };
-        if !sent {
-            // Dropping `ready` tells the waiter to back off and try again.
-            self.sender = None;
-            let _ = cmd.fired.send(Fired::Recheck);
-            return opened;
-        }
-        let key: Arc<str> = cmd.key.into();
-        self.by_id.insert(id, Arc::clone(&key));
+        self.by_id.insert(id, Arc::clone(&cmd.key));
         self.keys.insert(
-            key,
+            cmd.key,
             KeyWatch {
                 id,
                 created: false,
@@ -255,15 +393,17 @@ impl Driver {
                 idle_since: None,
             },
         );
-        opened
+        change
     }
 
-    fn on_response(&mut self, resp: etcd_client::WatchResponse) {
-        let Some(key) = self.by_id.get(&resp.watch_id()).cloned() else {
+    fn on_response(&mut self, msg: Msg) {
+        let Some(key) = self.by_id.get(&msg.watch_id).cloned() else {
             return;
         };
-        if resp.canceled() {
-            self.by_id.remove(&resp.watch_id());
+        if msg.canceled {
+            // Canceled by the server (a compaction it cannot catch the watch up across, or a
+            // refusal): whoever waits reads again and watches anew.
+            self.by_id.remove(&msg.watch_id);
             if let Some(w) = self.keys.remove(&key) {
                 for (_, tx) in w.waiters {
                     let _ = tx.send(Fired::Recheck);
@@ -274,33 +414,27 @@ impl Driver {
         let Some(w) = self.keys.get_mut(&key) else {
             return;
         };
-        if resp.created() {
+        if msg.created {
             w.created = true;
-            w.created_revision = resp.header().map(|h| h.revision());
+            w.created_revision = msg.revision;
             let coverage = w.coverage();
             // Taken, not drained: an idle kept watch should hold no buffer.
             for ready in std::mem::take(&mut w.pending_ready) {
                 let _ = ready.send(coverage);
             }
         }
-        for ev in resp.events() {
-            match ev.event_type() {
-                EventType::Delete => match ev.kv().map(|kv| kv.mod_revision()) {
-                    Some(deleted_at) if deleted_at > 0 => w.ended(deleted_at - 1),
-                    _ => {
-                        // What ended is unknown: everyone reads again.
-                        w.uncertain = true;
-                        for (_, tx) in w.waiters.drain(..) {
-                            let _ = tx.send(Fired::Recheck);
-                        }
-                    }
-                },
-                // Filtered out on the server; a new incarnation would end the older ones.
-                EventType::Put => {
-                    if let Some(kv) = ev.kv() {
-                        w.ended(kv.create_revision() - 1);
+        for change in msg.changes {
+            match change {
+                Change::Deleted(Some(deleted_at)) => w.ended(deleted_at - 1),
+                Change::Deleted(None) => {
+                    // What ended is unknown: everyone reads again.
+                    w.uncertain = true;
+                    for (_, tx) in w.waiters.drain(..) {
+                        let _ = tx.send(Fired::Recheck);
                     }
                 }
+                // Filtered out on the server; a new incarnation would end the older ones.
+                Change::Created(create_revision) => w.ended(create_revision - 1),
             }
         }
         if w.waiters.is_empty() && w.idle_since.is_none() {
@@ -320,7 +454,7 @@ impl Driver {
     }
 
     /// Cancels watches that nobody waited on for [`LINGER`].
-    async fn sweep(&mut self) {
+    async fn sweep(&mut self) -> StreamChange {
         let now = Instant::now();
         let mut expired = Vec::new();
         for (key, w) in &mut self.keys {
@@ -335,12 +469,229 @@ impl Driver {
             }
         }
         for key in expired {
-            if let Some(w) = self.keys.remove(&key) {
-                self.by_id.remove(&w.id);
-                if let Some(sender) = self.sender.as_mut() {
-                    let _ = sender.cancel(w.id).await;
-                }
+            let Some(w) = self.keys.remove(&key) else {
+                continue;
+            };
+            self.by_id.remove(&w.id);
+            if let Some(sender) = self.sender.as_mut()
+                && sender.cancel(w.id).await.is_err()
+            {
+                self.reset();
+                return StreamChange::Broken;
             }
         }
+        StreamChange::Unchanged
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver against scripted streams: each stream is a channel of responses the test
+    //! feeds, and a request half the test can break.
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// The watch requests a fake stream received: (key, watch id).
+    type Requests = Arc<StdMutex<Vec<(Vec<u8>, i64)>>>;
+
+    /// One stream the fake opened: the watch requests it received, a switch that makes its
+    /// sends fail (as on a broken connection) and the sender of its responses.
+    struct FakeStream {
+        requests: Requests,
+        broken: Arc<AtomicBool>,
+        responses: mpsc::UnboundedSender<Result<Msg, BoxError>>,
+    }
+
+    #[derive(Clone, Default)]
+    struct Fake {
+        streams: Arc<StdMutex<Vec<FakeStream>>>,
+    }
+
+    struct FakeSender {
+        requests: Requests,
+        broken: Arc<AtomicBool>,
+    }
+
+    impl Transport for Fake {
+        type Sender = FakeSender;
+
+        async fn open(
+            &mut self,
+            key: &[u8],
+            watch_id: i64,
+        ) -> Result<(FakeSender, Responses), BoxError> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let requests = Arc::new(StdMutex::new(vec![(key.to_vec(), watch_id)]));
+            let broken = Arc::new(AtomicBool::new(false));
+            self.streams.lock().unwrap().push(FakeStream {
+                requests: Arc::clone(&requests),
+                broken: Arc::clone(&broken),
+                responses: tx,
+            });
+            let responses =
+                futures::stream::unfold(
+                    rx,
+                    |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+                );
+            Ok((FakeSender { requests, broken }, responses.boxed()))
+        }
+    }
+
+    impl RequestSender for FakeSender {
+        async fn watch(&mut self, key: &[u8], watch_id: i64) -> Result<(), BoxError> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err("stream broken".into());
+            }
+            self.requests.lock().unwrap().push((key.to_vec(), watch_id));
+            Ok(())
+        }
+
+        async fn cancel(&mut self, _watch_id: i64) -> Result<(), BoxError> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err("stream broken".into());
+            }
+            Ok(())
+        }
+    }
+
+    impl Fake {
+        fn stream(&self, i: usize) -> (Vec<(Vec<u8>, i64)>, Arc<AtomicBool>) {
+            let streams = self.streams.lock().unwrap();
+            let s = &streams[i];
+            (s.requests.lock().unwrap().clone(), Arc::clone(&s.broken))
+        }
+
+        fn respond(&self, stream: usize, msg: Msg) {
+            let streams = self.streams.lock().unwrap();
+            streams[stream].responses.send(Ok(msg)).unwrap();
+        }
+
+        fn opened(&self) -> usize {
+            self.streams.lock().unwrap().len()
+        }
+    }
+
+    fn created(watch_id: i64, revision: i64) -> Msg {
+        Msg {
+            watch_id,
+            created: true,
+            revision: Some(revision),
+            ..Msg::default()
+        }
+    }
+
+    /// Lets the driver task run until it has nothing left to do.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Regression: a send that fails on the open stream means that stream is broken. Every
+    /// watch on it must be forgotten and its waiters told to re-read, even if the stream's end
+    /// has not been read yet and another stream is opened meanwhile. Before, the old watches
+    /// stayed marked as created; a later wait on one of those keys was told it was covered,
+    /// skipped its existence read, and waited on a watch that no longer existed.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_send_ends_every_watch_of_its_stream() {
+        let fake = Fake::default();
+        let hub = WatchHub::new(fake.clone(), Arc::default());
+
+        let first = hub.register(b"q/a", 5);
+        settle().await;
+        assert_eq!(fake.opened(), 1);
+        fake.respond(0, created(1, 10));
+        let coverage = first.ready.await.expect("confirmed");
+        assert_eq!(coverage.since, Some(10));
+
+        // The connection breaks; the driver learns it from a failed send, before it reads
+        // the end of the response stream (which here never comes).
+        let (_, broken) = fake.stream(0);
+        broken.store(true, Ordering::SeqCst);
+        let failed = hub.register(b"q/b", 6);
+        assert!(failed.ready.await.is_err(), "told to back off and retry");
+        assert_eq!(failed.fired.await, Ok(Fired::Recheck));
+        assert_eq!(
+            first.fired.await,
+            Ok(Fired::Recheck),
+            "the wait on the broken stream must re-read"
+        );
+
+        // A new wait on the same key opens a new stream and is not covered until that
+        // stream confirms its own watch.
+        let mut again = hub.register(b"q/a", 11);
+        settle().await;
+        assert_eq!(fake.opened(), 2, "a new stream for the new wait");
+        let (requests, _) = fake.stream(1);
+        assert_eq!(requests.len(), 1);
+        assert_eq!(requests[0].0, b"q/a");
+        assert!(
+            again.ready.try_recv().is_err(),
+            "not confirmed before the new stream says so"
+        );
+        fake.respond(1, created(requests[0].1, 12));
+        assert_eq!(again.ready.await.expect("confirmed").since, Some(12));
+    }
+
+    /// A watch the server cancels (a compaction it cannot catch the watch up across) sends
+    /// its waiters back to read; other watches on the stream go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_canceled_watch_sends_its_waiters_to_read() {
+        let fake = Fake::default();
+        let hub = WatchHub::new(fake.clone(), Arc::default());
+        let a = hub.register(b"q/a", 5);
+        let b = hub.register(b"q/b", 6);
+        settle().await;
+        let (requests, _) = fake.stream(0);
+        let (id_a, id_b) = (requests[0].1, requests[1].1);
+        fake.respond(0, created(id_a, 10));
+        fake.respond(0, created(id_b, 10));
+        a.ready.await.unwrap();
+        b.ready.await.unwrap();
+        fake.respond(
+            0,
+            Msg {
+                watch_id: id_a,
+                canceled: true,
+                ..Msg::default()
+            },
+        );
+        assert_eq!(a.fired.await, Ok(Fired::Recheck));
+        fake.respond(
+            0,
+            Msg {
+                watch_id: id_b,
+                changes: vec![Change::Deleted(Some(20))],
+                ..Msg::default()
+            },
+        );
+        assert_eq!(b.fired.await, Ok(Fired::Gone));
+    }
+
+    /// A deletion ends the incarnations created before it, not a newer one.
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_ends_only_older_incarnations() {
+        let fake = Fake::default();
+        let hub = WatchHub::new(fake.clone(), Arc::default());
+        let old = hub.register(b"q/a", 5);
+        let new = hub.register(b"q/a", 30);
+        settle().await;
+        let (requests, _) = fake.stream(0);
+        assert_eq!(requests.len(), 1, "one watch per key");
+        fake.respond(
+            0,
+            Msg {
+                watch_id: requests[0].1,
+                created: true,
+                revision: Some(10),
+                changes: vec![Change::Deleted(Some(20))],
+                ..Msg::default()
+            },
+        );
+        assert_eq!(old.fired.await, Ok(Fired::Gone));
+        let mut new = new;
+        settle().await;
+        assert!(new.fired.try_recv().is_err(), "created after the deletion");
     }
 }

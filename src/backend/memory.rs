@@ -6,13 +6,14 @@ use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{
-    Backend, Enqueued, Entry, FencingToken, Lease, LeaseId, Position, QueueChange, QueueMirror,
-    WriteOp, queue_of, receiver_stream,
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
+    QueueMirror, WriteOp, queue_of,
 };
 use crate::error::{Error, LostReason, Result};
 
@@ -74,10 +75,18 @@ struct State {
     by_deadline: BTreeSet<(Instant, LeaseId)>,
     /// Per key: waiters of one incarnation (create revision) of that key.
     waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
-    /// Every revision's changes, in order, for observers (the in-process watch).
-    changes: broadcast::Sender<Arc<Vec<(String, QueueChange)>>>,
+    /// Observers of queues (the in-process watch): each gets every change under its prefix,
+    /// in order, however slowly it reads (a queue of its own, unbounded: lossless).
+    observers: Vec<Observer>,
     /// Changes of the revision being built, published as one batch.
     batch: Vec<(String, QueueChange)>,
+}
+
+#[derive(Debug)]
+struct Observer {
+    /// `<queue>/`.
+    prefix: String,
+    changes: mpsc::UnboundedSender<Vec<QueueChange>>,
 }
 
 impl Default for State {
@@ -90,7 +99,7 @@ impl Default for State {
             leases: HashMap::new(),
             by_deadline: BTreeSet::new(),
             waiters: HashMap::new(),
-            changes: broadcast::channel(1024).0,
+            observers: Vec::new(),
             batch: Vec::new(),
         }
     }
@@ -98,19 +107,21 @@ impl Default for State {
 
 impl State {
     fn entry(&self, key: &str) -> Option<Entry> {
-        self.kvs.get(key).map(|kv| Entry {
-            key: key.to_owned(),
-            value: kv.value.clone(),
-            position: Position::new(kv.create),
-            token: FencingToken::new(kv.create),
-            lease: kv.lease,
+        self.kvs.get(key).map(|kv| {
+            Entry::new(
+                key,
+                kv.value.clone(),
+                Position::new(kv.create),
+                FencingToken::new(kv.create),
+                kv.lease,
+            )
         })
     }
 
     fn is_live(&self, entry: &Entry) -> bool {
         self.kvs
-            .get(&entry.key)
-            .is_some_and(|kv| kv.create == entry.token.get())
+            .get(entry.key())
+            .is_some_and(|kv| kv.create == entry.token().get())
     }
 
     fn queue(&self, queue: &str) -> Vec<Entry> {
@@ -121,7 +132,7 @@ impl State {
             .take_while(|(k, _)| k.starts_with(&prefix))
             .filter_map(|(k, _)| self.entry(k))
             .collect();
-        entries.sort_by_key(|e| e.position);
+        entries.sort_by_key(Entry::position);
         entries
     }
 
@@ -132,7 +143,7 @@ impl State {
             return 0;
         };
         self.batch
-            .push((key.to_owned(), QueueChange::Delete(key.to_owned())));
+            .push((key.to_owned(), QueueChange::Delete(key.as_bytes().to_vec())));
         if let Some(lease) = kv.lease.and_then(|l| self.leases.get_mut(&l)) {
             lease.keys.remove(key);
         }
@@ -208,11 +219,19 @@ impl State {
     /// Publishes the changes made under the current lock as one batch: observers never see
     /// the states in between (as etcd's watch delivers a transaction's events together).
     fn publish(&mut self) {
-        if !self.batch.is_empty() {
-            let batch = Arc::new(std::mem::take(&mut self.batch));
-            // No receiver is not an error: nobody observes.
-            let _ = self.changes.send(batch);
+        if self.batch.is_empty() {
+            return;
         }
+        let batch = std::mem::take(&mut self.batch);
+        // An observer whose stream was dropped has a closed queue: forget it.
+        self.observers.retain(|o| {
+            let mine: Vec<QueueChange> = batch
+                .iter()
+                .filter(|(key, _)| key.starts_with(&o.prefix))
+                .map(|(_, change)| change.clone())
+                .collect();
+            mine.is_empty() || o.changes.send(mine).is_ok()
+        });
     }
 }
 
@@ -320,7 +339,7 @@ impl Backend for MemoryBackend {
         }
         let id = {
             let mut state = self.available()?;
-            let id = LeaseId(state.next_lease);
+            let id = LeaseId::new(state.next_lease);
             state.next_lease += 1;
             let deadline = Instant::now() + ttl;
             state.leases.insert(
@@ -336,7 +355,7 @@ impl Backend for MemoryBackend {
         };
         self.start_reaper();
         self.shared.deadlines_changed.notify_one();
-        Ok(Lease { id, ttl })
+        Ok(Lease::new(id, ttl))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
@@ -378,36 +397,32 @@ impl Backend for MemoryBackend {
             state.put(&key, value.to_vec(), Some(lease));
             state.publish();
             let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
-            return Ok(Enqueued {
-                entry,
-                is_head: predecessor.is_none(),
-                predecessor,
-            });
+            return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
         }
         let entry = state.entry(&key).ok_or(Error::EntryGone { key })?;
         let is_head = state
             .queue(queue)
             .first()
-            .is_some_and(|h| h.key == entry.key);
-        Ok(Enqueued {
-            entry,
-            is_head,
-            predecessor: None,
-        })
+            .is_some_and(|h| h.key() == entry.key());
+        Ok(Enqueued::new(entry, is_head, None))
+    }
+
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        Ok(self.available()?.entry(&format!("{queue}/{tag}")))
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
         let state = self.available()?;
         if !state.is_live(mine) {
             return Err(Error::EntryGone {
-                key: mine.key.clone(),
+                key: mine.key().to_owned(),
             });
         }
-        let queue = queue_of(&mine.key);
+        let queue = queue_of(mine.key());
         Ok(state
             .queue(queue)
             .into_iter()
-            .take_while(|e| e.position < mine.position)
+            .take_while(|e| e.position() < mine.position())
             .last())
     }
 
@@ -427,9 +442,9 @@ impl Backend for MemoryBackend {
                 return Ok(());
             }
             let (tx, rx) = oneshot::channel();
-            let waiters = state.waiters.entry(entry.key.clone()).or_default();
+            let waiters = state.waiters.entry(entry.key().to_owned()).or_default();
             waiters.retain(|(_, tx)| !tx.is_closed());
-            waiters.push((entry.token.get(), tx));
+            waiters.push((entry.token().get(), tx));
             rx
         };
         // The sender is dropped unsent only if the backend itself is dropped.
@@ -445,12 +460,11 @@ impl Backend for MemoryBackend {
     }
 
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
-        self.guarded(entry, &[WriteOp::delete(entry.key.clone())])
-            .await
+        self.guarded(entry, &[WriteOp::delete(entry.key())]).await
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
-        self.guarded(entry, &[WriteOp::put(entry.key.clone(), value)])
+        self.guarded(entry, &[WriteOp::put(entry.key(), value)])
             .await
     }
 
@@ -485,43 +499,44 @@ impl Backend for MemoryBackend {
             .map(|l| l.deadline.saturating_duration_since(now)))
     }
 
-    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>> {
-        let (tx, rx) = mpsc::channel(16);
-        let (backend, prefix) = (self.clone(), format!("{queue}/"));
-        let queue = queue.to_owned();
-        tokio::spawn(async move {
-            let mut mirror = QueueMirror::default();
-            loop {
-                // Subscribe and snapshot under one lock: no change falls between the two.
-                let (mut changes, entries) = {
-                    let state = backend.lock_state();
-                    (state.changes.subscribe(), state.queue(&queue))
-                };
-                mirror.reset(entries);
-                loop {
-                    if !mirror.report(&tx).await {
-                        return;
-                    }
-                    let change = tokio::select! {
-                        change = changes.recv() => change,
-                        () = tx.closed() => return,
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
+        /// Before the first poll: nothing subscribed yet. Then: the subscription and the
+        /// copy of the queue it keeps current.
+        enum Observing {
+            Start(MemoryBackend, String),
+            Running(mpsc::UnboundedReceiver<Vec<QueueChange>>, QueueMirror),
+        }
+        let start = Observing::Start(self.clone(), queue.to_owned());
+        futures::stream::unfold(start, |state| async move {
+            match state {
+                Observing::Start(backend, queue) => {
+                    // Subscribe and snapshot under one lock: no change falls between the two.
+                    let (changes, entries) = {
+                        let mut state = backend.lock_state();
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        state.observers.push(Observer {
+                            prefix: format!("{queue}/"),
+                            changes: tx,
+                        });
+                        (rx, state.queue(&queue))
                     };
-                    match change {
-                        Ok(batch) => {
-                            for (key, change) in batch.iter() {
-                                if key.starts_with(&prefix) {
-                                    mirror.apply(change.clone());
-                                }
-                            }
-                        }
-                        // Fell behind: start again from a fresh snapshot.
-                        Err(broadcast::error::RecvError::Lagged(_)) => break,
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    }
+                    let mut mirror = QueueMirror::default();
+                    mirror.reset(entries);
+                    let first = mirror.head_change()?;
+                    Some((Ok(first), Observing::Running(changes, mirror)))
                 }
+                Observing::Running(mut changes, mut mirror) => loop {
+                    // `None` only once the backend itself is gone.
+                    for change in changes.recv().await? {
+                        mirror.apply(change);
+                    }
+                    if let Some(event) = mirror.head_change() {
+                        return Some((Ok(event), Observing::Running(changes, mirror)));
+                    }
+                },
             }
-        });
-        receiver_stream(rx)
+        })
+        .boxed()
     }
 }
 
@@ -532,38 +547,34 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn entries_order_by_creation_not_by_key() {
         let b = MemoryBackend::new();
-        let l1 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
-        let l2 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
+        let l1 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id();
+        let l2 = b.grant_lease(Duration::from_secs(5)).await.unwrap().id();
         let zz = b.enqueue("q", "zz", l1, b"").await.unwrap();
         let aa = b.enqueue("q", "aa", l2, b"").await.unwrap();
-        assert!(zz.is_head && !aa.is_head);
-        assert_eq!(zz.predecessor, None);
-        assert_eq!(
-            aa.predecessor.as_ref(),
-            Some(&zz.entry),
-            "read in the same step"
-        );
+        assert!(zz.is_head() && !aa.is_head());
+        assert_eq!(zz.predecessor(), None);
+        assert_eq!(aa.predecessor(), Some(zz.entry()), "read in the same step");
         let keys: Vec<_> = b
             .entries("q")
             .await
             .unwrap()
             .into_iter()
-            .map(|e| e.key)
+            .map(|e| e.key().to_owned())
             .collect();
         assert_eq!(keys, ["q/zz", "q/aa"]);
         // A queue is its prefix plus '/': "q2/..." is not in queue "q".
         b.enqueue("q2", "x", l1, b"").await.unwrap();
         assert_eq!(b.entries("q").await.unwrap().len(), 2);
         assert_eq!(
-            b.predecessor(&aa.entry).await.unwrap(),
-            Some(zz.entry.clone())
+            b.predecessor(aa.entry()).await.unwrap(),
+            Some(zz.entry().clone())
         );
     }
 
     #[tokio::test(start_paused = true)]
     async fn enqueue_is_idempotent_per_tag_and_needs_a_live_lease() {
         let b = MemoryBackend::new();
-        let lease = b.grant_lease(Duration::from_secs(1)).await.unwrap().id;
+        let lease = b.grant_lease(Duration::from_secs(1)).await.unwrap().id();
         let first = b.enqueue("q", "t", lease, b"v").await.unwrap();
         let again = b.enqueue("q", "t", lease, b"other").await.unwrap();
         assert_eq!(first, again);
@@ -580,8 +591,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn wait_gone_returns_at_once_for_a_gone_entry() {
         let b = MemoryBackend::new();
-        let lease = b.grant_lease(Duration::from_secs(5)).await.unwrap().id;
-        let e = b.enqueue("q", "t", lease, b"").await.unwrap().entry;
+        let lease = b.grant_lease(Duration::from_secs(5)).await.unwrap().id();
+        let e = b
+            .enqueue("q", "t", lease, b"")
+            .await
+            .unwrap()
+            .into_parts()
+            .0;
         assert!(b.delete_entry(&e).await.unwrap());
         b.wait_gone(&e).await.unwrap();
         assert!(

@@ -21,9 +21,19 @@ pub(crate) mod memory;
 
 /// A lease: the liveness of one owner. Entries bound to it vanish when it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(pub i64);
+pub struct LeaseId(i64);
 
 impl LeaseId {
+    /// Wraps a backend's lease id (for etcd, the lease id etcd granted).
+    pub const fn new(id: i64) -> Self {
+        LeaseId(id)
+    }
+
+    /// The raw id, as the backend knows it.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+
     /// The lease id in lowercase hex: the tag etcd's Go recipes use for a contender's key.
     pub fn to_hex(self) -> String {
         format!("{:x}", self.0)
@@ -95,31 +105,141 @@ impl Position {
 }
 
 /// One contender in a queue, as last read from the backend.
+///
+/// Backends build entries with [`Entry::new`]; recipes and users read them through the
+/// accessors. Two entries are the same *incarnation* when they have the same key and the same
+/// token: a key deleted and created again is a different entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
-    /// The full key, `<queue>/<tag>` for etcd.
-    pub key: String,
+    // Boxed slices rather than `String`/`Vec`: every waiter keeps its entry for as long as it
+    // waits.
+    /// The key as text: exact when the key is UTF-8 (every key baton writes is), with
+    /// replacement characters otherwise.
+    key: Box<str>,
+    /// The exact key, only when it is not UTF-8 (written by a foreign client): backends act on
+    /// these bytes, never on the lossy text.
+    raw_key: Option<Box<[u8]>>,
+    value: Box<[u8]>,
+    position: Position,
+    token: FencingToken,
+    lease: Option<LeaseId>,
+}
+
+impl Entry {
+    /// An entry as a backend read it: its full key (`<queue>/<tag>` for etcd), the value its
+    /// owner stored, its place in the queue, the token it holds when it reaches the head, and
+    /// the lease it is bound to, if any (keys written by foreign clients may have none).
+    pub fn new(
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        position: Position,
+        token: FencingToken,
+        lease: Option<LeaseId>,
+    ) -> Entry {
+        let (key, raw_key) = match String::from_utf8(key.into()) {
+            Ok(key) => (key.into_boxed_str(), None),
+            Err(not_utf8) => {
+                let raw = not_utf8.into_bytes();
+                (
+                    String::from_utf8_lossy(&raw).into(),
+                    Some(raw.into_boxed_slice()),
+                )
+            }
+        };
+        Entry {
+            key,
+            raw_key,
+            value: value.into().into_boxed_slice(),
+            position,
+            token,
+            lease,
+        }
+    }
+
+    /// The full key as text. Keys baton writes are always exact; a key that is not UTF-8
+    /// (written by another client) is shown with replacement characters: use
+    /// [`key_bytes`](Entry::key_bytes) to act on it.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The exact key.
+    pub fn key_bytes(&self) -> &[u8] {
+        self.raw_key.as_deref().unwrap_or(self.key.as_bytes())
+    }
+
     /// What the owner stored (an owner description, an election proposal); may be empty.
-    pub value: Vec<u8>,
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// The value, by move.
+    pub fn into_value(self) -> Vec<u8> {
+        self.value.into_vec()
+    }
+
     /// The place in the queue.
-    pub position: Position,
+    pub fn position(&self) -> Position {
+        self.position
+    }
+
     /// The fencing token this entry holds when it reaches the head.
-    pub token: FencingToken,
-    /// The lease the entry is bound to, if any (keys written by foreign clients may have none).
-    pub lease: Option<LeaseId>,
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The lease the entry is bound to, if any.
+    pub fn lease(&self) -> Option<LeaseId> {
+        self.lease
+    }
+
+    /// Whether `other` is this incarnation: same key and same token.
+    pub fn is_same_incarnation(&self, other: &Entry) -> bool {
+        self.token == other.token && self.key_bytes() == other.key_bytes()
+    }
 }
 
 /// The answer to [`Backend::enqueue`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Enqueued {
-    /// My entry (created now, or found from an earlier call with the same tag).
-    pub entry: Entry,
+    entry: Entry,
+    is_head: bool,
+    predecessor: Option<Entry>,
+}
+
+impl Enqueued {
+    /// `entry` is my entry (created now, or found from an earlier call with the same tag);
+    /// `is_head` whether it is the oldest of the queue; `predecessor` the newest entry
+    /// created before mine when the backend read it in the same round trip (`None`
+    /// otherwise, and always `None` for the head).
+    pub fn new(entry: Entry, is_head: bool, predecessor: Option<Entry>) -> Enqueued {
+        Enqueued {
+            entry,
+            is_head,
+            predecessor: if is_head { None } else { predecessor },
+        }
+    }
+
+    /// My entry.
+    pub fn entry(&self) -> &Entry {
+        &self.entry
+    }
+
     /// Whether my entry is the oldest of the queue, i.e. holds it.
-    pub is_head: bool,
-    /// When my entry is not the head: the newest entry created before mine, if the backend
-    /// read it in the same round trip (it does when it created my entry). `None` otherwise;
-    /// ask [`Backend::predecessor`].
-    pub predecessor: Option<Entry>,
+    pub fn is_head(&self) -> bool {
+        self.is_head
+    }
+
+    /// The newest entry created before mine, if the backend read it in the same round trip;
+    /// otherwise ask [`Backend::predecessor`].
+    pub fn predecessor(&self) -> Option<&Entry> {
+        self.predecessor.as_ref()
+    }
+
+    /// The entry, whether it is the head, and the predecessor read with it.
+    pub fn into_parts(self) -> (Entry, bool, Option<Entry>) {
+        (self.entry, self.is_head, self.predecessor)
+    }
 }
 
 /// A write applied by [`Backend::guarded`] only while a given entry still exists.
@@ -158,36 +278,73 @@ impl WriteOp {
 /// A granted lease and the TTL the server actually gave it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lease {
+    id: LeaseId,
+    ttl: Duration,
+}
+
+impl Lease {
+    /// A lease `id` granted with `ttl`.
+    pub const fn new(id: LeaseId, ttl: Duration) -> Lease {
+        Lease { id, ttl }
+    }
+
     /// The lease id.
-    pub id: LeaseId,
-    /// The granted TTL; may be larger than asked (etcd rounds up to whole seconds and to its
-    /// minimum TTL).
-    pub ttl: Duration,
+    pub const fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// The granted TTL; may be larger than asked (etcd rounds up to whole seconds and to
+    /// its minimum).
+    pub const fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// What [`Backend::observe_head`] reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeadEvent {
+    /// The head of the queue is now this entry (`None`: the queue is empty).
+    Head(Option<Entry>),
+    /// The stream lost track of the queue and could not replay what it missed (etcd: the
+    /// history was compacted while the observer was cut off or behind). Heads may have come
+    /// and gone unreported; the next item is the current head.
+    Skipped,
 }
 
 /// Storage for the recipes: leases plus queues of entries ordered by creation.
 ///
 /// # Contract
 /// - A *queue* is named by a string; its entries are keyed `<queue>/<tag>`. Entries are
-///   ordered by [`Position`]; the oldest entry is the *head*.
+///   ordered by [`Position`]; the oldest entry is the *head*. Every key under `<queue>/` is
+///   an entry, including keys under a nested name (`<queue>/sub/<tag>`): names that nest
+///   share a queue, as in etcd's Go recipes.
 /// - Every entry created through [`enqueue`](Backend::enqueue) is bound to a lease and
 ///   vanishes with it (revoked or expired). Foreign entries (written by other clients) may
-///   be present in a queue and take their place by creation order like any other.
+///   be present in a queue and take their place by creation order like any other; their
+///   keys need not be UTF-8 ([`Entry::key_bytes`] is exact).
 /// - Operations that act on an entry ([`delete_entry`](Backend::delete_entry),
-///   [`update_entry`](Backend::update_entry), [`guarded`](Backend::guarded)) act only on that
-///   exact incarnation (same key *and* same token): a key deleted and created again is a
-///   different entry, and is left alone.
+///   [`update_entry`](Backend::update_entry), [`guarded`](Backend::guarded),
+///   [`wait_gone`](Backend::wait_gone)) act only on that exact incarnation (same key *and*
+///   same token): a key deleted and created again is a different entry, and is left alone.
 /// - [`FencingToken`]s of one queue increase strictly in creation order, across all clients.
-/// - Implementations retry idempotent requests on transient failures themselves; an error
-///   returned means the operation is not known to have happened.
+/// - Implementations retry idempotent requests on transient failures themselves.
+/// - **Errors and outcomes.** An error from a read or a wait means nothing. An error from a
+///   call that creates or changes state ([`enqueue`](Backend::enqueue), the deletes, updates
+///   and guarded writes, [`revoke_lease`](Backend::revoke_lease)) means the outcome is
+///   **unknown**: the request may have been applied and its answer lost. The one exception
+///   is [`Error::InvalidArgument`](crate::Error::InvalidArgument), returned before anything
+///   is sent. Callers that must know look again ([`find_entry`](Backend::find_entry) after a
+///   failed `enqueue`, a repeated conditional delete after a failed delete).
 ///
 /// # Cancel safety
 /// Reads ([`predecessor`](Backend::predecessor), [`was_head`](Backend::was_head),
-/// [`head`](Backend::head), [`entries`](Backend::entries), [`read`](Backend::read)) and waits
-/// create nothing and may be dropped at any point. For calls that create state,
-/// implementors must release everything a dropped future created, or document that the
-/// caller must: the recipes never drop an [`enqueue`](Backend::enqueue) in flight (they
-/// hand it to a cleanup task that lets it finish and deletes what it created).
+/// [`find_entry`](Backend::find_entry), [`head`](Backend::head),
+/// [`entries`](Backend::entries), [`read`](Backend::read)) and waits create nothing and may
+/// be dropped at any point. A dropped call that creates or changes state may or may not have
+/// been applied, like a failed one: the recipes never drop an [`enqueue`](Backend::enqueue)
+/// in flight (they hand it to a cleanup task that lets it finish, looks for what it created
+/// and deletes it).
 #[async_trait]
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Grants a lease of at least `ttl`. The returned TTL may be larger (server minimum).
@@ -204,6 +361,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Creates my entry `<queue>/<tag>` bound to `lease` holding `value` unless it already
     /// exists (then the existing entry is returned unchanged), and tells whether it is the
     /// head, in one round trip where the backend allows.
+    ///
+    /// Idempotent per tag, so that a retry after a lost answer finds the entry the first
+    /// attempt created. On an error the entry may exist: see
+    /// [`find_entry`](Backend::find_entry).
     async fn enqueue(
         &self,
         queue: &str,
@@ -211,6 +372,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Enqueued>;
+
+    /// The entry `<queue>/<tag>`, if it exists: how a caller whose
+    /// [`enqueue`](Backend::enqueue) failed learns whether it was applied.
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>>;
 
     /// The newest live entry of `mine`'s queue created before `mine`, or `None` if `mine` is
     /// the head. Fails with [`Error::EntryGone`](crate::Error::EntryGone) if `mine` itself no
@@ -232,7 +397,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Resolves once `entry` (this incarnation) no longer exists; at once if it is already
-    /// gone. Never misses a deletion, whatever happens to connections meanwhile.
+    /// gone. Never misses a deletion, whatever happens to connections meanwhile. An error
+    /// says nothing about the entry: the caller waits again.
     async fn wait_gone(&self, entry: &Entry) -> Result<()>;
 
     /// The oldest entry of `queue`, if any.
@@ -244,7 +410,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Deletes `entry` if this incarnation still exists; tells whether it did.
     async fn delete_entry(&self, entry: &Entry) -> Result<bool>;
 
-    /// Replaces the value of `entry` if this incarnation still exists; tells whether it did.
+    /// Replaces the value of `entry` if this incarnation still exists, keeping its lease;
+    /// tells whether it did.
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool>;
 
     /// Applies `ops` atomically if and only if `entry` (this incarnation) still exists;
@@ -258,28 +425,33 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The remaining TTL of `lease`, or `None` if it no longer exists.
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>>;
 
-    /// A stream of the head of `queue`: its current head first (`None` = the queue is
-    /// empty), then every change of head entry or of the head's value, in order. Each head
-    /// the stream learns of is reported, even when it is replaced right away; only a
-    /// compaction or a lagging consumer may make it skip heads it never saw. It resumes by
-    /// itself after reconnects and compactions, and ends only when dropped.
-    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<Option<Entry>>>;
+    /// A stream of the head of `queue`: its current head first, then every change of head
+    /// entry or of the head's value, in order, one [`HeadEvent::Head`] per change: no head
+    /// the backend applied is left out, however slowly the stream is consumed, except where
+    /// the backend cannot replay its history; then the stream says so with
+    /// [`HeadEvent::Skipped`] and goes on from the current head. It resumes by itself after
+    /// reconnects, reports backend errors as items, and ends only when dropped.
+    ///
+    /// Creating the stream does nothing; it works when polled, so it may be created outside
+    /// an async runtime.
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>>;
 }
 
 /// A change to one key under a queue's prefix, as a watch reports it.
 #[derive(Debug, Clone)]
 pub(crate) enum QueueChange {
     Put(Entry),
-    Delete(String),
+    /// The exact key that was deleted.
+    Delete(Vec<u8>),
 }
 
 /// A client-side copy of one queue, kept from a snapshot plus changes, that tells when its
 /// head changes. Shared by the backends' [`Backend::observe_head`].
 #[derive(Debug, Default)]
 pub(crate) struct QueueMirror {
-    by_key: HashMap<String, Entry>,
-    order: BTreeMap<Position, String>,
-    /// The head last reported: `None` before the first report.
+    by_key: HashMap<Vec<u8>, Entry>,
+    order: BTreeMap<Position, Vec<u8>>,
+    /// The head last reported: `None` before the first report (and after a gap).
     reported: Option<Option<(FencingToken, Vec<u8>)>>,
 }
 
@@ -292,48 +464,44 @@ impl QueueMirror {
         }
     }
 
+    /// The next head is reported whatever it is: the observer skipped what came before it.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn forget_reported(&mut self) {
+        self.reported = None;
+    }
+
     pub(crate) fn apply(&mut self, change: QueueChange) {
         match change {
             QueueChange::Put(e) => {
-                if let Some(old) = self.by_key.insert(e.key.clone(), e.clone()) {
-                    self.order.remove(&old.position);
+                let key = e.key_bytes().to_vec();
+                let position = e.position();
+                if let Some(old) = self.by_key.insert(key.clone(), e) {
+                    self.order.remove(&old.position());
                 }
-                self.order.insert(e.position, e.key);
+                self.order.insert(position, key);
             }
             QueueChange::Delete(key) => {
                 if let Some(old) = self.by_key.remove(&key) {
-                    self.order.remove(&old.position);
+                    self.order.remove(&old.position());
                 }
             }
-        }
-    }
-
-    /// Sends the head to `tx` if it changed since the last report; `false` once the
-    /// receiver is gone.
-    pub(crate) async fn report(
-        &mut self,
-        tx: &tokio::sync::mpsc::Sender<Result<Option<Entry>>>,
-    ) -> bool {
-        match self.head_change() {
-            Some(head) => tx.send(Ok(head)).await.is_ok(),
-            None => true,
         }
     }
 
     /// The head, if it differs (entry or value) from the one last reported.
-    fn head_change(&mut self) -> Option<Option<Entry>> {
+    pub(crate) fn head_change(&mut self) -> Option<HeadEvent> {
         let head = self
             .order
             .values()
             .next()
             .and_then(|k| self.by_key.get(k))
             .cloned();
-        let now = head.as_ref().map(|h| (h.token, h.value.clone()));
+        let now = head.as_ref().map(|h| (h.token(), h.value().to_vec()));
         if self.reported.as_ref() == Some(&now) {
             return None;
         }
         self.reported = Some(now);
-        Some(head)
+        Some(HeadEvent::Head(head))
     }
 }
 
@@ -342,14 +510,12 @@ pub(crate) fn queue_of(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(q, _)| q)
 }
 
-/// Turns a channel fed by an observer task into a stream; the task notices when the stream
-/// is dropped through `Sender::closed`.
-pub(crate) fn receiver_stream<T: Send + 'static>(
-    rx: tokio::sync::mpsc::Receiver<T>,
-) -> BoxStream<'static, T> {
-    Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    }))
+/// The queue of an exact key, as bytes.
+#[cfg(any(feature = "etcd", test))]
+pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
+    key.iter()
+        .rposition(|&b| b == b'/')
+        .map_or(key, |slash| &key[..slash])
 }
 
 #[cfg(feature = "etcd")]
@@ -358,11 +524,30 @@ pub use memory::MemoryBackend;
 
 #[cfg(test)]
 mod tests {
-    use super::queue_of;
+    use super::*;
 
     #[test]
     fn queue_of_strips_the_tag_only() {
         assert_eq!(queue_of("orders/lock/694d"), "orders/lock");
         assert_eq!(queue_of("plain"), "plain");
+        assert_eq!(queue_of_bytes(b"orders/\xff/694d"), b"orders/\xff");
+        assert_eq!(queue_of_bytes(b"plain"), b"plain");
+    }
+
+    #[test]
+    fn entries_keep_keys_that_are_not_utf8_exactly() {
+        let raw = b"q/\xff\xfe".to_vec();
+        let e = Entry::new(
+            raw.clone(),
+            "",
+            Position::new(3),
+            FencingToken::new(3),
+            None,
+        );
+        assert_eq!(e.key_bytes(), raw.as_slice());
+        assert_eq!(e.key(), "q/\u{fffd}\u{fffd}");
+        let text = Entry::new("q/a", "", Position::new(4), FencingToken::new(4), None);
+        assert_eq!(text.key_bytes(), b"q/a");
+        assert!(!e.is_same_incarnation(&text));
     }
 }

@@ -436,12 +436,12 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
     match (json, leader) {
         (true, Some(l)) => format!(
             "{{\"event\":\"{kind}\",\"key\":{},\"value\":{},\"token\":{}}}",
-            json_str(&l.key),
-            json_str(&String::from_utf8_lossy(&l.value)),
-            l.token
+            json_str(l.key()),
+            json_str(&String::from_utf8_lossy(l.value())),
+            l.token()
         ),
         (true, None) => format!("{{\"event\":\"{kind}\"}}"),
-        (false, Some(l)) => String::from_utf8_lossy(&l.value).into_owned(),
+        (false, Some(l)) => String::from_utf8_lossy(l.value()).into_owned(),
         (false, None) => "(no leader)".to_owned(),
     }
 }
@@ -459,7 +459,7 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
         );
     }
     for (i, e) in entries.iter().enumerate() {
-        let ttl = match e.lease {
+        let ttl = match e.lease() {
             Some(lease) => backend.lease_ttl(lease).await?.map(|d| d.as_secs()),
             None => None,
         };
@@ -468,14 +468,14 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
         } else {
             format!("waiter{i}")
         };
-        let owner = String::from_utf8_lossy(&e.value);
-        let lease = e.lease.map(|l| l.to_hex());
+        let owner = String::from_utf8_lossy(e.value());
+        let lease = e.lease().map(|l| l.to_hex());
         if json {
             println!(
                 "{{\"role\":{},\"position\":{i},\"key\":{},\"token\":{},\"lease\":{},\"ttl\":{},\"owner\":{}}}",
                 json_str(&role),
-                json_str(&e.key),
-                e.token,
+                json_str(e.key()),
+                e.token(),
                 lease.as_deref().map_or("null".to_owned(), json_str),
                 ttl.map_or("null".to_owned(), |t| t.to_string()),
                 json_str(&owner),
@@ -484,8 +484,8 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
             println!(
                 "{:<8} {:<40} {:>10} {:>18} {:>6}  {}",
                 role,
-                e.key,
-                e.token,
+                e.key(),
+                e.token(),
                 lease.as_deref().unwrap_or("-"),
                 ttl.map_or("-".to_owned(), |t| format!("{t}s")),
                 owner.chars().take(60).collect::<String>(),

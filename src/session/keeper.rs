@@ -24,19 +24,19 @@ use crate::error::{Error, LostReason, Result};
 static DRIVERS: StdMutex<Vec<(tokio::runtime::Id, mpsc::UnboundedSender<Kept>)>> =
     StdMutex::new(Vec::new());
 
-/// The driver of the current runtime, started if there is none.
-pub(super) fn for_current_runtime() -> Result<Keeper> {
+/// The driver of the current runtime (started if there is none), and that runtime.
+pub(super) fn for_current_runtime() -> Result<(Keeper, tokio::runtime::Handle)> {
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|_| Error::InvalidArgument("a session needs a tokio runtime"))?;
     let mut drivers = DRIVERS.lock().unwrap_or_else(|p| p.into_inner());
     drivers.retain(|(_, tx)| !tx.is_closed());
     if let Some((_, tx)) = drivers.iter().find(|(id, _)| *id == runtime.id()) {
-        return Ok(Keeper { tx: tx.clone() });
+        return Ok((Keeper { tx: tx.clone() }, runtime));
     }
     let (tx, rx) = mpsc::unbounded_channel();
     runtime.spawn(drive(rx));
     drivers.push((runtime.id(), tx.clone()));
-    Ok(Keeper { tx })
+    Ok((Keeper { tx }, runtime))
 }
 
 /// A handle to a runtime's driver.
@@ -48,7 +48,7 @@ impl Keeper {
     /// Starts renewing `session`'s lease. `asked_at` is the instant before the grant was
     /// requested: the server's clock for the lease started no earlier than that.
     pub(super) fn keep(&self, session: &Arc<Inner>, asked_at: Instant) {
-        let ttl = session.lease.ttl;
+        let ttl = session.lease.ttl();
         let kept = Kept {
             session: Arc::downgrade(session),
             ttl,
@@ -57,7 +57,7 @@ impl Keeper {
         };
         if self.tx.send(kept).is_err() {
             // Only if the runtime is shutting down: nothing will run to renew it.
-            session.lost.mark(session.lease.id, LostReason::Expired);
+            session.lost.mark(LostReason::Expired);
         }
     }
 }
@@ -92,8 +92,31 @@ type Key = (Instant, u64);
 /// before it was sent, and the backend's answer.
 type Renewed = (Key, Instant, Result<Option<Duration>>);
 
+/// Says so when a runtime with live sessions shuts down: the driver is dropped with it, and
+/// nothing renews those sessions any more. Each is then lost at its deadline, which
+/// `Session::is_lost` and `Session::lost` check by themselves.
+#[derive(Default)]
+struct Sessions(BTreeMap<Key, Kept>);
+
+impl Drop for Sessions {
+    fn drop(&mut self) {
+        let orphaned = self
+            .0
+            .values()
+            .filter(|kept| kept.session.strong_count() > 0)
+            .count();
+        if orphaned > 0 {
+            tracing::warn!(
+                sessions = orphaned,
+                "the tokio runtime that renewed these sessions shut down; they are lost at their deadlines"
+            );
+        }
+    }
+}
+
 async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
-    let mut sessions: BTreeMap<Key, Kept> = BTreeMap::new();
+    let mut owned = Sessions::default();
+    let sessions = &mut owned.0;
     let mut renewals: FuturesUnordered<BoxFuture<'static, Renewed>> = FuturesUnordered::new();
     let mut seq = 0u64;
     let timer = tokio::time::sleep(Duration::ZERO);
@@ -108,14 +131,14 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
             kept = rx.recv() => match kept {
                 Some(kept) => {
                     seq += 1;
-                    schedule(&mut sessions, seq, kept);
+                    schedule(sessions, seq, kept);
                 }
                 // Every sender is gone: only when the process-wide list itself is dropped.
                 None => return,
             },
             Some((key, sent, answer)) = renewals.next(), if !renewals.is_empty() => {
                 if let Some(kept) = sessions.remove(&key) {
-                    renewed(&mut sessions, key.1, kept, sent, answer);
+                    renewed(sessions, key.1, kept, sent, answer);
                 }
                 // Else the deadline passed while the renewal was in flight: already lost.
             }
@@ -126,7 +149,7 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
                         break;
                     }
                     let ((_, id), kept) = entry.remove_entry();
-                    if let Some(renewal) = due(&mut sessions, id, kept, now) {
+                    if let Some(renewal) = due(sessions, id, kept, now) {
                         renewals.push(renewal);
                     }
                 }
@@ -147,12 +170,12 @@ fn due(
         return None;
     }
     if now >= kept.deadline {
-        session.lost.mark(session.lease.id, LostReason::Expired);
+        session.lost.mark(LostReason::Expired);
         return None;
     }
     kept.next = None;
     let key = schedule(sessions, id, kept);
-    let (backend, lease) = (Arc::clone(&session.backend), session.lease.id);
+    let (backend, lease) = (Arc::clone(&session.backend), session.lease.id());
     drop(session);
     let sent = Instant::now();
     Some(Box::pin(async move {
@@ -177,14 +200,15 @@ fn renewed(
             kept.ttl = granted;
             kept.deadline = sent + granted;
             kept.next = Some(sent + granted / 3);
+            session.lost.extend(kept.deadline);
         }
         Ok(None) => {
-            session.lost.mark(session.lease.id, LostReason::Revoked);
+            session.lost.mark(LostReason::Revoked);
             return;
         }
         Err(e) => {
             let retry = (kept.ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
-            tracing::debug!(lease = %session.lease.id, error = %e, ?retry, "keep-alive failed; retrying");
+            tracing::debug!(lease = %session.lease.id(), error = %e, ?retry, "keep-alive failed; retrying");
             kept.next = Some(Instant::now() + retry);
         }
     }

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use baton::testing::{Call, Fault, FaultyBackend};
 use baton::{
     Backend, Election, Error, LeaderEvent, LostReason, Mutex, MutexGuard, Session, SessionOptions,
     WriteOp,
@@ -45,7 +46,7 @@ impl Rig {
             .await
             .expect("entries")
             .into_iter()
-            .map(|e| e.key)
+            .map(|e| e.key().to_owned())
             .collect()
     }
 }
@@ -311,7 +312,7 @@ pub async fn fifo_order(rig: Rig) {
     );
     let tokens: Vec<u64> = granted.iter().map(|(_, t)| *t).collect();
     assert_strictly_increasing(&tokens);
-    let queue_tokens: Vec<u64> = queued[1..].iter().map(|e| e.token.get()).collect();
+    let queue_tokens: Vec<u64> = queued[1..].iter().map(|e| e.token().get()).collect();
     assert_eq!(tokens, queue_tokens, "token order is queue order");
 }
 
@@ -338,65 +339,192 @@ pub async fn try_lock_leaves_nothing(rig: Rig) {
     assert!(rig.keys(&name).await.is_empty());
 }
 
-/// Dropping `lock()` futures at every await point leaves no key, and the lock keeps working.
+/// A session on a fault-injecting decorator over the rig's backend.
+pub async fn faulty_session(rig: &Rig) -> (Arc<FaultyBackend>, Session) {
+    let faulty = FaultyBackend::wrap(Arc::clone(&rig.backend));
+    let session = session_on(faulty.clone(), SessionOptions::DEFAULT_TTL).await;
+    (faulty, session)
+}
+
+/// Polls `fut` until `event` happens; fails the test if `fut` finishes first.
+pub async fn drive_until<F: Future + Unpin>(fut: &mut F, event: impl Future<Output = ()>)
+where
+    F::Output: std::fmt::Debug,
+{
+    tokio::select! {
+        out = fut => panic!("finished before the awaited point: {out:?}"),
+        () = within("the awaited point", Duration::from_secs(30), event) => {}
+    }
+}
+
+/// Dropping `lock()` futures at each await point (the create in flight, before and after the
+/// server applied it; queued and watching; in the in-process queue; a timeout) leaves no key.
+/// Checked once the dropped call's cleanup has finished (`Session::settled`), while its
+/// session still lives, so that neither a lease expiry nor a later acquisition can hide a
+/// leaked key. Later locks by the same sessions get new keys with higher tokens.
 pub async fn dropped_lock_leaves_nothing(rig: Rig) {
     let name = rig.name("cancel");
-    let a = rig.session().await;
-    let b = rig.session().await;
+    let (faulty_a, a) = faulty_session(&rig).await;
+    let (faulty_b, b) = faulty_session(&rig).await;
     let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
-    let holder_key = guard.key().to_owned();
+    let only_holder = vec![guard.key().to_owned()];
+    let mut last_token = guard.fencing_token();
     let mutex_b = Mutex::new(&b, &name).unwrap();
-    let only_holder = || async { rig.keys(&name).await == vec![holder_key.clone()] };
 
-    // Polled k times (k = 1 drops it with the create in flight), then dropped.
-    for k in 1..=6 {
+    // The create in flight, not yet applied, then applied with the answer not yet back.
+    for fault in [Fault::HangBefore, Fault::HangAfter] {
+        faulty_b.inject(Call::Enqueue, 1, fault);
         let mut fut = Box::pin(mutex_b.lock());
-        for _ in 0..k {
-            assert!(futures::poll!(&mut fut).is_pending());
-            tokio::task::yield_now().await;
-        }
+        drive_until(&mut fut, faulty_b.until_hung()).await;
         drop(fut);
-        eventually("the abandoned key is removed", only_holder).await;
+        faulty_b.release();
+        b.settled().await;
+        assert_eq!(rig.keys(&name).await, only_holder, "after {fault:?}");
     }
 
-    // Dropped while queued and watching its predecessor.
+    // Queued, waiting for the holder's key to go.
+    let waits = faulty_b.count(Call::WaitGone);
     let mut fut = Box::pin(mutex_b.lock());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while rig.keys(&name).await.len() < 2 {
-        assert!(futures::poll!(&mut fut).is_pending());
-        assert!(Instant::now() < deadline, "the waiter never queued");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // Let it reach its watch on the predecessor.
-    for _ in 0..5 {
-        assert!(futures::poll!(&mut fut).is_pending());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    drive_until(&mut fut, faulty_b.until_count(Call::WaitGone, waits + 1)).await;
     drop(fut);
-    eventually("the queued key is removed", only_holder).await;
+    b.settled().await;
+    assert_eq!(rig.keys(&name).await, only_holder, "dropped while queued");
 
-    // Dropped while waiting in the in-process queue (same session as the holder).
+    // Waiting in the in-process queue (same session as the holder): it never reached the
+    // backend.
+    let creates = faulty_a.count(Call::Enqueue);
     let mutex_a = Mutex::new(&a, &name).unwrap();
     let mut fut = Box::pin(mutex_a.lock());
     assert!(futures::poll!(&mut fut).is_pending());
     drop(fut);
+    assert_eq!(faulty_a.count(Call::Enqueue), creates);
 
     // A timeout is a drop too.
     let timed_out = tokio::time::timeout(Duration::from_millis(200), mutex_b.lock()).await;
     assert!(timed_out.is_err());
-    eventually("the timed-out key is removed", only_holder).await;
+    b.settled().await;
+    assert_eq!(rig.keys(&name).await, only_holder, "timed out");
 
-    // Nothing is wedged: the lock passes on and the queue ends empty.
+    // Nothing is wedged, and no one adopts an old key: fresh keys, higher tokens.
     guard.unlock().await.unwrap();
-    let next = within("next lock", Duration::from_secs(10), mutex_b.lock())
-        .await
-        .unwrap();
-    next.unlock().await.unwrap();
-    let local = within("local lock", Duration::from_secs(10), mutex_a.lock())
-        .await
-        .unwrap();
-    local.unlock().await.unwrap();
+    for mutex in [&mutex_b, &mutex_a] {
+        let next = within("next lock", Duration::from_secs(10), mutex.lock())
+            .await
+            .unwrap();
+        assert!(next.fencing_token() > last_token);
+        last_token = next.fencing_token();
+        next.unlock().await.unwrap();
+    }
     assert!(rig.keys(&name).await.is_empty());
+}
+
+/// A `lock()` whose create was applied but whose answer was lost fails, and leaves no key:
+/// its cleanup looks for the key and deletes it. Nobody waits behind a key no one holds.
+pub async fn failed_lock_leaves_nothing(rig: Rig) {
+    let name = rig.name("failed-lock");
+    let (faulty, a) = faulty_session(&rig).await;
+    faulty.inject(Call::Enqueue, 1, Fault::FailAfter);
+    let failed = Mutex::new(&a, &name).unwrap().lock().await;
+    assert!(failed.is_err(), "{failed:?}");
+    a.settled().await;
+    assert!(
+        rig.keys(&name).await.is_empty(),
+        "the applied create was cleaned up"
+    );
+    // And the same for a campaign, whose key the same cleanup removes.
+    faulty.inject(Call::Enqueue, 1, Fault::FailAfter);
+    let failed = Election::new(&a, &name).unwrap().campaign("x").await;
+    assert!(failed.is_err(), "{failed:?}");
+    a.settled().await;
+    assert!(rig.keys(&name).await.is_empty());
+    let other = rig.session().await;
+    let guard = within(
+        "another session's lock",
+        Duration::from_secs(10),
+        Mutex::new(&other, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    guard.unlock().await.unwrap();
+}
+
+/// A release that fails, and whose background retries fail too for a while, keeps the
+/// in-process slot: the next task of the same session waits (it never reaches the backend)
+/// until the delete is confirmed, then gets a new key with a higher token. Never two grants
+/// with one token.
+pub async fn failed_release_never_hands_out_the_token_again(rig: Rig) {
+    let name = rig.name("failed-release");
+    let (faulty, a) = faulty_session(&rig).await;
+    let mutex = Mutex::new(&a, &name).unwrap();
+    let first = mutex.lock().await.unwrap();
+    let first_token = first.fencing_token();
+    faulty.inject_every(Call::DeleteEntry, Fault::FailBefore);
+    let failed = first.unlock().await;
+    assert!(failed.is_err(), "{failed:?}");
+    let creates = faulty.count(Call::Enqueue);
+    let deletes = faulty.count(Call::DeleteEntry);
+    let mut second = Box::pin(mutex.lock());
+    // The cleanup retries (with backoff) while the second task waits in process.
+    drive_until(
+        &mut second,
+        faulty.until_count(Call::DeleteEntry, deletes + 3),
+    )
+    .await;
+    assert_eq!(
+        faulty.count(Call::Enqueue),
+        creates,
+        "the second task must wait"
+    );
+    faulty.clear();
+    let second = within("the second grant", Duration::from_secs(10), second)
+        .await
+        .unwrap();
+    assert!(
+        second.fencing_token() > first_token,
+        "token {} granted twice",
+        first_token
+    );
+    assert_eq!(rig.keys(&name).await, [second.key().to_owned()]);
+    second.unlock().await.unwrap();
+}
+
+/// A key deleted from outside (an operator) ends the hold as session loss does: `lost()`
+/// resolves with `EntryDeleted`, and `unlock()` reports that the lock had been lost.
+pub async fn deleted_key_is_reported_to_the_holder(rig: Rig) {
+    let name = rig.name("deleted-key");
+    let a = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let lost = guard.lost();
+    assert!(rig.outside.delete_entry(guard.entry()).await.unwrap());
+    let reason = within(
+        "lost() after the key was deleted",
+        Duration::from_secs(10),
+        lost,
+    )
+    .await;
+    assert_eq!(reason, LostReason::EntryDeleted);
+    assert!(!a.is_lost(), "the session lives on");
+    let unlocked = guard.unlock().await;
+    assert!(
+        matches!(unlocked, Err(Error::NotOwner { .. })),
+        "{unlocked:?}"
+    );
+
+    // The same for a leadership, whose resign says so too.
+    let leadership = Election::new(&a, &name)
+        .unwrap()
+        .campaign("v")
+        .await
+        .unwrap();
+    let entry = rig.outside.head(&name).await.unwrap().unwrap();
+    assert!(rig.outside.delete_entry(&entry).await.unwrap());
+    let reason = within("lost()", Duration::from_secs(10), leadership.lost()).await;
+    assert_eq!(reason, LostReason::EntryDeleted);
+    let resigned = leadership.resign().await;
+    assert!(
+        matches!(resigned, Err(Error::NotOwner { .. })),
+        "{resigned:?}"
+    );
 }
 
 /// Revoking the holder's lease from outside fires its `lost()`, refuses its guarded writes,
@@ -432,7 +560,11 @@ pub async fn revoked_holder_is_told(rig: Rig) {
         .unwrap();
     assert!(next.fencing_token() > guard.fencing_token());
     next.unlock().await.unwrap();
-    guard.unlock().await.unwrap();
+    let late_unlock = guard.unlock().await;
+    assert!(
+        matches!(late_unlock, Err(Error::NotOwner { .. })),
+        "an unlock after the loss must say so: {late_unlock:?}"
+    );
 }
 
 /// A holder that stops renewing (a crash) is followed by its successor within TTL + margin.
@@ -443,22 +575,22 @@ pub async fn crashed_holder_is_followed(rig: Rig) {
     let lease = rig.outside.grant_lease(ttl).await.unwrap();
     let crashed = rig
         .outside
-        .enqueue(&name, &lease.id.to_hex(), lease.id, b"crashed")
+        .enqueue(&name, &lease.id().to_hex(), lease.id(), b"crashed")
         .await
         .unwrap();
-    assert!(crashed.is_head);
+    assert!(crashed.is_head());
 
     let b = rig.session().await;
     let started = Instant::now();
     let guard = within(
         "successor of a crashed holder",
-        lease.ttl + Duration::from_secs(3),
+        lease.ttl() + Duration::from_secs(3),
         Mutex::new(&b, &name).unwrap().lock(),
     )
     .await
     .unwrap();
-    assert!(started.elapsed() <= lease.ttl + Duration::from_secs(3));
-    assert!(guard.fencing_token() > crashed.entry.token);
+    assert!(started.elapsed() <= lease.ttl() + Duration::from_secs(3));
+    assert!(guard.fencing_token() > crashed.entry().token());
     guard.unlock().await.unwrap();
 }
 
@@ -474,16 +606,18 @@ pub async fn late_unlock_spares_successor(rig: Rig) {
         .enqueue(&name, &a.lease_id().to_hex(), a.lease_id(), b"newer")
         .await
         .unwrap();
-    assert!(newer.entry.token > guard.fencing_token());
+    assert!(newer.entry().token() > guard.fencing_token());
 
-    guard.unlock().await.unwrap();
+    // The old guard's key is gone: its unlock says so, and deletes nothing.
+    let late = guard.unlock().await;
+    assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
     let left = rig.outside.entries(&name).await.unwrap();
     assert_eq!(
         left,
-        vec![newer.entry.clone()],
+        vec![newer.entry().clone()],
         "the newer key must survive"
     );
-    assert!(rig.outside.delete_entry(&newer.entry).await.unwrap());
+    assert!(rig.outside.delete_entry(newer.entry()).await.unwrap());
 }
 
 /// A waiter whose session is lost gets an error, never the lock, and leaves no key.
@@ -502,27 +636,29 @@ pub async fn lost_waiter_gets_error(rig: Rig) {
     guard.unlock().await.unwrap();
 }
 
-/// Two tasks sharing one session and one name queue in process: one key at a time, never
-/// shared, and the second gets a newer token.
+/// Two tasks sharing one session and one name queue in process: the second never reaches
+/// the backend while the first holds (it would map to the same key), and gets a newer token.
 pub async fn local_tasks_never_share_a_key(rig: Rig) {
     let name = rig.name("local");
-    let s = rig.session().await;
-    let first = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let (faulty, s) = faulty_session(&rig).await;
+    let mutex = Mutex::new(&s, &name).unwrap();
+    let first = mutex.lock().await.unwrap();
     let first_token = first.fencing_token();
-    let second = tokio::spawn({
-        let (s, name) = (s.clone(), name.clone());
-        async move { Mutex::new(&s, &name).unwrap().lock().await }
-    });
-    tokio::task::yield_now().await;
-    assert_eq!(rig.keys(&name).await, vec![first.key().to_owned()]);
-    assert!(
-        !second.is_finished(),
-        "the second task must wait for the first"
+    let creates = faulty.count(Call::Enqueue);
+    let mut second = Box::pin(mutex.lock());
+    for _ in 0..3 {
+        assert!(futures::poll!(&mut second).is_pending());
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        faulty.count(Call::Enqueue),
+        creates,
+        "the second task must wait in process"
     );
+    assert_eq!(rig.keys(&name).await, [first.key().to_owned()]);
     first.unlock().await.unwrap();
     let second = within("second local task", Duration::from_secs(10), second)
         .await
-        .unwrap()
         .unwrap();
     assert!(second.fencing_token() > first_token);
     second.unlock().await.unwrap();
@@ -616,135 +752,21 @@ pub async fn dropped_guard_releases(rig: Rig) {
     next.unlock().await.unwrap();
 }
 
-/// A backend decorator whose keep-alives can be made to fail for chosen leases, as if
-/// their owner were paused or cut off: the server then expires the lease on its own clock.
-/// Works over any backend, so "a holder that stops renewing" is testable on etcd too.
-#[derive(Debug)]
-pub struct Partitionable {
-    inner: Arc<dyn Backend>,
-    blocked: StdMutex<std::collections::HashSet<baton::LeaseId>>,
-    hung: StdMutex<std::collections::HashSet<baton::LeaseId>>,
-    /// Deletes wait for a read lock: a test holding the write lock stalls them in flight.
-    deletes: Arc<tokio::sync::RwLock<()>>,
-    /// Whether `was_head` is forwarded; off, it answers "not known" (the trait default).
-    shortcut: std::sync::atomic::AtomicBool,
-}
-
-impl Partitionable {
-    pub fn new(inner: Arc<dyn Backend>) -> Arc<Self> {
-        Arc::new(Partitionable {
-            inner,
-            blocked: StdMutex::default(),
-            hung: StdMutex::default(),
-            deletes: Arc::default(),
-            shortcut: std::sync::atomic::AtomicBool::new(true),
-        })
-    }
-
-    /// Renewals of `lease` fail (as if the server were unreachable).
-    pub fn block(&self, lease: baton::LeaseId) {
-        self.blocked.lock().unwrap().insert(lease);
-    }
-
-    /// Renewals of `lease` never answer.
-    pub fn hang(&self, lease: baton::LeaseId) {
-        self.hung.lock().unwrap().insert(lease);
-    }
-
-    /// Deletes sent while the returned guard lives stay in flight until it is dropped.
-    pub fn stall_deletes(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
-        Arc::clone(&self.deletes).try_write_owned().unwrap()
-    }
-
-    /// Turns off [`Backend::was_head`]: every wake takes the authoritative read.
-    pub fn without_shortcut(self: Arc<Self>) -> Arc<Self> {
-        self.shortcut
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-        self
-    }
-}
-
-#[async_trait::async_trait]
-impl Backend for Partitionable {
-    async fn grant_lease(&self, ttl: Duration) -> baton::Result<baton::Lease> {
-        self.inner.grant_lease(ttl).await
-    }
-    async fn keep_alive(&self, lease: baton::LeaseId) -> baton::Result<Option<Duration>> {
-        if self.blocked.lock().unwrap().contains(&lease) {
-            return Err(Error::Unavailable);
-        }
-        if self.hung.lock().unwrap().contains(&lease) {
-            return std::future::pending().await;
-        }
-        self.inner.keep_alive(lease).await
-    }
-    async fn revoke_lease(&self, lease: baton::LeaseId) -> baton::Result<()> {
-        self.inner.revoke_lease(lease).await
-    }
-    async fn enqueue(
-        &self,
-        queue: &str,
-        tag: &str,
-        lease: baton::LeaseId,
-        value: &[u8],
-    ) -> baton::Result<baton::Enqueued> {
-        self.inner.enqueue(queue, tag, lease, value).await
-    }
-    async fn predecessor(&self, mine: &baton::Entry) -> baton::Result<Option<baton::Entry>> {
-        self.inner.predecessor(mine).await
-    }
-    async fn was_head(&self, mine: &baton::Entry) -> baton::Result<bool> {
-        if !self.shortcut.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(false);
-        }
-        self.inner.was_head(mine).await
-    }
-    async fn wait_gone(&self, entry: &baton::Entry) -> baton::Result<()> {
-        self.inner.wait_gone(entry).await
-    }
-    async fn head(&self, queue: &str) -> baton::Result<Option<baton::Entry>> {
-        self.inner.head(queue).await
-    }
-    async fn entries(&self, queue: &str) -> baton::Result<Vec<baton::Entry>> {
-        self.inner.entries(queue).await
-    }
-    async fn delete_entry(&self, entry: &baton::Entry) -> baton::Result<bool> {
-        let _flowing = self.deletes.read().await;
-        self.inner.delete_entry(entry).await
-    }
-    async fn update_entry(&self, entry: &baton::Entry, value: &[u8]) -> baton::Result<bool> {
-        self.inner.update_entry(entry, value).await
-    }
-    async fn guarded(&self, entry: &baton::Entry, ops: &[WriteOp]) -> baton::Result<bool> {
-        self.inner.guarded(entry, ops).await
-    }
-    async fn read(&self, key: &str) -> baton::Result<Option<Vec<u8>>> {
-        self.inner.read(key).await
-    }
-    async fn lease_ttl(&self, lease: baton::LeaseId) -> baton::Result<Option<Duration>> {
-        self.inner.lease_ttl(lease).await
-    }
-    fn observe_head(
-        &self,
-        queue: &str,
-    ) -> futures::stream::BoxStream<'static, baton::Result<Option<baton::Entry>>> {
-        self.inner.observe_head(queue)
-    }
+/// A session on `backend` with `ttl`.
+pub async fn session_on(backend: Arc<dyn Backend>, ttl: Duration) -> Session {
+    Session::from_shared(backend, SessionOptions::new().with_ttl(ttl))
+        .await
+        .expect("session")
 }
 
 /// A holder whose renewals stop loses the lock to its successor; its late write through the
 /// fence is refused, every time.
 pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn baton::Fence>, rounds: usize) {
-    let partitionable = Partitionable::new(Arc::clone(&rig.backend));
     let name = rig.name("stale-fenced");
     let resource = rig.name("stale-fenced-resource");
     for round in 0..rounds {
-        let paused = Session::from_shared(
-            partitionable.clone(),
-            SessionOptions::new().with_ttl(Duration::from_secs(2)),
-        )
-        .await
-        .unwrap();
+        let faulty = FaultyBackend::wrap(Arc::clone(&rig.backend));
+        let paused = session_on(faulty.clone(), Duration::from_secs(2)).await;
         let old = Mutex::new(&paused, &name).unwrap().lock().await.unwrap();
         fence
             .write(
@@ -757,7 +779,7 @@ pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn baton::Fence>, rou
         let successor_session = rig.session().await;
         let successor = spawn_queued(&*rig.outside, &successor_session, &name, 2).await;
         // The holder "pauses": its renewals stop; the server expires its lease.
-        partitionable.block(paused.lease_id());
+        faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
         let new = within("the successor", Duration::from_secs(15), successor)
             .await
             .unwrap()
@@ -773,7 +795,7 @@ pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn baton::Fence>, rou
         // The old holder wakes up and writes.
         let late = fence.write(&resource, old.fencing_token(), b"late").await;
         assert!(
-            matches!(late, Err(Error::StaleToken { highest, .. }) if highest == new.fencing_token().get()),
+            matches!(late, Err(Error::StaleToken { highest, .. }) if highest == new.fencing_token()),
             "round {round}: {late:?}"
         );
         let (token, data) = fence.read(&resource).await.unwrap().unwrap();
@@ -805,9 +827,9 @@ pub async fn fence_keeps_the_highest(fence: Arc<dyn baton::Fence>, resource: &st
         match r {
             Ok(()) => {}
             Err(Error::StaleToken { token, highest, .. }) => {
-                assert_eq!(token, t);
+                assert_eq!(token.get(), t);
                 assert!(
-                    highest > t,
+                    highest.get() > t,
                     "refused {t} although only {highest} was accepted"
                 );
             }
@@ -850,7 +872,7 @@ pub async fn next_event(
 
 fn elected_value(event: &LeaderEvent) -> Vec<u8> {
     match event {
-        LeaderEvent::Elected(l) => l.value.clone(),
+        LeaderEvent::Elected(l) => l.value().to_vec(),
         other => panic!("expected a new leader, got {other:?}"),
     }
 }
@@ -887,7 +909,7 @@ pub async fn election_fifo_succession(rig: Rig) {
     let mut tokens = vec![leader.fencing_token().get()];
     for (i, next) in waiting.into_iter().enumerate() {
         let current = election.leader().await.unwrap().expect("someone leads");
-        assert_eq!(current.key, leader.key(), "exactly the one leader");
+        assert_eq!(current.key(), leader.key(), "exactly the one leader");
         leader.resign().await.unwrap();
         let (_s, next) = within("succession", Duration::from_secs(10), next)
             .await
@@ -912,7 +934,7 @@ pub async fn election_dead_leader_is_followed(rig: Rig) {
     let ttl = Duration::from_secs(2);
     let lease = rig.outside.grant_lease(ttl).await.unwrap();
     rig.outside
-        .enqueue(&name, &lease.id.to_hex(), lease.id, b"dead")
+        .enqueue(&name, &lease.id().to_hex(), lease.id(), b"dead")
         .await
         .unwrap();
     let s = rig.session().await;
@@ -921,7 +943,7 @@ pub async fn election_dead_leader_is_followed(rig: Rig) {
     assert_eq!(elected_value(&next_event(&mut events).await), b"dead");
     let next = within(
         "the successor of a dead leader",
-        lease.ttl + Duration::from_secs(3),
+        lease.ttl() + Duration::from_secs(3),
         election.campaign("alive"),
     )
     .await
@@ -941,10 +963,10 @@ pub async fn election_proclaim_and_loss(rig: Rig) {
     assert_eq!(elected_value(&next_event(&mut events).await), b"v1");
     leadership.proclaim("v2").await.unwrap();
     match next_event(&mut events).await {
-        LeaderEvent::Proclaimed(l) => assert_eq!(l.value, b"v2"),
+        LeaderEvent::Proclaimed(l) => assert_eq!(l.value(), b"v2"),
         other => panic!("expected a proclamation, got {other:?}"),
     }
-    assert_eq!(election.leader().await.unwrap().unwrap().value, b"v2");
+    assert_eq!(election.leader().await.unwrap().unwrap().value(), b"v2");
 
     rig.outside.revoke_lease(s.lease_id()).await.unwrap();
     assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
@@ -1060,6 +1082,165 @@ pub async fn election_drops_clean_up(rig: Rig) {
     .await;
 }
 
+/// `run_while_leader` returns the work's result when the resignation fails for a while: the
+/// resignation is retried until it is answered, and it found the key still ours.
+pub async fn election_run_while_leader_survives_a_failed_resign(rig: Rig) {
+    let name = rig.name("elect-resign-fails");
+    let (faulty, s) = faulty_session(&rig).await;
+    let election = Election::new(&s, &name).unwrap();
+    let out = election
+        .run_while_leader("job", |_| {
+            // The resignation that follows the work fails twice before it goes through.
+            faulty.inject(Call::DeleteEntry, 1, Fault::FailBefore);
+            faulty.inject(Call::DeleteEntry, 2, Fault::FailBefore);
+            async { 42 }
+        })
+        .await;
+    assert!(matches!(out, Ok(42)), "{out:?}");
+    assert_eq!(faulty.count(Call::DeleteEntry), 3);
+    assert!(rig.keys(&name).await.is_empty(), "resigned");
+}
+
+/// `run_while_leader` does not report success for work that finished after another
+/// campaigner had been elected: its resignation found its key gone.
+pub async fn election_run_while_leader_reports_a_loss_during_the_work(rig: Rig) {
+    let name = rig.name("elect-lost-during-work");
+    let s = rig.session().await;
+    let other = rig.session().await;
+    let election = Election::new(&s, &name).unwrap();
+    let outside = Arc::clone(&rig.outside);
+    let (name2, other2) = (name.clone(), other.clone());
+    let out = election
+        .run_while_leader("job", |_| async move {
+            // All before the work yields to the watch on our key: our key is deleted from
+            // outside and another campaigner is elected.
+            let mine = outside.head(&name2).await.unwrap().unwrap();
+            assert!(outside.delete_entry(&mine).await.unwrap());
+            let newer = Election::new(&other2, &name2)
+                .unwrap()
+                .campaign("other")
+                .await
+                .unwrap();
+            std::mem::forget(newer);
+            42
+        })
+        .await;
+    assert!(matches!(out, Err(Error::LeadershipLost { .. })), "{out:?}");
+    other.close().await.unwrap();
+}
+
+/// Errors while watching our own key are not a loss: the work runs to its end.
+pub async fn election_run_while_leader_outlasts_watch_errors(rig: Rig) {
+    let name = rig.name("elect-watch-errors");
+    let (faulty, s) = faulty_session(&rig).await;
+    let election = Election::new(&s, &name).unwrap();
+    faulty.inject_every(Call::WaitGone, Fault::FailBefore);
+    let faulty2 = Arc::clone(&faulty);
+    let out = election
+        .run_while_leader("job", |_| async move {
+            // Let the watch on our key fail a few times (it retries with backoff).
+            faulty2.until_count(Call::WaitGone, 3).await;
+            42
+        })
+        .await;
+    assert!(matches!(out, Ok(42)), "{out:?}");
+    faulty.clear();
+}
+
+/// After a failed resignation, a new campaign on the same session waits for the cleanup and
+/// then creates a new key: its own value, a higher token, never the old leadership.
+pub async fn election_campaign_after_a_failed_resign_is_new(rig: Rig) {
+    let name = rig.name("elect-fresh");
+    let (faulty, s) = faulty_session(&rig).await;
+    let election = Election::new(&s, &name).unwrap();
+    let old = election.campaign("old").await.unwrap();
+    let old_token = old.fencing_token();
+    faulty.inject_every(Call::DeleteEntry, Fault::FailBefore);
+    assert!(old.resign().await.is_err());
+    let creates = faulty.count(Call::Enqueue);
+    let deletes = faulty.count(Call::DeleteEntry);
+    let mut campaign = Box::pin(election.campaign("new"));
+    drive_until(
+        &mut campaign,
+        faulty.until_count(Call::DeleteEntry, deletes + 2),
+    )
+    .await;
+    assert_eq!(
+        faulty.count(Call::Enqueue),
+        creates,
+        "waits for the cleanup"
+    );
+    faulty.clear();
+    let new = within("the new campaign", Duration::from_secs(10), campaign)
+        .await
+        .unwrap();
+    assert!(new.fencing_token() > old_token);
+    assert_eq!(new.value(), b"new");
+    let leader = election.leader().await.unwrap().unwrap();
+    assert_eq!(
+        (leader.value(), leader.token()),
+        (&b"new"[..], new.fencing_token())
+    );
+    new.resign().await.unwrap();
+}
+
+/// An observer that reads slowly still sees every leader change, in order: more changes than
+/// any fixed buffer (the memory backend's first observer kept 1,024) are queued for it.
+pub async fn election_observer_misses_nothing_when_slow(rig: Rig) {
+    const PROCLAIMS: usize = 1_200;
+    let name = rig.name("elect-slow-observer");
+    let s = rig.session().await;
+    let election = Election::new(&s, &name).unwrap();
+    let mut events = election.observe();
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+    let mut leadership = election.campaign("0").await.unwrap();
+    for i in 1..=PROCLAIMS {
+        leadership.proclaim(i.to_string()).await.unwrap();
+    }
+    leadership.resign().await.unwrap();
+    // Only now does the observer read.
+    assert_eq!(elected_value(&next_event(&mut events).await), b"0");
+    for i in 1..=PROCLAIMS {
+        match next_event(&mut events).await {
+            LeaderEvent::Proclaimed(l) => assert_eq!(l.value(), i.to_string().as_bytes()),
+            other => panic!("proclamation {i}: got {other:?}"),
+        }
+    }
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+}
+
+/// `observe()` can be called where there is no runtime (it creates nothing until polled).
+pub async fn election_observe_needs_no_runtime(rig: Rig) {
+    let name = rig.name("elect-observe-outside");
+    let s = rig.session().await;
+    let election = Election::new(&s, &name).unwrap();
+    let mut events = std::thread::spawn(move || election.observe())
+        .join()
+        .expect("observe() outside a runtime must not panic");
+    assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
+}
+
+/// Names that nest share a queue (as in etcd's Go recipes and `etcdctl`): documented, and
+/// shown here: a lock named `n` waits behind the holder of `n/sub`.
+pub async fn nested_names_share_a_queue(rig: Rig) {
+    let name = rig.name("nested");
+    let a = rig.session().await;
+    let b = rig.session().await;
+    let inner = Mutex::new(&a, format!("{name}/sub"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let outer = Mutex::new(&b, &name).unwrap().try_lock().await;
+    assert!(matches!(outer, Err(Error::Locked { .. })), "{outer:?}");
+    let leader = Election::new(&b, &name).unwrap().leader().await.unwrap();
+    assert_eq!(
+        leader.map(|l| l.key().to_owned()),
+        Some(inner.key().to_owned())
+    );
+    inner.unlock().await.unwrap();
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -1069,8 +1250,15 @@ macro_rules! conformance {
             revoked_holder_is_told, crashed_holder_is_followed, late_unlock_spares_successor,
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
             close_releases_everything, dropped_session_revokes, dropped_guard_releases,
+            failed_lock_leaves_nothing, failed_release_never_hands_out_the_token_again,
+            deleted_key_is_reported_to_the_holder, nested_names_share_a_queue,
             election_fifo_succession, election_dead_leader_is_followed, election_proclaim_and_loss,
-            election_lost_campaigner_gets_error, election_run_while_leader, election_drops_clean_up);
+            election_lost_campaigner_gets_error, election_run_while_leader, election_drops_clean_up,
+            election_run_while_leader_survives_a_failed_resign,
+            election_run_while_leader_reports_a_loss_during_the_work,
+            election_run_while_leader_outlasts_watch_errors,
+            election_campaign_after_a_failed_resign_is_new,
+            election_observer_misses_nothing_when_slow, election_observe_needs_no_runtime);
     };
     ($rig:path; $($attr:tt)*) => {
         $crate::conformance!(mod conformance; $rig; $($attr)*);

@@ -1,25 +1,4 @@
-//! Test fixtures: etcd started for your tests (feature `testing`).
-//!
-//! [`EtcdNode`] is one etcd member, [`EtcdCluster`] three. By default they run in containers
-//! started through testcontainers, with **host networking**, each member listening on free
-//! `127.0.0.1` ports; they are ready when etcd logs that it serves client requests and are
-//! removed when dropped (or, for [`EtcdNode::shared`], when the test process exits).
-//!
-//! Environment:
-//! - `BATON_ETCD_ENDPOINTS`: comma-separated endpoints of an etcd you run yourself; no
-//!   container is started.
-//! - `BATON_ETCD_IMAGE`: the image, `name:tag` (default [`DEFAULT_IMAGE`]). Its `etcd`
-//!   binary must be on the image's `PATH`.
-//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to an `etcd` binary on `PATH`
-//!   when no Docker daemon answers. CI sets it.
-//!
-//! ```no_run
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use baton::testing::EtcdNode;
-//! let etcd = EtcdNode::start().await?;
-//! let backend = etcd.backend().await?;
-//! # let _ = backend; Ok(()) }
-//! ```
+//! etcd fixtures: one member ([`EtcdNode`]) or three ([`EtcdCluster`]), in containers.
 
 use std::net::TcpListener;
 use std::process::Stdio;
