@@ -235,17 +235,18 @@ impl Election {
     /// have been applied; writes fenced with the token are refused once a newer leader has
     /// written.
     ///
-    /// `Ok` means more than "the work finished": the resignation found our key still there,
-    /// the same incarnation, so no one else led at any point while the work ran. A failed
-    /// resignation is retried (with backoff) until it is answered; a backend error or outage
-    /// while the work runs or while resigning is not taken for a loss.
+    /// `Ok` means more than "the work finished": a read after the work found our key still
+    /// there, the same incarnation, so no one else led at any point while the work ran. That
+    /// read is retried (with backoff) until it is answered; a backend error or outage while
+    /// the work runs, or while resigning, is not taken for a loss. The resignation itself
+    /// goes on in the background if it fails.
     ///
     /// # Errors
     /// As for [`campaign`](Election::campaign). [`Error::LeadershipLost`] if leadership was
     /// lost while the work ran (the work was cancelled), or if the work finished but its
-    /// leadership cannot be confirmed to the end: the key was already gone when it resigned,
-    /// or the session was lost before the resignation was answered. The work's output is
-    /// dropped then: it ran, at least in part, while another campaigner may have led.
+    /// leadership cannot be confirmed to the end: the key was gone when the work finished, or
+    /// the session was lost before that could be read. The work's output is dropped then: it
+    /// ran, at least in part, while another campaigner may have led.
     ///
     /// # Cancel safety
     /// Dropping the future cancels `work` and resigns in the background (or withdraws the
@@ -268,8 +269,17 @@ impl Election {
                 return Err(lost_leadership());
             }
         };
-        match leadership.held.release_confirmed().await {
-            Ok(true) => Ok(out),
+        // Still our key (the same incarnation) after the work: we led throughout. Decided by
+        // a read rather than by the resignation's answer, which cannot tell "already gone"
+        // from "deleted by our own earlier attempt whose answer was lost".
+        match leadership.held.still_held().await {
+            Ok(true) => {
+                if let Err(e) = leadership.resign().await {
+                    // It goes on in the background; the work's result stands.
+                    tracing::debug!(name = %self.name, error = %e, "resigning after the work failed; retrying in the background");
+                }
+                Ok(out)
+            }
             Ok(false) => {
                 tracing::warn!(name = %self.name, "the work finished after leadership was lost (key already gone)");
                 Err(lost_leadership())

@@ -41,8 +41,9 @@
 //! - `etcd` (default): [`EtcdBackend`].
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
 //! - `cli`: the `baton` command-line tool.
-//! - `testing`: the [`testing`] module, with etcd fixtures (single node and three-member
-//!   cluster) started through testcontainers.
+//! - `testing`: the [`testing`] module: [`testing::FaultyBackend`], a decorator that injects
+//!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
+//!   three-member cluster) started through testcontainers.
 //!
 //! See `docs/guarantees.md` for what the lock promises and under which assumptions.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -42,6 +42,13 @@ impl Backoff {
     /// The pause before going round a loop that should not have come round at all.
     const SLOW: Duration = Duration::from_millis(250);
 
+    /// The pause after `failures` failures in a row: 25 ms, doubling, up to a second.
+    fn after(failures: u32) -> Duration {
+        Self::FIRST
+            .saturating_mul(1 << failures.saturating_sub(1).min(6))
+            .min(Self::MAX)
+    }
+
     /// The delay to wait now; the next one is twice as long, up to a second.
     pub(crate) fn next_delay(&mut self) -> Duration {
         let now = self.0;
@@ -316,7 +323,26 @@ fn wait_for_turn<'a>(
         // that shows it again (a backend whose wait cannot see that entry, a lagging replica)
         // backs off instead of spinning.
         let mut last_gone = 0u64;
+        // Reads and waits that failed in a row. A failed read or wait says nothing about
+        // the queue (the backend contract): go round again, after a pause that grows. An
+        // outage that lasts ends the wait through the session, which is lost by then.
+        let mut failures = 0u32;
         loop {
+            let seen_again = predecessor
+                .as_ref()
+                .is_some_and(|p| p.token().get() == last_gone);
+            if failures > 0 || seen_again {
+                let pause = if failures > 0 {
+                    Backoff::after(failures)
+                } else {
+                    tracing::debug!(key = %mine.key(), "predecessor seen again after it was gone; backing off");
+                    Backoff::SLOW
+                };
+                tokio::select! {
+                    () = Box::pin(tokio::time::sleep(pause)) => {}
+                    reason = &mut *lost => return Err(Error::SessionLost(reason)),
+                }
+            }
             // The first predecessor may come with the enqueue answer; later ones are read. One
             // variable holds it throughout: this state is kept by every waiter.
             let waited_for = match &mut predecessor {
@@ -327,26 +353,35 @@ fn wait_for_turn<'a>(
                         reason = &mut *lost => return Err(Error::SessionLost(reason)),
                     };
                     match read {
+                        Ok(Some(p)) if p.token().get() == last_gone => {
+                            // Shown again after it was seen gone: pause before waiting on it.
+                            predecessor = Some(p);
+                            continue;
+                        }
                         Ok(Some(p)) => empty.insert(p),
                         Ok(None) => return Ok(()),
                         // Our own key vanished: most likely our lease ended.
                         Err(Error::EntryGone { .. }) if session.is_lost() => break,
-                        Err(e) => return Err(e),
+                        Err(e @ Error::EntryGone { .. }) => return Err(e),
+                        Err(e) => {
+                            tracing::debug!(key = %mine.key(), error = %e, "reading the predecessor failed; retrying");
+                            failures = failures.saturating_add(1);
+                            continue;
+                        }
                     }
                 }
             };
-            if last_gone == waited_for.token().get() {
-                tracing::debug!(key = %mine.key(), predecessor = %waited_for.key(), "predecessor seen again after it was gone; backing off");
-                tokio::select! {
-                    () = Box::pin(tokio::time::sleep(Backoff::SLOW)) => {}
-                    reason = &mut *lost => return Err(Error::SessionLost(reason)),
-                }
-            }
             tracing::debug!(key = %mine.key(), predecessor = %waited_for.key(), "waiting for predecessor");
-            tokio::select! {
-                gone = backend.wait_gone(waited_for) => gone?,
+            let gone = tokio::select! {
+                gone = backend.wait_gone(waited_for) => gone,
                 reason = &mut *lost => return Err(Error::SessionLost(reason)),
+            };
+            if let Err(e) = gone {
+                tracing::debug!(key = %mine.key(), error = %e, "waiting for the predecessor failed; retrying");
+                failures = failures.saturating_add(1);
+                continue;
             }
+            failures = 0;
             last_gone = waited_for.token().get();
             predecessor = None;
             // Usually the predecessor was the holder and we are now the head: a cheap check
@@ -447,38 +482,28 @@ impl Held {
         }
     }
 
-    /// Like [`release`](Held::release), but retries a failed delete (with backoff) until it
-    /// is answered: `Ok(true)` if our entry was still there, `Ok(false)` if it was already
-    /// gone, [`Error::SessionLost`] if the session was lost first (the entry then ends with
-    /// the lease; whether it was still ours at the end is not known).
-    pub(crate) async fn release_confirmed(mut self) -> Result<bool> {
+    /// Whether our entry still exists (this incarnation), asked until the backend answers:
+    /// `Ok(true)` means the hold lasted without a break from the grant until now (no entry
+    /// older than ours can appear, and ours is the same incarnation). A failed read is
+    /// retried with backoff; [`Error::SessionLost`] if the session is lost first.
+    pub(crate) async fn still_held(&self) -> Result<bool> {
         let lost = self.session.lost();
         tokio::pin!(lost);
         let mut backoff = Backoff::new();
         loop {
-            let attempt = self.session.backend().delete_entry(&self.entry);
+            let read = self.session.backend().guarded(&self.entry, &[]);
             let result = tokio::select! {
                 biased;
-                reason = &mut lost => Err(Error::SessionLost(reason)),
-                result = attempt => result,
+                reason = &mut lost => return Err(Error::SessionLost(reason)),
+                result = read => result,
             };
             match result {
-                Ok(was_ours) => {
-                    self.disarm();
-                    return Ok(was_ours);
-                }
-                Err(Error::SessionLost(reason)) => {
-                    self.disarm();
-                    return Err(Error::SessionLost(reason));
-                }
+                Ok(held) => return Ok(held),
                 Err(e) => {
-                    tracing::debug!(key = %self.entry.key(), error = %e, "release failed; retrying");
+                    tracing::debug!(key = %self.entry.key(), error = %e, "ownership check failed; retrying");
                     tokio::select! {
                         biased;
-                        reason = &mut lost => {
-                            self.disarm();
-                            return Err(Error::SessionLost(reason));
-                        }
+                        reason = &mut lost => return Err(Error::SessionLost(reason)),
                         () = wait(&mut backoff) => {}
                     }
                 }

@@ -581,6 +581,14 @@ mod tests {
         }
     }
 
+    /// Bounds a wait the test expects to end: a wait that never wakes is the bug these tests
+    /// look for, and must fail the test rather than hang it.
+    async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(60), fut)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: never happened"))
+    }
+
     /// Lets the driver task run until it has nothing left to do.
     async fn settle() {
         for _ in 0..10 {
@@ -602,7 +610,9 @@ mod tests {
         settle().await;
         assert_eq!(fake.opened(), 1);
         fake.respond(0, created(1, 10));
-        let coverage = first.ready.await.expect("confirmed");
+        let coverage = bounded("first ready", first.ready)
+            .await
+            .expect("confirmed");
         assert_eq!(coverage.since, Some(10));
 
         // The connection breaks; the driver learns it from a failed send, before it reads
@@ -610,10 +620,16 @@ mod tests {
         let (_, broken) = fake.stream(0);
         broken.store(true, Ordering::SeqCst);
         let failed = hub.register(b"q/b", 6);
-        assert!(failed.ready.await.is_err(), "told to back off and retry");
-        assert_eq!(failed.fired.await, Ok(Fired::Recheck));
+        assert!(
+            bounded("failed ready", failed.ready).await.is_err(),
+            "told to back off and retry"
+        );
         assert_eq!(
-            first.fired.await,
+            bounded("failed fired", failed.fired).await,
+            Ok(Fired::Recheck)
+        );
+        assert_eq!(
+            bounded("the first wait ends", first.fired).await,
             Ok(Fired::Recheck),
             "the wait on the broken stream must re-read"
         );
@@ -631,7 +647,13 @@ mod tests {
             "not confirmed before the new stream says so"
         );
         fake.respond(1, created(requests[0].1, 12));
-        assert_eq!(again.ready.await.expect("confirmed").since, Some(12));
+        assert_eq!(
+            bounded("again ready", again.ready)
+                .await
+                .expect("confirmed")
+                .since,
+            Some(12)
+        );
     }
 
     /// A watch the server cancels (a compaction it cannot catch the watch up across) sends
@@ -647,8 +669,8 @@ mod tests {
         let (id_a, id_b) = (requests[0].1, requests[1].1);
         fake.respond(0, created(id_a, 10));
         fake.respond(0, created(id_b, 10));
-        a.ready.await.unwrap();
-        b.ready.await.unwrap();
+        bounded("a ready", a.ready).await.unwrap();
+        bounded("b ready", b.ready).await.unwrap();
         fake.respond(
             0,
             Msg {
@@ -657,7 +679,7 @@ mod tests {
                 ..Msg::default()
             },
         );
-        assert_eq!(a.fired.await, Ok(Fired::Recheck));
+        assert_eq!(bounded("a fired", a.fired).await, Ok(Fired::Recheck));
         fake.respond(
             0,
             Msg {
@@ -666,7 +688,7 @@ mod tests {
                 ..Msg::default()
             },
         );
-        assert_eq!(b.fired.await, Ok(Fired::Gone));
+        assert_eq!(bounded("b fired", b.fired).await, Ok(Fired::Gone));
     }
 
     /// A deletion ends the incarnations created before it, not a newer one.
@@ -689,7 +711,7 @@ mod tests {
                 ..Msg::default()
             },
         );
-        assert_eq!(old.fired.await, Ok(Fired::Gone));
+        assert_eq!(bounded("old fired", old.fired).await, Ok(Fired::Gone));
         let mut new = new;
         settle().await;
         assert!(new.fired.try_recv().is_err(), "created after the deletion");
