@@ -201,6 +201,9 @@ async fn granted_ttl_is_used_as_granted() {
     s.close().await.unwrap();
 }
 
+/// A compaction of everything the waiter has seen does not disturb its wait. (Waits never
+/// start a watch from a past revision, so a compaction cannot cancel theirs; the path where
+/// etcd cancels a watch anyway is tested against scripted streams in the watch driver.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_survives_compaction() {
     let backend = backend().await;
@@ -612,4 +615,31 @@ fn lost_after_the_runtime_that_renewed_it_ended() {
         .block_on(async { within("lost() at the deadline", ttl * 3, session.lost()).await });
     assert_eq!(reason, baton::LostReason::Expired);
     assert!(session.is_lost());
+}
+
+/// The fault-injection harness on etcd, sampled: a part of the (operation, step, fault)
+/// cases the memory suite runs in full, against a real server (see docs/reliability.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_harness_sample() {
+    let harness = support::harness::Harness {
+        make_rig: |case: String| async move {
+            Rig {
+                backend: Arc::new(backend().await),
+                outside: Arc::new(backend().await),
+                prefix: format!("etcd-{}/harness/{case}", std::process::id()),
+            }
+        },
+        delay: Duration::from_millis(300),
+        sample: 2,
+        follow_sample: 5,
+        backend: "etcd",
+    };
+    let started = std::time::Instant::now();
+    let tally = within("the harness", Duration::from_secs(900), harness.run_all()).await;
+    println!(
+        "HARNESS-TOTAL|etcd|{} cases in {:?}",
+        tally.cases,
+        started.elapsed()
+    );
+    assert!(tally.cases >= 50, "{tally:?}");
 }

@@ -527,21 +527,51 @@ async fn foreign_keys_under_the_prefix() {
         client.put(key.clone(), "", options).await.unwrap();
     }
     let register = Arc::new(FencedRegister::default());
-    let (_sessions, mut granted) =
-        queue_contenders(&backend, &name, 2, Duration::from_secs(30), &register).await;
+    // Each contender, once granted, reads the queue: its own key must be the oldest. (No key
+    // older than a contender's can be created after it, so an older key seen after the grant
+    // was there at the grant: the grant was early.)
+    let (tx, mut granted) = mpsc::unbounded_channel();
+    let mut sessions = Vec::new();
+    for i in 0..2 {
+        let s = session(&backend, Duration::from_secs(30)).await;
+        sessions.push(s.clone());
+        let (tx, lock_name, register, reader) = (
+            tx.clone(),
+            name.clone(),
+            Arc::clone(&register),
+            backend.clone(),
+        );
+        tokio::spawn(async move {
+            let guard = Mutex::new(&s, &lock_name).unwrap().lock().await.unwrap();
+            let head = reader.entries(&lock_name).await.unwrap().remove(0);
+            let token = guard.fencing_token().get();
+            assert!(register.enter(token));
+            register.exit(token);
+            guard.unlock().await.unwrap();
+            let _ = tx.send((token, head.token().get()));
+        });
+        eventually("the contender is queued", || async {
+            backend.entries(&name).await.is_ok_and(|e| e.len() == 4 + i + 1)
+        })
+        .await;
+    }
     let entries = backend.entries(&name).await.unwrap();
     assert_eq!(entries.len(), 6);
     let tokens: Vec<u64> = entries.iter().map(|e| e.token().get()).collect();
     support::assert_strictly_increasing(&tokens);
-    // Remove the foreign keys newest first: nobody is granted until the oldest is gone.
+    // Remove the foreign keys newest first: nobody may be granted until the oldest is gone.
     for key in foreign.iter().rev() {
-        assert!(
-            granted.try_recv().is_err(),
-            "granted while an older foreign key exists"
-        );
         client.delete(key.clone(), None).await.unwrap();
     }
-    drain(&mut granted, 2, Duration::from_secs(20)).await;
+    for _ in 0..2 {
+        let (token, head) = within("a grant", Duration::from_secs(20), granted.recv())
+            .await
+            .unwrap();
+        assert_eq!(
+            head, token,
+            "granted {token} while an older key ({head}) existed"
+        );
+    }
     register.assert_safe(
         "foreign keys under the lock prefix",
         "ordering by create revision, no panic",
@@ -661,6 +691,67 @@ async fn observer_resumes_after_a_broken_connection() {
     assert!(
         matches!(&next, LeaderEvent::Elected(l) if l.value() == b"b"),
         "{next:?}"
+    );
+    leader_b.resign().await.unwrap();
+}
+
+/// An observer cut off while leaders change and the history is compacted cannot be told what
+/// it missed: it says so (`Skipped`), then reports the current leader. Before, it reported the
+/// new leader as if nothing had been missed (a proclamation, a vacancy and a leader lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_cut_off_across_a_compaction_reports_the_gap() {
+    use baton::{Election, LeaderEvent};
+    let node = EtcdNode::shared();
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
+    let name = name("observe-gap");
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let behind = connect(&[proxy.endpoint()], Duration::from_secs(2)).await;
+    let observer_session = session(&behind, Duration::from_secs(60)).await;
+    // The observer's stream goes through the proxy.
+    let mut events_behind = Election::new(&observer_session, &name).unwrap().observe();
+    assert_eq!(
+        support::next_event(&mut events_behind).await,
+        LeaderEvent::Vacant
+    );
+    let a = session(&direct, Duration::from_secs(60)).await;
+    let mut leader_a = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(
+        matches!(support::next_event(&mut events_behind).await, LeaderEvent::Elected(l) if l.value() == b"a")
+    );
+
+    proxy.black_hole();
+    leader_a.proclaim("a2").await.unwrap();
+    leader_a.resign().await.unwrap();
+    let b = session(&direct, Duration::from_secs(60)).await;
+    let mut leader_b = Election::new(&b, &name)
+        .unwrap()
+        .campaign("b")
+        .await
+        .unwrap();
+    leader_b.proclaim("b2").await.unwrap();
+    support::compact_history(direct.client(), &format!("{name}-filler")).await;
+    proxy.heal();
+
+    let gap = within(
+        "the gap reported",
+        Duration::from_secs(30),
+        support::next_event(&mut events_behind),
+    )
+    .await;
+    assert_eq!(gap, LeaderEvent::Skipped);
+    let now = within(
+        "the current leader",
+        Duration::from_secs(30),
+        support::next_event(&mut events_behind),
+    )
+    .await;
+    assert!(
+        matches!(&now, LeaderEvent::Elected(l) if l.value() == b"b2"),
+        "{now:?}"
     );
     leader_b.resign().await.unwrap();
 }

@@ -190,7 +190,12 @@ async fn lost_no_later_than_server_expiry() {
         .unwrap();
     let guard = Mutex::new(&s, "partition").unwrap().lock().await.unwrap();
     // Let two slow renewals go through, then cut the network.
-    faulty.until_count(Call::KeepAlive, 2).await;
+    within(
+        "two renewals",
+        ttl * 2,
+        faulty.until_count(Call::KeepAlive, 2),
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     faulty.clear();
     faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
@@ -203,7 +208,7 @@ async fn lost_no_later_than_server_expiry() {
         .max()
         .unwrap();
     let server_expiry = last_applied + ttl;
-    let reason = guard.lost().await;
+    let reason = within("lost()", ttl * 2, guard.lost()).await;
     assert_eq!(reason, LostReason::Expired);
     let lost_at = tokio::time::Instant::now();
     assert!(
@@ -251,6 +256,45 @@ fn lost_after_the_runtime_that_renewed_it_ended() {
     assert_eq!(reason, LostReason::Expired);
     assert!(created.elapsed() >= ttl, "not before the deadline");
     assert!(session.is_lost());
+}
+
+/// Nothing is granted to a session whose deadline passed, even when nothing recorded the
+/// loss: here the runtime that renewed the session has shut down, and the create is answered
+/// after the deadline (the server still had the lease when it applied it).
+#[test]
+fn nothing_is_granted_after_the_deadline_even_unrecorded() {
+    let faulty = FaultyBackend::new(MemoryBackend::new());
+    let helper = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let session = helper
+        .block_on(Session::from_shared(
+            faulty.clone(),
+            SessionOptions::new().with_ttl(ttl),
+        ))
+        .unwrap();
+    drop(helper);
+    faulty.inject(Call::Enqueue, 1, Fault::DelayAfter(ttl * 2));
+    // Paused: the delay passes at once on this runtime's clock.
+    let elsewhere = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let result = elsewhere.block_on(async {
+        within(
+            "lock()",
+            ttl * 5,
+            Mutex::new(&session, "late").unwrap().lock(),
+        )
+        .await
+    });
+    assert!(
+        matches!(result, Err(baton::Error::SessionLost(LostReason::Expired))),
+        "{result:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -374,4 +418,60 @@ async fn observers_never_report_heads_between_changes_of_one_revision() {
         matches!(&next, LeaderEvent::Elected(l) if l.value() == b"c"),
         "{next:?}"
     );
+}
+
+/// Every public operation, stepped through every backend call it makes, with each fault at
+/// that step (`tests/support/harness.rs` lists the invariants it checks after each case).
+#[tokio::test(start_paused = true)]
+async fn fault_harness_every_operation_step_and_fault() {
+    let harness = support::harness::Harness {
+        make_rig: |case: String| async move {
+            let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+            Rig {
+                outside: Arc::clone(&backend),
+                backend,
+                prefix: format!("harness/{case}"),
+            }
+        },
+        delay: Duration::from_secs(3),
+        sample: 1,
+        follow_sample: 1,
+        backend: "memory",
+    };
+    let tally = within(
+        "the harness",
+        Duration::from_secs(24 * 3600),
+        harness.run_all(),
+    )
+    .await;
+    println!("HARNESS-TOTAL|memory|{}", tally.cases);
+    assert!(tally.cases >= 100, "{tally:?}");
+}
+
+/// Renewals that fail, hang or answer late from the 1st, 2nd or 3rd on, while holding and
+/// while waiting: `lost()` by the deadline, nothing granted after it.
+#[tokio::test(start_paused = true)]
+async fn fault_harness_session_loss() {
+    let ttl = Duration::from_secs(3);
+    let mut cases = 0;
+    for after in 0..3 {
+        for fault in support::harness::renewal_faults(ttl) {
+            for waiting in [false, true] {
+                let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+                let rig = Rig {
+                    outside: Arc::clone(&backend),
+                    backend,
+                    prefix: format!("session-loss/{cases}"),
+                };
+                within(
+                    "a session case",
+                    Duration::from_secs(600),
+                    support::harness::lost_by_the_deadline(rig, ttl, after, fault, waiting),
+                )
+                .await;
+                cases += 1;
+            }
+        }
+    }
+    println!("HARNESS-TOTAL|memory-session|{cases}");
 }
