@@ -295,6 +295,34 @@ async fn status_lists_holder_then_waiters_in_order() {
     guard.unlock().await.unwrap();
 }
 
+/// Names that nest share a queue (as with etcdctl): `status` shows the keys of a nested name
+/// in the parent's queue, marked, so that an operator sees why the parent waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_keys_of_nested_names() {
+    let name = name("status-nested");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let inner = Mutex::new(&s, format!("{name}/sub"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let json = baton(&["status", &name, "--json"]).output().await.unwrap();
+    let json = String::from_utf8(json.stdout).unwrap();
+    assert!(
+        json.contains(&format!("\"name\":\"{name}/sub\"")) && json.contains(inner.key()),
+        "{json}"
+    );
+    let table = baton(&["status", &name]).output().await.unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("holder*"), "{table}");
+    assert!(
+        table.contains(&format!("nested name {name}/sub")),
+        "{table}"
+    );
+    inner.unlock().await.unwrap();
+}
+
 fn have_etcdctl() -> bool {
     let found = std::process::Command::new("etcdctl")
         .arg("version")

@@ -452,6 +452,15 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
         return Err(Failure::new(exit::USAGE, "the name must not be empty"));
     }
     let entries = backend.entries(name).await?;
+    // Names that nest share a queue (as with etcdctl): a key under `<name>/sub/` belongs to
+    // the lock `<name>/sub`, yet `<name>` queues behind it. Say so rather than hide it.
+    let prefix = format!("{name}/");
+    let owner_name = |key: &str| -> String {
+        key.strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once('/'))
+            .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"))
+    };
+    let mut nested: Vec<String> = Vec::new();
     if !json {
         println!(
             "{:<8} {:<40} {:>10} {:>18} {:>6}  OWNER",
@@ -463,17 +472,27 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
             Some(lease) => backend.lease_ttl(lease).await?.map(|d| d.as_secs()),
             None => None,
         };
-        let role = if i == 0 {
+        let mut role = if i == 0 {
             "holder".to_owned()
         } else {
             format!("waiter{i}")
         };
+        let of = owner_name(e.key());
+        if of != name {
+            if !json {
+                role.push('*');
+            }
+            if !nested.contains(&of) {
+                nested.push(of.clone());
+            }
+        }
         let owner = String::from_utf8_lossy(e.value());
         let lease = e.lease().map(|l| l.to_hex());
         if json {
             println!(
-                "{{\"role\":{},\"position\":{i},\"key\":{},\"token\":{},\"lease\":{},\"ttl\":{},\"owner\":{}}}",
+                "{{\"role\":{},\"position\":{i},\"name\":{},\"key\":{},\"token\":{},\"lease\":{},\"ttl\":{},\"owner\":{}}}",
                 json_str(&role),
+                json_str(&of),
                 json_str(e.key()),
                 e.token(),
                 lease.as_deref().map_or("null".to_owned(), json_str),
@@ -491,6 +510,12 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
                 owner.chars().take(60).collect::<String>(),
             );
         }
+    }
+    if !json && !nested.is_empty() {
+        println!(
+            "* a key of the nested name {}: names that nest share a queue, so `{name}` waits behind it",
+            nested.join(", ")
+        );
     }
     Ok(0)
 }
