@@ -551,7 +551,10 @@ async fn foreign_keys_under_the_prefix() {
             let _ = tx.send((token, head.token().get()));
         });
         eventually("the contender is queued", || async {
-            backend.entries(&name).await.is_ok_and(|e| e.len() == 4 + i + 1)
+            backend
+                .entries(&name)
+                .await
+                .is_ok_and(|e| e.len() == 4 + i + 1)
         })
         .await;
     }
