@@ -1,57 +1,26 @@
 //! The same payment request is delivered to three service instances (a retried webhook, a
-//! redelivered message). Each takes the lock for that request; the first to hold it charges
-//! and records the charge through a fence; the others find it recorded. Exactly one charge.
+//! redelivered message). Each takes the lock for that request; the first to hold it charges,
+//! with the request id as idempotency key, and records the charge through a fence; the others
+//! find it recorded. Exactly one charge.
+//!
+//! Each run pauses the first holder at another point (after its grant; after it read, before
+//! it wrote; after it charged, before it recorded the charge; after it wrote), lets its lease run out, lets its successor work, then
+//! resumes it, and checks that exactly one charge was made. Every holder claims the resource before it reads it,
+//! so a paused holder's late writes are refused (docs/fencing.md).
 //!
 //! `cargo run --example payment` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use baton::{Mutex, Session};
+use common::scenarios::{self, Failure, Pause};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let setup = common::from_args().await?;
+async fn main() -> Result<(), Failure> {
+    let setup = common::from_args().await.map_err(|e| e.to_string())?;
     println!("payment: running on {}", setup.on);
-    let request = "req-7f3a";
-    let record = format!("{}/charges/{request}", setup.prefix);
-    let charges = Arc::new(AtomicUsize::new(0));
-
-    let mut instances = Vec::new();
-    for instance in 1..=3 {
-        let session = Session::from_shared(setup.backend.clone(), Default::default()).await?;
-        let (fence, record, charges) = (setup.fence.clone(), record.clone(), charges.clone());
-        let lock = format!("{}/payments/{request}", setup.prefix);
-        instances.push(tokio::spawn(async move {
-            let guard = Mutex::new(&session, lock)?.lock().await?;
-            let token = guard.fencing_token();
-            match fence.read(&record).await? {
-                Some((by, what)) => println!(
-                    "instance {instance}: request {request} already handled (token {by}: {}), acknowledging",
-                    String::from_utf8_lossy(&what)
-                ),
-                None => {
-                    // Call the payment provider, then record the charge, fenced by our token.
-                    charges.fetch_add(1, Ordering::SeqCst);
-                    let what = format!("charged 42.00 EUR by instance {instance}");
-                    fence.write(&record, token, what.as_bytes()).await?;
-                    println!("instance {instance}: {what} (token {token})");
-                }
-            }
-            guard.unlock().await?;
-            session.close().await?;
-            Ok::<_, baton::Error>(())
-        }));
-    }
-    for i in instances {
-        i.await??;
-    }
-    let n = charges.load(Ordering::SeqCst);
-    println!("payment: {n} charge for request {request} across 3 deliveries");
-    if n != 1 {
-        return Err(format!("expected exactly one charge, got {n}").into());
+    for (i, pause) in Pause::ALL.into_iter().enumerate() {
+        let world = setup.world(&format!("payment-{i}"));
+        println!("payment: {}", scenarios::payment(&world, pause).await?);
     }
     Ok(())
 }

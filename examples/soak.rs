@@ -103,7 +103,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             l.highest = l.highest.max(token.get());
                             l.grants += 1;
                         }
-                        match fence.write(&format!("lock{lock}"), token, b"x").await {
+                        match fence
+                            .write(&format!("lock{lock}"), token.into(), b"x")
+                            .await
+                        {
                             Err(baton::Error::StaleToken { .. }) => *stale.lock().unwrap() += 1,
                             Err(_) => *errors.lock().unwrap() += 1,
                             Ok(()) => {}

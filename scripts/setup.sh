@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a machine to build and test baton, the same way on a developer's machine and in CI:
-# apt packages, the `just` runner, a Docker daemon, and the local etcd image.
+# apt packages, the `just` runner, a Docker daemon, and the local etcd and PostgreSQL images.
 #
 # Usage: scripts/setup.sh            (idempotent; safe to run again)
 # Writes the PID of a Docker daemon it started to target/dockerd.pid, so that the caller
@@ -45,3 +45,6 @@ if ! docker info >/dev/null 2>&1; then
 fi
 
 scripts/build-etcd-image.sh
+# The fence tests run PostgreSQL from an image built the same way from Debian's postgresql
+# (the script installs the package if it is missing).
+scripts/build-postgres-image.sh >/dev/null

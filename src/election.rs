@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use crate::backend::{Entry, FencingToken, HeadEvent, WriteOp};
 use crate::error::{Error, LostReason, Result};
+use crate::fence::Ticket;
 use crate::queue::{self, Held, Mode};
 use crate::session::Session;
 
@@ -313,6 +314,12 @@ impl Leadership {
         self.held.entry().key()
     }
 
+    /// The fencing token together with the election's name, for a
+    /// [`Fence`](crate::Fence) (see [`MutexGuard::ticket`](crate::MutexGuard::ticket)).
+    pub fn ticket(&self) -> Ticket {
+        Ticket::new(self.fencing_token(), self.held.queue())
+    }
+
     /// The value we last proclaimed.
     pub fn value(&self) -> &[u8] {
         &self.value
@@ -331,7 +338,9 @@ impl Leadership {
     /// Replaces our value (the proposal observers see), only while we still lead.
     ///
     /// # Errors
-    /// [`Error::NotOwner`] if leadership was lost (nothing was written); backend errors.
+    /// Not applied: [`Error::NotOwner`] (leadership was lost), [`Error::Backend`].
+    /// [`Error::OutcomeUnknown`]: the value may have been written (the answer was lost),
+    /// never after leadership was lost.
     ///
     /// # Cancel safety
     /// If dropped, the new value may or may not have been written, never after leadership
@@ -362,7 +371,7 @@ impl Leadership {
     /// [`MutexGuard::write`](crate::MutexGuard::write)).
     ///
     /// # Errors
-    /// [`Error::NotOwner`] if leadership was lost (nothing was written); backend errors.
+    /// As for [`MutexGuard::write`](crate::MutexGuard::write).
     ///
     /// # Cancel safety
     /// As for [`MutexGuard::write`](crate::MutexGuard::write).
@@ -377,9 +386,10 @@ impl Leadership {
     ///
     /// # Errors
     /// [`Error::NotOwner`] if the key was already gone: leadership had been lost before this
-    /// call, and nothing was deleted. Backend errors: the outcome is unknown, and the delete
-    /// goes on in the background until it is confirmed or the session is lost (a campaign of
-    /// this session on the same name waits for it).
+    /// call, and nothing was deleted. Any other error ([`Error::OutcomeUnknown`]: the delete
+    /// may have been applied; [`Error::Backend`]: it was not): the delete goes on in the
+    /// background until it is confirmed or the session is lost (a campaign of this session on
+    /// the same name waits for it).
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the resignation is

@@ -79,8 +79,8 @@ pub enum Error {
         name: String,
     },
 
-    /// A fenced write was refused: a write with a higher token was already accepted for the
-    /// resource. Nothing was written.
+    /// A fenced write or claim was refused: a higher token was already accepted (written or
+    /// claimed) for the resource. Nothing was written.
     #[error(
         "write to `{resource}` with fencing token {token} refused: token {highest} was already accepted"
     )]
@@ -111,6 +111,42 @@ pub enum Error {
     NotOwner {
         /// The key of the lock entry that was checked.
         key: String,
+    },
+
+    /// The request may or may not have been applied: it failed after it may have reached the
+    /// server (a timeout, a broken connection), and no later attempt could tell. Read the state
+    /// to learn what happened. Never returned for a request known not to have been applied;
+    /// every other error of a write means it was not.
+    #[error("the outcome of `{op}` is unknown: it may have been applied")]
+    OutcomeUnknown {
+        /// The operation.
+        op: &'static str,
+        /// The last failure seen.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A guarded write (`MutexGuard::write`, `Leadership::write`) named the lock's own key or a
+    /// key under the lock's name, which would put an entry without a lease into the lock's
+    /// queue. Refused before anything was sent.
+    #[error("guarded write to `{key}` refused: it is in the lock's own queue `{queue}`")]
+    WriteIntoQueue {
+        /// The key of the refused write.
+        key: String,
+        /// The lock's name (its queue).
+        queue: String,
+    },
+
+    /// A fenced write or claim came with the token of another lock than the one the resource
+    /// is bound to. Tokens compare only within one lock: nothing was written.
+    #[error("`{resource}` is fenced by lock `{bound}`, not by `{lock}`")]
+    ForeignLock {
+        /// The resource.
+        resource: String,
+        /// The lock the resource is bound to (the first to claim or write it).
+        bound: String,
+        /// The lock of the refused token.
+        lock: String,
     },
 
     /// No endpoint answered within the connect timeout.

@@ -73,6 +73,6 @@ pub use error::{BoxError, Error, LostReason, Result};
 pub use etcd_client;
 #[cfg(feature = "etcd")]
 pub use fence::EtcdFence;
-pub use fence::{Fence, MemoryFence, decode_token, encode_token};
+pub use fence::{Fence, MemoryFence, Ticket, admit, decode_token, encode_token};
 pub use mutex::{Mutex, MutexGuard};
 pub use session::{Session, SessionOptions};

@@ -8,6 +8,7 @@ use tracing::Instrument;
 
 use crate::backend::{Entry, FencingToken, WriteOp};
 use crate::error::{Error, LostReason, Result};
+use crate::fence::Ticket;
 use crate::queue::{self, Held, Mode};
 use crate::session::Session;
 
@@ -160,6 +161,13 @@ impl MutexGuard {
         self.held.entry().key()
     }
 
+    /// The fencing token together with the lock's name, for a [`Fence`](crate::Fence): the
+    /// fence binds each resource to the first lock that claims it and refuses tokens of any
+    /// other lock ([`Error::ForeignLock`]).
+    pub fn ticket(&self) -> Ticket {
+        Ticket::new(self.fencing_token(), self.held.queue())
+    }
+
     /// The queue entry as it was when the lock was granted.
     pub fn entry(&self) -> &Entry {
         self.held.entry()
@@ -199,9 +207,14 @@ impl MutexGuard {
     /// ownership check (our key's create revision) is in the same transaction as the writes,
     /// so they cannot land after the lock passed to someone else.
     ///
+    /// The writes may not touch the lock's own queue: a key under the lock's name
+    /// (`<name>/...`) is refused before anything is sent ([`Error::WriteIntoQueue`]), since it
+    /// would put an entry without a lease into the queue, or detach our key from its lease.
+    ///
     /// # Errors
-    /// [`Error::NotOwner`] if the lock was lost (nothing was written); backend errors after
-    /// retries.
+    /// Not applied: [`Error::NotOwner`] (the lock was lost), [`Error::WriteIntoQueue`],
+    /// [`Error::Backend`]. [`Error::OutcomeUnknown`]: the writes may have been applied (the
+    /// answer was lost), never after the lock was lost; read to find out.
     ///
     /// # Cancel safety
     /// If the future is dropped, the writes may or may not have been applied, but never
@@ -218,9 +231,10 @@ impl MutexGuard {
     /// # Errors
     /// [`Error::NotOwner`] if the key was already gone: the lock had been lost before this
     /// call (lease ended, key deleted from outside), so the protected work may have overlapped
-    /// a successor's; nothing was deleted. Backend errors: the outcome is unknown, and the
-    /// delete goes on in the background until it is confirmed or the session is lost (until
-    /// then, other tasks of this process wait to take the same lock through this session).
+    /// a successor's; nothing was deleted. Any other error ([`Error::OutcomeUnknown`]: the
+    /// delete may have been applied; [`Error::Backend`]: it was not): the delete goes on in
+    /// the background until it is confirmed or the session is lost (until then, other tasks of
+    /// this process wait to take the same lock through this session).
     ///
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the release is

@@ -416,8 +416,30 @@ impl Held {
         }
     }
 
-    /// Applies `ops` only while our entry exists; [`Error::NotOwner`] otherwise.
+    /// The name of the lock or election (the queue our entry is in).
+    pub(crate) fn queue(&self) -> &str {
+        crate::backend::queue_of(self.entry.key())
+    }
+
+    /// Applies `ops` only while our entry exists; [`Error::NotOwner`] otherwise. A write to
+    /// our own key, or to any key under the queue's name, is refused before anything is sent:
+    /// it would put an entry without a lease into the queue (or detach ours from its lease).
     pub(crate) async fn write(&self, ops: &[crate::WriteOp]) -> Result<()> {
+        let queue = self.queue();
+        for op in ops {
+            let key = match op {
+                crate::WriteOp::Put { key, .. } | crate::WriteOp::Delete { key } => key,
+            };
+            if key
+                .strip_prefix(queue)
+                .is_some_and(|rest| rest.starts_with('/'))
+            {
+                return Err(Error::WriteIntoQueue {
+                    key: key.clone(),
+                    queue: queue.to_owned(),
+                });
+            }
+        }
         if self.session.backend().guarded(&self.entry, ops).await? {
             Ok(())
         } else {

@@ -33,7 +33,7 @@ async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
         let guard = mutex.lock().await.unwrap();
         let token = guard.fencing_token();
         assert!(register.enter(token.get()));
-        fence.write("resource", token, b"x").await.unwrap();
+        fence.write("resource", token.into(), b"x").await.unwrap();
         register.exit(token.get());
         guard.unlock().await.unwrap();
     };

@@ -264,12 +264,22 @@ async fn whole_cluster_restarted_while_held() {
 }
 
 /// A TCP proxy on 127.0.0.1 in front of `upstream`. `black_hole` stops forwarding (the
-/// connections stay open, everything sent is dropped, as on a cut network); `heal` closes
-/// the connections of the outage, as TCP eventually would, and forwards new ones again.
+/// connections stay open, everything sent is dropped, as on a cut network); `drop_answers`
+/// forwards requests but drops what the server sends back (a request is applied, its answer
+/// lost); `heal` closes the connections of the outage, as TCP eventually would, and forwards
+/// new ones again.
 struct Proxy {
     addr: SocketAddr,
-    /// (forwarding, generation): connections of an older generation are closed.
-    state: watch::Sender<(bool, u64)>,
+    /// (what is forwarded, generation): connections of an older generation are closed.
+    state: watch::Sender<(Flow, u64)>,
+}
+
+/// What the proxy forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Both,
+    RequestsOnly,
+    Nothing,
 }
 
 impl Proxy {
@@ -281,7 +291,7 @@ impl Proxy {
             .expect("an endpoint of the form http://ip:port");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (state, rx) = watch::channel((true, 0u64));
+        let (state, rx) = watch::channel((Flow::Both, 0u64));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let rx = rx.clone();
@@ -293,8 +303,8 @@ impl Proxy {
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
                     tokio::join!(
-                        pipe(cr, sw, rx.clone(), generation),
-                        pipe(sr, cw, rx, generation)
+                        pipe(cr, sw, rx.clone(), generation, true),
+                        pipe(sr, cw, rx, generation, false)
                     );
                 });
             }
@@ -308,19 +318,24 @@ impl Proxy {
     }
 
     fn black_hole(&self) {
-        self.state.send_modify(|s| s.0 = false);
+        self.state.send_modify(|s| s.0 = Flow::Nothing);
+    }
+
+    fn drop_answers(&self) {
+        self.state.send_modify(|s| s.0 = Flow::RequestsOnly);
     }
 
     fn heal(&self) {
-        self.state.send_modify(|s| *s = (true, s.1 + 1));
+        self.state.send_modify(|s| *s = (Flow::Both, s.1 + 1));
     }
 }
 
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut state: watch::Receiver<(bool, u64)>,
+    mut state: watch::Receiver<(Flow, u64)>,
     generation: u64,
+    request: bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -337,10 +352,11 @@ async fn pipe(
                 continue;
             }
         };
-        let (forwarding, current) = *state.borrow();
+        let (flow, current) = *state.borrow();
         if current != generation {
             return;
         }
+        let forwarding = flow == Flow::Both || (flow == Flow::RequestsOnly && request);
         if forwarding && to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -361,7 +377,7 @@ async fn client_cut_off_by_a_proxy() {
     let cut_off = session(&behind, ttl).await;
     let guard = hold(&cut_off, &name, &register).await;
     fence
-        .write("data", guard.fencing_token(), b"before")
+        .write("data", guard.ticket(), b"before")
         .await
         .unwrap();
     let successor = session(&direct, Duration::from_secs(30)).await;
@@ -386,12 +402,9 @@ async fn client_cut_off_by_a_proxy() {
         "lost() fired no later than the server's expiry"
     );
     assert!(register.enter(next.fencing_token().get()));
-    fence
-        .write("data", next.fencing_token(), b"after")
-        .await
-        .unwrap();
+    fence.write("data", next.ticket(), b"after").await.unwrap();
     // The cut-off holder's late write (sent once it can reach the resource again).
-    let late = fence.write("data", guard.fencing_token(), b"late").await;
+    let late = fence.write("data", guard.ticket(), b"late").await;
     assert!(
         matches!(late, Err(baton::Error::StaleToken { .. })),
         "{late:?}"
@@ -757,4 +770,40 @@ async fn observer_cut_off_across_a_compaction_reports_the_gap() {
         "{now:?}"
     );
     leader_b.resign().await.unwrap();
+}
+
+/// A release etcd applied but whose answer was lost is not reported as "the lock had already
+/// been lost": the retry finds the key gone, but cannot tell whether its own first attempt
+/// deleted it, so the answer is `OutcomeUnknown`. (Before: `NotOwner`, a definite refusal.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_answer_is_lost_is_unknown_not_refused() {
+    let node = EtcdNode::shared();
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
+    let name = name("lost-answer-release");
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let options = EtcdOptions::new()
+        .with_request_timeout(Duration::from_secs(1))
+        .with_retry_for(Duration::from_secs(10));
+    let behind = EtcdBackend::connect(&[proxy.endpoint()], options)
+        .await
+        .unwrap();
+    let s = session(&behind, Duration::from_secs(30)).await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    proxy.drop_answers();
+    let unlock = tokio::spawn(guard.unlock());
+    // The delete reaches etcd and is applied; its answer is dropped. Once it is applied, the
+    // connection is closed (heal), and the client retries on a new one.
+    eventually("the delete applied", || async {
+        direct.entries(&name).await.unwrap().is_empty()
+    })
+    .await;
+    proxy.heal();
+    let unlocked = within("the unlock", Duration::from_secs(20), unlock)
+        .await
+        .unwrap();
+    assert!(
+        matches!(unlocked, Err(baton::Error::OutcomeUnknown { .. })),
+        "{unlocked:?}"
+    );
+    s.close().await.unwrap();
 }

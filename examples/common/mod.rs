@@ -2,6 +2,7 @@
 //! (memory by default, etcd with `--endpoints a,b,c`).
 #![allow(dead_code)]
 
+pub(crate) mod scenarios;
 pub(crate) mod sql_fence;
 
 use std::sync::Arc;
@@ -21,6 +22,17 @@ pub(crate) fn flag_value(flag: &str) -> Option<String> {
     let mut args = std::env::args().skip(1);
     args.find(|a| a == flag)?;
     args.next()
+}
+
+impl Setup {
+    /// A world for one scenario run, with names of its own.
+    pub(crate) fn world(&self, run: &str) -> scenarios::World {
+        scenarios::World {
+            backend: Arc::clone(&self.backend),
+            fence: Arc::clone(&self.fence),
+            prefix: format!("{}/{run}", self.prefix),
+        }
+    }
 }
 
 pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {

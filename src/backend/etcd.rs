@@ -174,6 +174,19 @@ mod tonic_code {
     pub(super) const UNAUTHENTICATED: Code = 16;
     pub(super) const UNKNOWN: Code = 2;
 
+    /// Whether a failed request certainly never reached a server: the connection could not
+    /// be made. Anything else may have been applied.
+    pub(super) fn never_sent(e: &E) -> bool {
+        match e {
+            E::GRpcStatus(s) => {
+                s.code() as i32 == UNAVAILABLE
+                    && (s.message().contains("error trying to connect")
+                        || s.message().contains("Connection refused"))
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a failed request may succeed when sent again (possibly to another member).
     pub(super) fn is_transient(e: &E) -> bool {
         match e {
@@ -266,7 +279,7 @@ impl EtcdBackend {
         &self.inner.client
     }
 
-    /// Runs `f` until it succeeds, fails for good, or the retry budget is spent.
+    /// Runs the read `f` until it succeeds, fails for good, or the retry budget is spent.
     async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
@@ -276,18 +289,43 @@ impl EtcdBackend {
     }
 
     /// [`call`](Self::call) with its own retry budget; `Duration::ZERO` sends one attempt.
-    async fn call_within<T, F, Fut>(
+    async fn call_within<T, F, Fut>(&self, op: &'static str, retry_for: Duration, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        Ok(self.attempts(op, retry_for, Kind::Read, f).await?.0)
+    }
+
+    /// Runs the write `f` with retries. Besides its answer, tells whether an earlier attempt
+    /// failed after it may have been applied: then an answer that says "not applied now"
+    /// (a condition that failed) cannot tell whether that earlier attempt was applied. If
+    /// every attempt fails and one may have been applied, the error is
+    /// [`Error::OutcomeUnknown`]; any other error means nothing was applied.
+    async fn write<T, F, Fut>(&self, op: &'static str, f: F) -> Result<(T, bool)>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.attempts(op, self.inner.options.retry_for, Kind::Write, f)
+            .await
+    }
+
+    async fn attempts<T, F, Fut>(
         &self,
         op: &'static str,
         retry_for: Duration,
+        kind: Kind,
         mut f: F,
-    ) -> Result<T>
+    ) -> Result<(T, bool)>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let give_up = Instant::now() + retry_for;
         let mut backoff = Duration::from_millis(25);
+        let mut maybe_applied = false;
+        let unknown = |source: BoxError| Error::OutcomeUnknown { op, source };
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
@@ -298,13 +336,30 @@ impl EtcdBackend {
                 f(self.inner.client.clone()),
             ));
             let error: BoxError = match attempt.await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if !tonic_code::is_transient(&e) => return Err(etcd_err(op, e)),
-                Ok(Err(e)) => e.into(),
-                Err(elapsed) => elapsed.into(),
+                Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                Ok(Err(e)) if !tonic_code::is_transient(&e) => {
+                    return Err(if maybe_applied {
+                        unknown(e.into())
+                    } else {
+                        etcd_err(op, e)
+                    });
+                }
+                Ok(Err(e)) => {
+                    maybe_applied |= kind == Kind::Write && !tonic_code::never_sent(&e);
+                    e.into()
+                }
+                // The request may be on its way, or applied with its answer on its way back.
+                Err(elapsed) => {
+                    maybe_applied |= kind == Kind::Write;
+                    elapsed.into()
+                }
             };
             if Instant::now() + backoff >= give_up {
-                return Err(Error::Backend { op, source: error });
+                return Err(if maybe_applied {
+                    unknown(error)
+                } else {
+                    Error::Backend { op, source: error }
+                });
             }
             tracing::debug!(op, error = %error, ?backoff, "etcd request failed; retrying");
             tokio::time::sleep(backoff).await;
@@ -312,8 +367,8 @@ impl EtcdBackend {
         }
     }
 
-    /// Runs `txn` with the backend's retries.
-    pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+    /// Runs the read-only transaction `txn` with the backend's retries.
+    pub(crate) async fn read_txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
         self.call(op, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
@@ -321,17 +376,67 @@ impl EtcdBackend {
         .await
     }
 
-    /// A transaction that runs `ops` only if `entry`'s key still has its create revision.
+    /// Runs the writing transaction `txn` with the backend's retries; see
+    /// [`write`](Self::write) for the flag that comes with the answer.
+    pub(crate) async fn write_txn(
+        &self,
+        op: &'static str,
+        txn: Txn,
+    ) -> Result<(TxnResponse, bool)> {
+        self.write(op, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    fn live_compare(entry: &Entry) -> Compare {
+        Compare::create_revision(entry.key_bytes(), CompareOp::Equal, revision(entry.token()))
+    }
+
+    /// A read-only transaction that runs `ops` only if `entry`'s key still has its create
+    /// revision.
     async fn if_live(
         &self,
         op: &'static str,
         entry: &Entry,
         ops: Vec<TxnOp>,
     ) -> Result<TxnResponse> {
-        let cmp =
-            Compare::create_revision(entry.key_bytes(), CompareOp::Equal, revision(entry.token()));
-        self.txn(op, Txn::new().when([cmp]).and_then(ops)).await
+        let txn = Txn::new().when([Self::live_compare(entry)]).and_then(ops);
+        self.read_txn(op, txn).await
     }
+
+    /// Applies the writes `ops` only if `entry`'s key still has its create revision; tells
+    /// whether they were. If an earlier attempt may have been applied and the last found the
+    /// entry gone, which of the two happened is unknown: [`Error::OutcomeUnknown`], never a
+    /// `false` that would claim "not applied".
+    async fn write_if_live(
+        &self,
+        op: &'static str,
+        entry: &Entry,
+        ops: Vec<TxnOp>,
+    ) -> Result<bool> {
+        let txn = Txn::new().when([Self::live_compare(entry)]).and_then(ops);
+        let (resp, maybe_applied) = self.write_txn(op, txn).await?;
+        if resp.succeeded() {
+            Ok(true)
+        } else if maybe_applied {
+            Err(Error::OutcomeUnknown {
+                op,
+                source: "an attempt failed after it may have been applied, and the retry found the entry gone".into(),
+            })
+        } else {
+            Ok(false)
+        }
+    }
+}
+
+/// Whether a request only reads, or changes state (then a failure after sending it leaves its
+/// outcome unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
 }
 
 fn revision(token: FencingToken) -> i64 {
@@ -403,8 +508,9 @@ impl Backend for EtcdBackend {
         // etcd counts whole seconds: round up so that the lease is never shorter than asked.
         let secs =
             i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX);
-        let resp = self
-            .call("grant_lease", |mut c| async move {
+        // A retried grant may leave an extra lease behind; it holds nothing and expires.
+        let (resp, _) = self
+            .write("grant_lease", |mut c| async move {
                 c.lease_grant(secs, None).await
             })
             .await?;
@@ -439,6 +545,8 @@ impl Backend for EtcdBackend {
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        // Idempotent, so retried like a read: "already gone" after an attempt that was
+        // applied is the answer wanted.
         let result = self
             .call("revoke_lease", |mut c| async move {
                 c.lease_revoke(lease.get()).await
@@ -474,7 +582,9 @@ impl Backend for EtcdBackend {
                 TxnOp::get(key.as_str(), None),
                 TxnOp::get(queue_prefix(queue), Some(oldest_first(1))),
             ]);
-        let resp = self.txn("enqueue", txn).await?;
+        // Create-if-absent: a retry after an attempt that was applied finds the entry, so the
+        // flag says nothing here.
+        let (resp, _) = self.write_txn("enqueue", txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
@@ -599,10 +709,8 @@ impl Backend for EtcdBackend {
 
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         let delete = TxnOp::delete(entry.key_bytes(), None);
-        Ok(self
-            .if_live("delete_entry", entry, vec![delete])
-            .await?
-            .succeeded())
+        self.write_if_live("delete_entry", entry, vec![delete])
+            .await
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
@@ -611,21 +719,22 @@ impl Backend for EtcdBackend {
             value,
             Some(PutOptions::new().with_ignore_lease()),
         );
-        Ok(self
-            .if_live("update_entry", entry, vec![put])
-            .await?
-            .succeeded())
+        self.write_if_live("update_entry", entry, vec![put]).await
     }
 
     async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
-        let ops = ops
+        let ops: Vec<TxnOp> = ops
             .iter()
             .map(|op| match op {
                 WriteOp::Put { key, value } => TxnOp::put(key.as_str(), value.as_slice(), None),
                 WriteOp::Delete { key } => TxnOp::delete(key.as_str(), None),
             })
             .collect();
-        Ok(self.if_live("guarded", entry, ops).await?.succeeded())
+        // No ops: an ownership check, a read.
+        if ops.is_empty() {
+            return Ok(self.if_live("guarded", entry, ops).await?.succeeded());
+        }
+        self.write_if_live("guarded", entry, ops).await
     }
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {

@@ -329,13 +329,17 @@ pub enum HeadEvent {
 ///   same token): a key deleted and created again is a different entry, and is left alone.
 /// - [`FencingToken`]s of one queue increase strictly in creation order, across all clients.
 /// - Implementations retry idempotent requests on transient failures themselves.
-/// - **Errors and outcomes.** An error from a read or a wait means nothing. An error from a
-///   call that creates or changes state ([`enqueue`](Backend::enqueue), the deletes, updates
-///   and guarded writes, [`revoke_lease`](Backend::revoke_lease)) means the outcome is
-///   **unknown**: the request may have been applied and its answer lost. The one exception
-///   is [`Error::InvalidArgument`](crate::Error::InvalidArgument), returned before anything
-///   is sent. Callers that must know look again ([`find_entry`](Backend::find_entry) after a
-///   failed `enqueue`, a repeated conditional delete after a failed delete).
+/// - **Errors and outcomes.** An error from a read or a wait means nothing. For a call that
+///   creates or changes state ([`enqueue`](Backend::enqueue), the deletes, updates and
+///   guarded writes, [`grant_lease`](Backend::grant_lease)), `Ok` is definite,
+///   [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown) means the request may have been
+///   applied (its answer was lost), and every other error means it was not. A retry must not
+///   turn an unknown outcome into a definite one it cannot prove: a conditional write whose
+///   retry finds its condition failed, after an attempt that may have been applied, answers
+///   `OutcomeUnknown`, not `Ok(false)`. Callers that must know look again
+///   ([`find_entry`](Backend::find_entry) after a failed `enqueue`, a new conditional delete
+///   after a failed delete). [`revoke_lease`](Backend::revoke_lease) and
+///   [`keep_alive`](Backend::keep_alive) are idempotent and retried like reads.
 ///
 /// # Cancel safety
 /// Reads ([`predecessor`](Backend::predecessor), [`was_head`](Backend::was_head),

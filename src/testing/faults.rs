@@ -66,13 +66,15 @@ impl Call {
     }
 }
 
-/// What happens to a faulted call. Injected failures are [`Error::Unavailable`].
+/// What happens to a faulted call. A call failed before it reached the backend gets
+/// [`Error::Unavailable`] (not applied); one failed after, [`Error::OutcomeUnknown`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
     /// Fails without reaching the backend: nothing is applied.
     FailBefore,
-    /// Reaches the backend, which applies it, then fails: the answer is lost.
+    /// Reaches the backend, which applies it, then fails with
+    /// [`Error::OutcomeUnknown`]: the answer is lost.
     FailAfter,
     /// Waits until [`FaultyBackend::release`] before reaching the backend.
     HangBefore,
@@ -321,7 +323,10 @@ impl FaultyBackend {
             Some(Fault::FailBefore) => Err(Error::Unavailable),
             Some(Fault::FailAfter) => {
                 let _ = op.await;
-                Err(Error::Unavailable)
+                Err(Error::OutcomeUnknown {
+                    op: "injected",
+                    source: "the answer was lost (FaultyBackend::FailAfter)".into(),
+                })
             }
             Some(Fault::HangBefore) => {
                 self.hang().await;
@@ -467,7 +472,7 @@ mod tests {
         assert!(first.is_ok());
         // Applied, answer lost.
         let second = faulty.enqueue("q", "b", lease.id(), b"").await;
-        assert!(matches!(second, Err(Error::Unavailable)));
+        assert!(matches!(second, Err(Error::OutcomeUnknown { .. })));
         assert!(faulty.find_entry("q", "b").await.unwrap().is_some());
         // Not applied.
         let third = faulty.enqueue("q", "c", lease.id(), b"").await;

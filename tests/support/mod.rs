@@ -356,6 +356,7 @@ pub async fn faulty_session(rig: &Rig) -> (Arc<FaultyBackend>, Session) {
     (faulty, session)
 }
 
+pub mod fences;
 pub mod harness;
 
 /// Polls `fut` until `event` happens; fails the test if `fut` finishes first.
@@ -771,107 +772,6 @@ pub async fn session_on(backend: Arc<dyn Backend>, ttl: Duration) -> Session {
         .expect("session")
 }
 
-/// A holder whose renewals stop loses the lock to its successor; its late write through the
-/// fence is refused, every time.
-pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn baton::Fence>, rounds: usize) {
-    let name = rig.name("stale-fenced");
-    let resource = rig.name("stale-fenced-resource");
-    for round in 0..rounds {
-        let faulty = FaultyBackend::wrap(Arc::clone(&rig.backend));
-        let paused = session_on(faulty.clone(), Duration::from_secs(2)).await;
-        let old = Mutex::new(&paused, &name).unwrap().lock().await.unwrap();
-        fence
-            .write(
-                &resource,
-                old.fencing_token(),
-                format!("old {round}").as_bytes(),
-            )
-            .await
-            .unwrap();
-        let successor_session = rig.session().await;
-        let successor = spawn_queued(&*rig.outside, &successor_session, &name, 2).await;
-        // The holder "pauses": its renewals stop; the server expires its lease.
-        faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
-        let new = within("the successor", Duration::from_secs(15), successor)
-            .await
-            .unwrap()
-            .unwrap();
-        fence
-            .write(
-                &resource,
-                new.fencing_token(),
-                format!("new {round}").as_bytes(),
-            )
-            .await
-            .unwrap();
-        // The old holder wakes up and writes.
-        let late = fence.write(&resource, old.fencing_token(), b"late").await;
-        assert!(
-            matches!(late, Err(Error::StaleToken { highest, .. }) if highest == new.fencing_token()),
-            "round {round}: {late:?}"
-        );
-        let (token, data) = fence.read(&resource).await.unwrap().unwrap();
-        assert_eq!(token, new.fencing_token());
-        assert_eq!(data, format!("new {round}").as_bytes());
-        new.unlock().await.unwrap();
-        drop(old);
-    }
-}
-
-/// 16 writers with interleaved stale tokens: what is stored reflects the highest token.
-pub async fn fence_keeps_the_highest(fence: Arc<dyn baton::Fence>, resource: &str) {
-    let tokens: Vec<u64> = (0..16u64).map(|i| (i * 7) % 16 + 1).collect();
-    let writes = tokens.iter().map(|&t| {
-        let (fence, resource) = (Arc::clone(&fence), resource.to_owned());
-        tokio::spawn(async move {
-            let r = fence
-                .write(
-                    &resource,
-                    baton::FencingToken::new(t),
-                    format!("from {t}").as_bytes(),
-                )
-                .await;
-            (t, r)
-        })
-    });
-    for joined in futures::future::join_all(writes).await {
-        let (t, r) = joined.unwrap();
-        match r {
-            Ok(()) => {}
-            Err(Error::StaleToken { token, highest, .. }) => {
-                assert_eq!(token.get(), t);
-                assert!(
-                    highest.get() > t,
-                    "refused {t} although only {highest} was accepted"
-                );
-            }
-            Err(e) => panic!("write {t}: {e}"),
-        }
-    }
-    let (token, data) = fence.read(resource).await.unwrap().unwrap();
-    assert_eq!(token.get(), 16);
-    assert_eq!(data, b"from 16");
-}
-
-/// Bad input is refused and writes nothing.
-pub async fn fence_refuses_bad_input(fence: Arc<dyn baton::Fence>, resource: &str) {
-    let zero = fence
-        .write(resource, baton::FencingToken::new(0), b"x")
-        .await;
-    assert!(matches!(zero, Err(Error::InvalidArgument(_))), "{zero:?}");
-    let empty = fence.write("", baton::FencingToken::new(5), b"x").await;
-    assert!(matches!(empty, Err(Error::InvalidArgument(_))), "{empty:?}");
-    assert!(matches!(
-        fence.read("").await,
-        Err(Error::InvalidArgument(_))
-    ));
-    assert_eq!(
-        fence.read(resource).await.unwrap(),
-        None,
-        "nothing was written"
-    );
-}
-
 /// Reads the next event of an observer, failing the test if none comes.
 pub async fn next_event(
     events: &mut futures::stream::BoxStream<'static, baton::Result<LeaderEvent>>,
@@ -1256,6 +1156,125 @@ pub async fn nested_names_share_a_queue(rig: Rig) {
     inner.unlock().await.unwrap();
 }
 
+/// Every write path tells "not applied" from "may have been applied": a write whose answer
+/// was lost after it was applied is `OutcomeUnknown` (and was applied), never `NotOwner` or
+/// `Ok`-as-if-refused; `NotOwner` only when the entry was really gone.
+pub async fn write_paths_report_unknown_outcomes(rig: Rig) {
+    let name = rig.name("unknown-outcomes");
+    let data = rig.name("unknown-outcomes-data");
+    let (faulty, s) = faulty_session(&rig).await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+
+    faulty.inject(Call::Guarded, 1, Fault::FailAfter);
+    let write = guard.write(&[WriteOp::put(&data, "v1")]).await;
+    assert!(
+        matches!(write, Err(Error::OutcomeUnknown { .. })),
+        "{write:?}"
+    );
+    assert_eq!(
+        rig.outside.read(&data).await.unwrap().as_deref(),
+        Some(&b"v1"[..]),
+        "applied"
+    );
+    faulty.inject(Call::Guarded, 1, Fault::FailBefore);
+    let write = guard.write(&[WriteOp::put(&data, "v2")]).await;
+    assert!(matches!(write, Err(Error::Unavailable)), "{write:?}");
+    assert_eq!(
+        rig.outside.read(&data).await.unwrap().as_deref(),
+        Some(&b"v1"[..]),
+        "not applied"
+    );
+
+    faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
+    let unlocked = guard.unlock().await;
+    assert!(
+        matches!(unlocked, Err(Error::OutcomeUnknown { .. })),
+        "{unlocked:?}"
+    );
+    settle(&s).await;
+    assert!(rig.keys(&name).await.is_empty(), "released");
+
+    let mut leadership = Election::new(&s, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    faulty.inject(Call::UpdateEntry, 1, Fault::FailAfter);
+    let proclaimed = leadership.proclaim("b").await;
+    assert!(
+        matches!(proclaimed, Err(Error::OutcomeUnknown { .. })),
+        "{proclaimed:?}"
+    );
+    let leader = Election::new(&s, &name)
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leader.value(), b"b", "applied");
+    faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
+    let resigned = leadership.resign().await;
+    assert!(
+        matches!(resigned, Err(Error::OutcomeUnknown { .. })),
+        "{resigned:?}"
+    );
+    settle(&s).await;
+    assert!(rig.keys(&name).await.is_empty());
+}
+
+/// A guarded write may not touch the lock's own queue: its own key (a put without a lease
+/// would detach it from the session) or any key under the lock's name (an entry no lease
+/// ends). Refused before anything is sent; a key beside the name is fine.
+pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
+    let name = rig.name("queue-writes");
+    let (faulty, s) = faulty_session(&rig).await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let sent = faulty.count(Call::Guarded);
+    for key in [
+        guard.key().to_owned(),
+        format!("{name}/data"),
+        format!("{name}/nested/key"),
+    ] {
+        for op in [WriteOp::put(&key, "x"), WriteOp::delete(&key)] {
+            let refused = guard
+                .write(&[WriteOp::put(rig.name("beside"), "ok"), op])
+                .await;
+            assert!(
+                matches!(&refused, Err(Error::WriteIntoQueue { key: k, .. }) if *k == key),
+                "{key}: {refused:?}"
+            );
+        }
+    }
+    assert_eq!(faulty.count(Call::Guarded), sent, "nothing was sent");
+    assert_eq!(rig.outside.read(&rig.name("beside")).await.unwrap(), None);
+    assert_eq!(rig.keys(&name).await, [guard.key().to_owned()]);
+    // Beside the name (not under it): allowed.
+    guard
+        .write(&[WriteOp::put(format!("{name}-data"), "ok")])
+        .await
+        .unwrap();
+    guard
+        .write(&[WriteOp::put(name.clone(), "ok")])
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.keys(&name).await,
+        [guard.key().to_owned()],
+        "the queue is untouched"
+    );
+    guard.unlock().await.unwrap();
+    // The next contender is granted at once: no leaseless entry blocks it.
+    let other = rig.session().await;
+    let next = within(
+        "the next grant",
+        Duration::from_secs(10),
+        Mutex::new(&other, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    next.unlock().await.unwrap();
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -1273,7 +1292,8 @@ macro_rules! conformance {
             election_run_while_leader_reports_a_loss_during_the_work,
             election_run_while_leader_outlasts_watch_errors,
             election_campaign_after_a_failed_resign_is_new,
-            election_observer_misses_nothing_when_slow, election_observe_needs_no_runtime);
+            election_observer_misses_nothing_when_slow, election_observe_needs_no_runtime,
+            write_paths_report_unknown_outcomes, guarded_writes_never_touch_the_queue);
     };
     ($rig:path; $($attr:tt)*) => {
         $crate::conformance!(mod conformance; $rig; $($attr)*);
