@@ -55,6 +55,20 @@ pub(crate) struct SqliteFence {
     path: PathBuf,
 }
 
+/// Checks what every SQL fence refuses before it sends anything, and gives the token as the
+/// signed 64-bit integer SQL stores.
+pub(crate) fn sql_token(resource: &str, ticket: &Ticket) -> baton::Result<i64> {
+    if resource.is_empty() {
+        return Err(Error::InvalidArgument("resource name must not be empty"));
+    }
+    i64::try_from(ticket.token().get())
+        .ok()
+        .filter(|t| *t > 0)
+        .ok_or(Error::InvalidArgument(
+            "fencing token must be in 1..=i64::MAX",
+        ))
+}
+
 fn sql_error(op: &'static str, e: rusqlite::Error) -> Error {
     Error::Backend {
         op,
@@ -118,15 +132,7 @@ impl SqliteFence {
         ticket: &Ticket,
         data: Option<&[u8]>,
     ) -> baton::Result<Option<Vec<u8>>> {
-        if resource.is_empty() {
-            return Err(Error::InvalidArgument("resource name must not be empty"));
-        }
-        let t = i64::try_from(ticket.token().get())
-            .ok()
-            .filter(|t| *t > 0)
-            .ok_or(Error::InvalidArgument(
-                "fencing token must be in 1..=i64::MAX",
-            ))?;
+        let t = sql_token(resource, ticket)?;
         let mut conn = self.connect()?;
         // Deferred: the first statement is the conditional write, which takes the write
         // lock; nothing is read before it.

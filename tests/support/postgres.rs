@@ -181,15 +181,7 @@ impl PgFence {
         ticket: &Ticket,
         data: Option<&[u8]>,
     ) -> baton::Result<Option<Vec<u8>>> {
-        if resource.is_empty() {
-            return Err(Error::InvalidArgument("resource name must not be empty"));
-        }
-        let t = i64::try_from(ticket.token().get())
-            .ok()
-            .filter(|t| *t > 0)
-            .ok_or(Error::InvalidArgument(
-                "fencing token must be in 1..=i64::MAX",
-            ))?;
+        let t = crate::sql_fence::sql_token(resource, ticket)?;
         let key = format!("{}/{resource}", self.prefix);
         let mut client = connect(self.port)
             .await
