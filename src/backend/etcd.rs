@@ -177,12 +177,29 @@ mod tonic_code {
     /// Whether a failed request certainly never reached a server: the connection could not
     /// be made. Anything else may have been applied.
     pub(super) fn never_sent(e: &E) -> bool {
+        let refused = |mut source: Option<&(dyn std::error::Error + 'static)>| {
+            while let Some(cause) = source {
+                if let Some(io) = cause.downcast_ref::<std::io::Error>()
+                    && matches!(
+                        io.kind(),
+                        std::io::ErrorKind::ConnectionRefused
+                            | std::io::ErrorKind::AddrNotAvailable
+                    )
+                {
+                    return true;
+                }
+                source = cause.source();
+            }
+            false
+        };
         match e {
             E::GRpcStatus(s) => {
                 s.code() as i32 == UNAVAILABLE
-                    && (s.message().contains("error trying to connect")
-                        || s.message().contains("Connection refused"))
+                    && (s.message().contains("connect error")
+                        || s.message().contains("error trying to connect")
+                        || refused(std::error::Error::source(s)))
             }
+            E::TransportError(t) => refused(std::error::Error::source(t)),
             _ => false,
         }
     }
