@@ -250,26 +250,57 @@ impl EtcdBackend {
         if let Some((user, password)) = &options.user {
             opts = opts.with_user(user.clone(), password.clone());
         }
-        let connecting = Client::connect(&endpoints, Some(opts));
-        let client = match tokio::time::timeout(options.connect_timeout, connecting).await {
-            Err(elapsed) => return Err(connect_error(elapsed.into())),
-            Ok(Err(e)) => {
-                return Err(match etcd_err("connect", e) {
-                    Error::Backend { source, .. } => connect_error(source),
-                    other => other,
-                });
+        // The channel balances over the endpoints, so a dead one may take the first request
+        // (the authentication at connect, or the probe below): try again (another endpoint
+        // gets its turn) until the connect timeout, as etcdctl does.
+        let give_up = Instant::now() + options.connect_timeout;
+        let mut backoff = Duration::from_millis(25);
+        let client = loop {
+            let left = give_up.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, Client::connect(&endpoints, Some(opts.clone()))).await
+            {
+                Err(elapsed) => return Err(connect_error(elapsed.into())),
+                Ok(Ok(client)) => break client,
+                Ok(Err(e))
+                    if tonic_code::is_transient(&e) && Instant::now() + backoff < give_up =>
+                {
+                    tracing::debug!(error = %e, "connect: an endpoint did not answer; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                Ok(Err(e)) => {
+                    return Err(match etcd_err("connect", e) {
+                        Error::Backend { source, .. } => connect_error(source),
+                        other => other,
+                    });
+                }
             }
-            Ok(Ok(client)) => client,
         };
         // The channel is lazy: prove that a member answers (and accepts our token).
-        let mut probe = client.clone();
-        match tokio::time::timeout(options.connect_timeout, probe.get("\0", None)).await {
-            Err(elapsed) => Err(connect_error(elapsed.into())),
-            Ok(Err(e)) => Err(match etcd_err("connect", e) {
-                Error::Backend { source, .. } => connect_error(source),
-                other => other,
-            }),
-            Ok(Ok(_)) => {
+        let probed = loop {
+            let mut probe = client.clone();
+            let left = give_up.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, probe.get("\0", None)).await {
+                Err(elapsed) => break Err(connect_error(elapsed.into())),
+                Ok(Ok(_)) => break Ok(()),
+                Ok(Err(e))
+                    if tonic_code::is_transient(&e) && Instant::now() + backoff < give_up =>
+                {
+                    tracing::debug!(error = %e, "connect: an endpoint did not answer; probing again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
+                Ok(Err(e)) => {
+                    break Err(match etcd_err("connect", e) {
+                        Error::Backend { source, .. } => connect_error(source),
+                        other => other,
+                    });
+                }
+            }
+        };
+        match probed {
+            Err(e) => Err(e),
+            Ok(()) => {
                 let requests = Arc::new(AtomicU64::new(0));
                 let transport = EtcdTransport(client.clone());
                 Ok(EtcdBackend {

@@ -358,6 +358,7 @@ pub async fn faulty_session(rig: &Rig) -> (Arc<FaultyBackend>, Session) {
 
 pub mod fences;
 pub mod harness;
+pub mod proxy;
 
 /// Polls `fut` until `event` happens; fails the test if `fut` finishes first.
 pub async fn drive_until<F: Future + Unpin>(fut: &mut F, event: impl Future<Output = ()>)
