@@ -29,14 +29,17 @@ pub(crate) enum Mode {
 
 /// Exponential backoff for retries that must not hammer a failing backend.
 #[derive(Debug)]
-pub(crate) struct Backoff(Duration);
+pub(crate) struct Backoff {
+    /// Delays handed out so far.
+    given: u32,
+}
 
 impl Backoff {
     const FIRST: Duration = Duration::from_millis(25);
     const MAX: Duration = Duration::from_secs(1);
 
     pub(crate) fn new() -> Self {
-        Backoff(Self::FIRST)
+        Backoff { given: 0 }
     }
 
     /// The pause before going round a loop that should not have come round at all.
@@ -51,9 +54,8 @@ impl Backoff {
 
     /// The delay to wait now; the next one is twice as long, up to a second.
     pub(crate) fn next_delay(&mut self) -> Duration {
-        let now = self.0;
-        self.0 = (self.0 * 2).min(Self::MAX);
-        now
+        self.given = self.given.saturating_add(1);
+        Self::after(self.given)
     }
 }
 
