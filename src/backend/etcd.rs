@@ -238,10 +238,6 @@ impl EtcdBackend {
         if endpoints.is_empty() || endpoints.iter().any(|e| e.trim().is_empty()) {
             return Err(Error::InvalidArgument("endpoints must be a non-empty list"));
         }
-        let connect_error = |source: BoxError| Error::Connect {
-            endpoints: endpoints.clone(),
-            source,
-        };
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             // HTTP/2 pings notice a dead connection under a long-lived watch.
@@ -253,67 +249,34 @@ impl EtcdBackend {
         // The channel balances over the endpoints, so a dead one may take the first request
         // (the authentication at connect, or the probe below): try again (another endpoint
         // gets its turn) until the connect timeout, as etcdctl does.
-        let give_up = Instant::now() + options.connect_timeout;
-        let mut backoff = Duration::from_millis(25);
-        let client = loop {
-            let left = give_up.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, Client::connect(&endpoints, Some(opts.clone()))).await
-            {
-                Err(elapsed) => return Err(connect_error(elapsed.into())),
-                Ok(Ok(client)) => break client,
-                Ok(Err(e))
-                    if tonic_code::is_transient(&e) && Instant::now() + backoff < give_up =>
-                {
-                    tracing::debug!(error = %e, "connect: an endpoint did not answer; trying again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
-                }
-                Ok(Err(e)) => {
-                    return Err(match etcd_err("connect", e) {
-                        Error::Backend { source, .. } => connect_error(source),
-                        other => other,
-                    });
-                }
-            }
+        let mut retry = ConnectRetry {
+            give_up: Instant::now() + options.connect_timeout,
+            backoff: Duration::from_millis(25),
+            endpoints: &endpoints,
         };
+        let client = retry
+            .until_answered("connecting", || {
+                Client::connect(&endpoints, Some(opts.clone()))
+            })
+            .await?;
         // The channel is lazy: prove that a member answers (and accepts our token).
-        let probed = loop {
-            let mut probe = client.clone();
-            let left = give_up.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, probe.get("\0", None)).await {
-                Err(elapsed) => break Err(connect_error(elapsed.into())),
-                Ok(Ok(_)) => break Ok(()),
-                Ok(Err(e))
-                    if tonic_code::is_transient(&e) && Instant::now() + backoff < give_up =>
-                {
-                    tracing::debug!(error = %e, "connect: an endpoint did not answer; probing again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(250));
-                }
-                Ok(Err(e)) => {
-                    break Err(match etcd_err("connect", e) {
-                        Error::Backend { source, .. } => connect_error(source),
-                        other => other,
-                    });
-                }
-            }
-        };
-        match probed {
-            Err(e) => Err(e),
-            Ok(()) => {
-                let requests = Arc::new(AtomicU64::new(0));
-                let transport = EtcdTransport(client.clone());
-                Ok(EtcdBackend {
-                    inner: Arc::new(Shared {
-                        client,
-                        options,
-                        endpoints,
-                        watches: WatchHub::new(transport, Arc::clone(&requests)),
-                        requests,
-                    }),
-                })
-            }
-        }
+        retry
+            .until_answered("probing", || {
+                let mut probe = client.clone();
+                async move { probe.get("\0", None).await }
+            })
+            .await?;
+        let requests = Arc::new(AtomicU64::new(0));
+        let transport = EtcdTransport(client.clone());
+        Ok(EtcdBackend {
+            inner: Arc::new(Shared {
+                client,
+                options,
+                endpoints,
+                watches: WatchHub::new(transport, Arc::clone(&requests)),
+                requests,
+            }),
+        })
     }
 
     /// Requests sent to etcd so far by this backend and its clones: unary requests
@@ -475,6 +438,58 @@ impl EtcdBackend {
             })
         } else {
             Ok(false)
+        }
+    }
+}
+
+/// Retries of the requests `connect` makes, until the connect timeout: the channel balances
+/// over the endpoints, so a dead one may take a request while a live one would answer.
+struct ConnectRetry<'a> {
+    give_up: Instant,
+    /// The pause before the next attempt: 25 ms, doubling, up to 250 ms; shared by the
+    /// requests of one `connect`.
+    backoff: Duration,
+    endpoints: &'a [String],
+}
+
+impl ConnectRetry<'_> {
+    /// Sends `request` until it is answered, fails for a reason other than an unreachable
+    /// endpoint, or the connect timeout passes.
+    async fn until_answered<T, F>(
+        &mut self,
+        what: &'static str,
+        mut request: impl FnMut() -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        loop {
+            let left = self.give_up.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, request()).await {
+                Err(elapsed) => return Err(self.failed(elapsed.into())),
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(e))
+                    if tonic_code::is_transient(&e)
+                        && Instant::now() + self.backoff < self.give_up =>
+                {
+                    tracing::debug!(error = %e, "connect: an endpoint did not answer; {what} again");
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(Duration::from_millis(250));
+                }
+                Ok(Err(e)) => {
+                    return Err(match etcd_err("connect", e) {
+                        Error::Backend { source, .. } => self.failed(source),
+                        other => other,
+                    });
+                }
+            }
+        }
+    }
+
+    fn failed(&self, source: BoxError) -> Error {
+        Error::Connect {
+            endpoints: self.endpoints.to_vec(),
+            source,
         }
     }
 }
