@@ -825,7 +825,6 @@ impl Backend for EtcdBackend {
             pending: VecDeque::new(),
             resume_from: None,
             stream: None,
-            next: 0,
             snapshotted: false,
             delay: None,
             backoff: Duration::from_millis(25),
@@ -851,11 +850,10 @@ struct Observer {
     mirror: QueueMirror,
     /// Events worked out but not yet handed out (one watch response can hold several).
     pending: VecDeque<Result<HeadEvent>>,
-    /// Where the watch resumes: `None` means a snapshot is needed first.
+    /// The first revision not yet seen, where a watch (re)starts: `None` means a snapshot
+    /// is needed first. Always `Some` while `stream` is open.
     resume_from: Option<i64>,
     stream: Option<etcd_client::WatchStream>,
-    /// The first revision not yet seen.
-    next: i64,
     /// A snapshot was reported: starting over from another one skips what came between.
     snapshotted: bool,
     /// Wait this long before the next attempt (after a failure).
@@ -890,10 +888,7 @@ impl Observer {
             let options = WatchOptions::new().with_prefix().with_start_revision(start);
             let mut client = self.backend.inner.client.clone();
             match client.watch(self.prefix.as_str(), Some(options)).await {
-                Ok(stream) => {
-                    self.stream = Some(stream);
-                    self.next = start;
-                }
+                Ok(stream) => self.stream = Some(stream),
                 Err(e) => {
                     tracing::debug!(prefix = %self.prefix, error = %e, "observe: watch failed; retrying");
                     self.failed();
@@ -906,7 +901,6 @@ impl Observer {
             Ok(None) | Err(_) => {
                 // Broken: resume from the first revision not yet seen, losing nothing.
                 self.stream = None;
-                self.resume_from = Some(self.next);
                 self.failed();
                 return Ok(());
             }
@@ -920,9 +914,10 @@ impl Observer {
         }
         self.backoff = Duration::from_millis(25);
         let events = resp.events();
+        let mut next = self.resume_from.unwrap_or(0);
         for (i, ev) in events.iter().enumerate() {
             let Some(kv) = ev.kv() else { continue };
-            self.next = self.next.max(kv.mod_revision() + 1);
+            next = next.max(kv.mod_revision() + 1);
             self.mirror.apply(match ev.event_type() {
                 EventType::Put => QueueChange::Put(to_entry(kv)),
                 EventType::Delete => QueueChange::Delete(kv.key().to_vec()),
@@ -938,7 +933,7 @@ impl Observer {
                 self.pending.push_back(Ok(head));
             }
         }
-        self.resume_from = Some(self.next);
+        self.resume_from = Some(next);
         Ok(())
     }
 
