@@ -90,6 +90,29 @@ impl Running {
     }
 }
 
+/// Asserts that a finished `baton` exited with `code`, showing its stderr if not.
+fn assert_exit(out: &std::process::Output, code: i32) {
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts that less than `bound` passed since `since`.
+fn assert_within(since: std::time::Instant, bound: Duration) {
+    assert!(since.elapsed() < bound, "{:?}", since.elapsed());
+}
+
+/// Returns once `name`'s queue holds exactly one entry: a `baton` started meanwhile holds it.
+async fn until_held(backend: &EtcdBackend, name: &str) {
+    eventually("baton holds", || async {
+        backend.entries(name).await.unwrap().len() == 1
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_runs_the_command_with_its_environment_and_exit_code() {
     let name = name("exec");
@@ -138,12 +161,7 @@ async fn concurrent_runs_never_overlap() {
         .collect();
     for out in futures::future::join_all(runs).await {
         let out = out.unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_exit(&out, 0);
     }
     let tokens: Vec<u64> = std::fs::read_to_string(dir.join("tokens"))
         .unwrap()
@@ -167,17 +185,8 @@ async fn a_killed_holder_passes_the_lock_on_after_its_ttl() {
         .output()
         .await
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_exit(&out, 0);
+    assert_within(started, Duration::from_secs(8));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,7 +232,7 @@ async fn timeout_has_its_own_exit_code_and_leaves_nothing() {
         .output()
         .await
         .unwrap();
-    assert_eq!(out.status.code(), Some(75));
+    assert_exit(&out, 75);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert_eq!(backend.entries(&name).await.unwrap().len(), 1);
@@ -244,16 +253,16 @@ async fn errors_are_one_line_with_distinct_codes() {
         .output()
         .await
         .unwrap();
-    assert_eq!(unreachable.status.code(), Some(69));
+    assert_exit(&unreachable, 69);
     assert_eq!(
         String::from_utf8_lossy(&unreachable.stderr).lines().count(),
         1
     );
 
     let bad = baton(&["lock", "x", "--ttl", "0"]).output().await.unwrap();
-    assert_eq!(bad.status.code(), Some(64));
+    assert_exit(&bad, 64);
     let missing = baton(&["elect", "x"]).output().await.unwrap();
-    assert_eq!(missing.status.code(), Some(64));
+    assert_exit(&missing, 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +290,7 @@ async fn status_lists_holder_then_waiters_in_order() {
         .await;
     }
     let out = baton(&["status", &name, "--json"]).output().await.unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    assert_exit(&out, 0);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 3, "{stdout}");
@@ -385,7 +394,7 @@ async fn baton_lock_and_etcdctl_lock_exclude_each_other() {
         .output()
         .await
         .unwrap();
-    assert_eq!(ok.status.code(), Some(0));
+    assert_exit(&ok, 0);
 
     // And the other way round: etcdctl waits while baton holds.
     let mut ours = Running::spawn(&["lock", &name]);
@@ -523,10 +532,7 @@ async fn the_lock_is_held_until_the_whole_group_is_gone() {
     let script = format!("(sleep 0.5; echo done > {f}) & exit 0", f = done.display());
     let run = tokio::spawn(baton(&["lock", &name, "--", "sh", "-c", &script]).output());
     let backend = backend().await;
-    eventually("baton holds", || async {
-        backend.entries(&name).await.unwrap().len() == 1
-    })
-    .await;
+    until_held(&backend, &name).await;
     let s = Session::new(backend.clone()).await.unwrap();
     let next = within(
         "the next holder",
@@ -592,11 +598,7 @@ async fn after_a_loss_baton_exits_without_waiting_for_etcd() {
     let (code, stderr) = leader.exit_code().await;
     assert_eq!(code, 79, "{stderr}");
     // The lease deadline (2 s), plus a bounded cleanup.
-    assert!(
-        cut.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        cut.elapsed()
-    );
+    assert_within(cut, Duration::from_secs(5));
 }
 
 /// The command's exit code is baton's, whatever the release meets: here etcd is unreachable
@@ -624,20 +626,13 @@ async fn the_commands_exit_code_survives_an_unreachable_etcd() {
         &script,
     ]);
     let backend = backend().await;
-    eventually("baton holds", || async {
-        backend.entries(&name).await.unwrap().len() == 1
-    })
-    .await;
+    until_held(&backend, &name).await;
     proxy.black_hole();
     std::fs::write(&go, "").unwrap();
     let ended = std::time::Instant::now();
     let (code, stderr) = holder.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
-    assert!(
-        ended.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        ended.elapsed()
-    );
+    assert_within(ended, Duration::from_secs(5));
 }
 
 /// `--timeout` bounds connecting too: an etcd that does not answer ends in 75 in time. (Before:
@@ -660,17 +655,8 @@ async fn timeout_bounds_connecting() {
     .output()
     .await
     .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_exit(&out, 75);
+    assert_within(started, Duration::from_secs(3));
 }
 
 /// Leadership whose key is deleted from outside (an operator's `etcdctl del`) is lost: baton
@@ -705,7 +691,7 @@ async fn elect_runs_a_command_while_leading() {
     .output()
     .await
     .unwrap();
-    assert_eq!(out.status.code(), Some(5));
+    assert_exit(&out, 5);
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
         stdout.trim().parse::<u64>().is_ok(),
@@ -727,12 +713,7 @@ async fn a_dead_endpoint_first_is_skipped() {
             .output()
             .await
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_exit(&out, 0);
     }
 }
 
@@ -881,7 +862,7 @@ async fn try_mode_never_waits() {
         .output()
         .await
         .unwrap();
-    assert_eq!(out.status.code(), Some(75));
+    assert_exit(&out, 75);
     assert_eq!(
         backend.entries(&name).await.unwrap().len(),
         1,
@@ -892,7 +873,7 @@ async fn try_mode_never_waits() {
         .output()
         .await
         .unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    assert_exit(&out, 0);
 }
 
 /// Bad input: a distinct code, one line, and nothing sent (the endpoint here answers no one,
@@ -987,12 +968,7 @@ async fn the_password_is_not_passed_to_the_command() {
         .output()
         .await
         .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exit(&out, 0);
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "unset");
 }
 
@@ -1049,10 +1025,6 @@ async fn a_second_signal_stops_the_command_at_once() {
     holder.signal("-TERM");
     let (code, stderr) = holder.exit_code().await;
     assert_eq!(code, 128 + 9, "{stderr}");
-    assert!(
-        second.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        second.elapsed()
-    );
+    assert_within(second, Duration::from_secs(5));
     assert!(backend().await.entries(&name).await.unwrap().is_empty());
 }
