@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::backend::{Entry, FencingToken, HeadEvent, WriteOp};
 use crate::error::{Error, LostReason, Result};
 use crate::fence::Ticket;
-use crate::queue::{self, Held, Mode};
+use crate::queue::{self, Held, Mode, Turn};
 use crate::session::Session;
 
 /// Leader election: campaigners queue under `<name>/`, the oldest key leads, and its value
@@ -153,9 +153,18 @@ impl Election {
         );
         let value = value.into();
         SyncFuture::new(async move {
-            let held = queue::acquire(&self.session, &self.name, value, Mode::Wait)
-                .instrument(span)
-                .await?;
+            let held = queue::acquire(
+                &self.session,
+                queue::Ask {
+                    name: &self.name,
+                    queue: &self.name,
+                    value,
+                    mode: Mode::Wait,
+                    turn: Turn::Head,
+                },
+            )
+            .instrument(span)
+            .await?;
             Ok(Leadership {
                 name: self.name.clone(),
                 value: held.entry().value().to_vec(),

@@ -52,7 +52,34 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
 
-    /// [`Mutex::try_lock`](crate::Mutex::try_lock) found the lock held or contended.
+    /// A semaphore's stored limit is not the one this contender was created with (or is
+    /// not a positive number). Nothing was created; no contender ever holds more permits
+    /// than the stored limit allows. Change a limit with
+    /// [`Semaphore::set_limit`](crate::Semaphore::set_limit).
+    #[error("semaphore `{name}` has limit {stored} stored, not {requested}")]
+    LimitMismatch {
+        /// The semaphore.
+        name: String,
+        /// What is stored, as text (`nothing` if the key is missing).
+        stored: String,
+        /// The limit this contender was created with.
+        requested: u32,
+    },
+
+    /// [`RwLock::write`](crate::RwLock::write) was asked for through a handle whose read
+    /// guards are alive: the write would wait behind our own read forever. Nothing was
+    /// created; release the read lock first.
+    #[error(
+        "read-write lock `{name}`: a write while holding a read would deadlock; release the read first"
+    )]
+    Upgrade {
+        /// The lock.
+        name: String,
+    },
+
+    /// A `try_*` call ([`Mutex::try_lock`](crate::Mutex::try_lock),
+    /// [`Semaphore::try_acquire`](crate::Semaphore::try_acquire), ...) found the lock held or
+    /// contended: nothing was left behind.
     #[error("lock `{name}` is held or contended")]
     Locked {
         /// The lock name.

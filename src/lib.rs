@@ -50,11 +50,16 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod barrier;
 mod election;
 mod error;
 mod fence;
+mod guard;
+mod multilock;
 mod mutex;
 mod queue;
+mod rwlock;
+mod semaphore;
 mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -65,6 +70,7 @@ pub use backend::{
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
+pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
 pub use error::{BoxError, Error, LostReason, Result};
 /// The etcd client baton is built on, re-exported so that code using
@@ -74,5 +80,8 @@ pub use etcd_client;
 #[cfg(feature = "etcd")]
 pub use fence::EtcdFence;
 pub use fence::{Fence, MemoryFence, Ticket, admit, decode_token, encode_token};
+pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
+pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+pub use semaphore::{Semaphore, SemaphorePermit};
 pub use session::{Session, SessionOptions};

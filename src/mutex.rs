@@ -6,10 +6,9 @@ use std::sync::Arc;
 use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
-use crate::backend::{Entry, FencingToken, WriteOp};
-use crate::error::{Error, LostReason, Result};
+use crate::error::{Error, Result};
 use crate::fence::Ticket;
-use crate::queue::{self, Held, Mode};
+use crate::queue::{self, Held, Mode, Turn};
 use crate::session::Session;
 
 /// A queue-fair distributed lock with fencing tokens.
@@ -81,7 +80,7 @@ impl Mutex {
         Ok(Mutex {
             session: session.clone(),
             name: name.into(),
-            owner: format!("pid={}", std::process::id()).into_bytes(),
+            owner: queue::default_owner(),
         })
     }
 
@@ -135,9 +134,18 @@ impl Mutex {
             key = tracing::field::Empty,
             token = tracing::field::Empty,
         );
-        let held = queue::acquire(&self.session, &self.name, self.owner.clone(), mode)
-            .instrument(span)
-            .await?;
+        let held = queue::acquire(
+            &self.session,
+            queue::Ask {
+                name: &self.name,
+                queue: &self.name,
+                value: self.owner.clone(),
+                mode,
+                turn: Turn::Head,
+            },
+        )
+        .instrument(span)
+        .await?;
         Ok(MutexGuard { held })
     }
 }
@@ -150,80 +158,14 @@ pub struct MutexGuard {
     held: Held,
 }
 
+crate::guard::entry_guard!(MutexGuard, "the lock");
+
 impl MutexGuard {
-    /// The fencing token: our key's create revision. Strictly increasing in grant order.
-    pub fn fencing_token(&self) -> FencingToken {
-        self.held.entry().token()
-    }
-
-    /// Our key, `<name>/<lease id hex>`.
-    pub fn key(&self) -> &str {
-        self.held.entry().key()
-    }
-
     /// The fencing token together with the lock's name, for a [`Fence`](crate::Fence): the
     /// fence binds each resource to the first lock that claims it and refuses tokens of any
     /// other lock ([`Error::ForeignLock`]).
     pub fn ticket(&self) -> Ticket {
         Ticket::new(self.fencing_token(), self.held.queue())
-    }
-
-    /// The queue entry as it was when the lock was granted.
-    pub fn entry(&self) -> &Entry {
-        self.held.entry()
-    }
-
-    /// Resolves when the lock is lost: the session under it is lost, or our key was deleted
-    /// from outside ([`LostReason::EntryDeleted`]). From then on another contender may hold
-    /// the lock. Run protected work in a `select!` against it.
-    ///
-    /// Session loss is heard at once (at the lease deadline at the latest); a deleted key as
-    /// soon as the backend reports the deletion (one watch on our own key, opened when this
-    /// future is first polled).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropping it only stops this one observer.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
-        SyncFuture::new(self.held.lost())
-    }
-
-    /// Whether our key still exists with our token, checked against the backend now.
-    ///
-    /// # Errors
-    /// Backend errors after retries.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub fn is_owner(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
-        SyncFuture::new(
-            self.held
-                .session()
-                .backend()
-                .guarded(self.held.entry(), &[]),
-        )
-    }
-
-    /// Applies `ops` atomically in the backend only while we still hold the lock: the
-    /// ownership check (our key's create revision) is in the same transaction as the writes,
-    /// so they cannot land after the lock passed to someone else.
-    ///
-    /// The writes may not touch the lock's own queue: a key under the lock's name
-    /// (`<name>/...`) is refused before anything is sent ([`Error::WriteIntoQueue`]), since it
-    /// would put an entry without a lease into the queue, or detach our key from its lease.
-    ///
-    /// # Errors
-    /// Not applied: [`Error::NotOwner`] (the lock was lost), [`Error::WriteIntoQueue`],
-    /// [`Error::Backend`]. [`Error::OutcomeUnknown`]: the writes may have been applied (the
-    /// answer was lost), never after the lock was lost; read to find out.
-    ///
-    /// # Cancel safety
-    /// If the future is dropped, the writes may or may not have been applied, but never
-    /// after the lock was lost.
-    pub fn write<'a>(
-        &'a self,
-        ops: &'a [WriteOp],
-    ) -> impl Future<Output = Result<()>> + Send + Sync + 'a {
-        SyncFuture::new(self.held.write(ops))
     }
 
     /// Releases the lock: deletes our key if it is still ours (never a successor's key).

@@ -63,6 +63,9 @@ impl Backoff {
 #[derive(Debug)]
 pub(crate) struct Held {
     session: Session,
+    /// The name of the lock, election or recipe: the queue, or (read-write lock) the queue
+    /// that holds the entry's own.
+    name: Arc<str>,
     entry: Entry,
     /// Kept until the entry is deleted, so the next local task cannot reuse the key early.
     local: Option<OwnedMutexGuard<()>>,
@@ -70,16 +73,30 @@ pub(crate) struct Held {
     released: bool,
 }
 
+/// Where an acquisition puts its entry: the key `<queue>/<tag>` (tags have no `/`). One
+/// string: this is kept by every waiter.
+#[derive(Debug, Clone)]
+struct Slot(Box<str>);
+
+impl Slot {
+    fn new(queue: &str, tag: &str) -> Slot {
+        Slot(format!("{queue}/{tag}").into())
+    }
+
+    fn parts(&self) -> (&str, &str) {
+        self.0.rsplit_once('/').unwrap_or(("", &self.0))
+    }
+}
+
 /// What an acquisition may have left in the backend.
 enum Trace {
     /// Nothing: no create was sent, or what was created is known to be gone.
     Nothing,
-    /// The create request (in this queue), not finished; polled in place by the acquisition,
-    /// and moved to the cleanup task if the acquisition ends first.
-    Creating(BoxFuture<'static, Result<Enqueued>>, Arc<str>),
-    /// The create request (in this queue) failed: it may have been applied anyway, its
-    /// answer lost.
-    Unknown(Arc<str>),
+    /// The create request, not finished; polled in place by the acquisition, and moved to
+    /// the cleanup task if the acquisition ends first.
+    Creating(BoxFuture<'static, Result<Enqueued>>, Slot),
+    /// The create request failed: it may have been applied anyway, its answer lost.
+    Unknown(Slot),
     /// Our entry, as created.
     Created(Entry),
 }
@@ -88,8 +105,8 @@ impl std::fmt::Debug for Trace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Trace::Nothing => f.write_str("Nothing"),
-            Trace::Creating(_, queue) => f.debug_tuple("Creating").field(queue).finish(),
-            Trace::Unknown(queue) => f.debug_tuple("Unknown").field(queue).finish(),
+            Trace::Creating(_, slot) => f.debug_tuple("Creating").field(slot).finish(),
+            Trace::Unknown(slot) => f.debug_tuple("Unknown").field(slot).finish(),
             Trace::Created(entry) => f.debug_tuple("Created").field(entry).finish(),
         }
     }
@@ -131,23 +148,22 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
             match trace {
                 Trace::Nothing => Trace::Nothing,
                 // The create may be on its way: let it finish rather than race it.
-                Trace::Creating(create, queue) => match create.await {
+                Trace::Creating(create, slot) => match create.await {
                     Ok(enqueued) => Trace::Created(enqueued.into_parts().0),
-                    Err(_) => Trace::Unknown(queue),
+                    Err(_) => Trace::Unknown(slot),
                 },
-                Trace::Unknown(queue) => {
-                    let tag = session.lease_id().to_hex();
-                    match backend.find_entry(&queue, &tag).await {
-                        // Ours: our tag, our lease. The slot we hold means no other task of
-                        // this session created it.
+                Trace::Unknown(slot) => {
+                    match backend.find_entry(slot.parts().0, slot.parts().1).await {
+                        // Ours: our tag, our lease. The in-process slot we hold (or a tag used
+                        // once) means no other task of this session created it.
                         Ok(Some(entry)) if entry.lease() == Some(session.lease_id()) => {
                             Trace::Created(entry)
                         }
                         Ok(_) => Trace::Nothing,
                         Err(e) => {
-                            tracing::debug!(%queue, error = %e, "cleanup: cannot look for the entry; retrying");
+                            tracing::debug!(key = %slot.0, error = %e, "cleanup: cannot look for the entry; retrying");
                             wait(&mut backoff).await;
-                            Trace::Unknown(queue)
+                            Trace::Unknown(slot)
                         }
                     }
                 }
@@ -203,7 +219,56 @@ fn spawn_cleanup(
     }));
 }
 
-/// Takes the head of `queue` for `session`: in process first, then in the backend.
+/// What a contender waits for before its entry is granted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Turn<'a> {
+    /// No entry ahead in its own queue (Mutex, Election). The tag is the lease id in hex
+    /// (etcd's Go layout), the same for every task of a session: they queue in process
+    /// first.
+    Head,
+    /// Fewer than `limit` entries of queue `of` ahead (Semaphore: `of` is the entry's own
+    /// queue; read lock: `of` holds the lock's writers). It watches the `limit` entries of
+    /// `of` just ahead of it. The tag is unique to the acquisition.
+    Fewer(&'a Fewer<'a>),
+    /// Granted as soon as the entry exists (barriers count entries). Unique tag.
+    Enter,
+}
+
+/// The rule of [`Turn::Fewer`] (behind a reference: a mutex waiter should not carry its
+/// size).
+#[derive(Debug)]
+pub(crate) struct Fewer<'a> {
+    pub(crate) of: &'a str,
+    pub(crate) limit: Limit<'a>,
+}
+
+/// How many entries ahead are too many, for [`Turn::Fewer`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Limit<'a> {
+    Fixed(usize),
+    /// The limit stored (in decimal) at `key` by [`crate::Semaphore`], read again at every
+    /// look, so that a change applies to waiters at once.
+    Stored {
+        key: &'a str,
+        /// For errors: the recipe's name and the limit this contender was created with.
+        name: &'a str,
+        requested: u32,
+    },
+}
+
+/// One acquisition: its entry goes to `<queue>/<tag>` holding `value`; `name` is the lock
+/// the entry belongs to (the queue itself, or the queue that contains it).
+#[derive(Debug)]
+pub(crate) struct Ask<'a> {
+    pub(crate) name: &'a Arc<str>,
+    pub(crate) queue: &'a Arc<str>,
+    pub(crate) value: Vec<u8>,
+    pub(crate) mode: Mode,
+    pub(crate) turn: Turn<'a>,
+}
+
+/// Takes a turn in a queue for `session`, as `ask` says: for [`Turn::Head`], in process
+/// first, then in the backend.
 ///
 /// (Written as a function returning an `async move` block rather than an `async fn`: an
 /// `async fn` keeps a second copy of its arguments in its state, and this state is kept by
@@ -211,40 +276,52 @@ fn spawn_cleanup(
 #[allow(clippy::manual_async_fn)] // On purpose: see above.
 pub(crate) fn acquire<'a>(
     session: &'a Session,
-    queue: &'a Arc<str>,
-    value: Vec<u8>,
-    mode: Mode,
+    ask: Ask<'a>,
 ) -> impl Future<Output = Result<Held>> + Send + 'a {
+    let Ask {
+        name,
+        queue,
+        value,
+        mode,
+        turn,
+    } = ask;
+    // The create request is built here, before the state: it takes the value with it (it
+    // runs only when awaited below).
+    let tag: Box<str> = match turn {
+        Turn::Head => session.lease_id().to_hex().into(),
+        Turn::Fewer(_) | Turn::Enter => session.unique_tag().into(),
+    };
+    let slot = Slot::new(queue, &tag);
+    let create: BoxFuture<'static, Result<Enqueued>> = {
+        let (backend, q, lease) = (
+            Arc::clone(session.backend()),
+            Arc::clone(queue),
+            session.lease_id(),
+        );
+        Box::pin(async move { backend.enqueue(&q, &tag, lease, &value).await })
+    };
     async move {
         let lost = session.lost_recorded();
         tokio::pin!(lost);
-        let local = session.local_queue(queue);
-        let local = match mode {
-            Mode::Wait => tokio::select! {
-                guard = local.lock_owned() => guard,
+        let local = match (turn, mode) {
+            (Turn::Head, Mode::Wait) => tokio::select! {
+                guard = session.local_queue(queue).lock_owned() => Some(guard),
                 reason = &mut lost => return Err(Error::SessionLost(reason)),
             },
-            Mode::Try => local.try_lock_owned().map_err(|_| Error::Locked {
-                name: queue.to_string(),
-            })?,
+            (Turn::Head, Mode::Try) => Some(session.local_queue(queue).try_lock_owned().map_err(
+                |_| Error::Locked {
+                    name: name.to_string(),
+                },
+            )?),
+            (Turn::Fewer(_) | Turn::Enter, _) => None,
         };
         if let Some(reason) = session.loss().check() {
             return Err(Error::SessionLost(reason));
         }
-
-        let backend = Arc::clone(session.backend());
-        let (q, tag, lease) = (
-            Arc::clone(queue),
-            session.lease_id().to_hex(),
-            session.lease_id(),
-        );
         let mut pending = Pending {
             session: session.clone(),
-            local: Some(local),
-            trace: Trace::Creating(
-                Box::pin(async move { backend.enqueue(&q, &tag, lease, &value).await }),
-                Arc::clone(queue),
-            ),
+            local,
+            trace: Trace::Creating(create, slot),
         };
         let Trace::Creating(create, _) = &mut pending.trace else {
             unreachable!("set just above")
@@ -258,7 +335,12 @@ pub(crate) fn acquire<'a>(
             Ok(enqueued) => enqueued.into_parts(),
             Err(e) => {
                 // The create may have been applied and its answer lost: the cleanup looks.
-                pending.trace = Trace::Unknown(Arc::clone(queue));
+                let Trace::Creating(_, slot) =
+                    std::mem::replace(&mut pending.trace, Trace::Nothing)
+                else {
+                    unreachable!("still creating")
+                };
+                pending.trace = Trace::Unknown(slot);
                 return Err(e);
             }
         };
@@ -269,18 +351,34 @@ pub(crate) fn acquire<'a>(
         };
         tracing::debug!(key = %mine.key(), token = %mine.token(), head = is_head, "enqueued");
 
-        if !is_head {
-            if mode == Mode::Try {
-                // Leave nothing behind before reporting "busy"; on failure the drop guard
-                // retries.
-                if session.backend().delete_entry(mine).await.is_ok() {
-                    pending.trace = Trace::Nothing;
-                }
-                return Err(Error::Locked {
-                    name: queue.to_string(),
-                });
+        let granted = match turn {
+            Turn::Enter => true,
+            // The head of the queue counted is ahead of no one.
+            Turn::Fewer(rule) if is_head && rule.of == &**queue => true,
+            Turn::Head if is_head => true,
+            Turn::Head if mode == Mode::Wait => {
+                wait_for_turn(session, mine, predecessor, &mut lost).await?;
+                true
             }
-            wait_for_turn(session, mine, predecessor, &mut lost).await?;
+            Turn::Head => false,
+            // Boxed: its state is larger than the head wait's, and a mutex waiter would
+            // carry that size for as long as it waits.
+            Turn::Fewer(rule) => {
+                Box::pin(wait_for_fewer(
+                    session, mine, rule.of, rule.limit, mode, &mut lost,
+                ))
+                .await?
+            }
+        };
+        if !granted {
+            // Leave nothing behind before reporting "busy"; on failure the drop guard
+            // retries.
+            if session.backend().delete_entry(mine).await.is_ok() {
+                pending.trace = Trace::Nothing;
+            }
+            return Err(Error::Locked {
+                name: name.to_string(),
+            });
         }
         // Nothing is granted to a lost session, even one whose loss nothing has recorded yet
         // (its deadline passed while the keep-alive driver did not run).
@@ -301,10 +399,165 @@ pub(crate) fn acquire<'a>(
         };
         Ok(Held {
             session: session.clone(),
+            name: Arc::clone(name),
             entry,
             local: pending.local.take(),
             released: false,
         })
+    }
+}
+
+/// Checks a recipe name: not empty, not ending in `/` (its entries would be `<name>//...`).
+pub(crate) fn recipe_name(name: String) -> Result<Arc<str>> {
+    if name.is_empty() {
+        return Err(Error::InvalidArgument("name must not be empty"));
+    }
+    if name.ends_with('/') {
+        return Err(Error::InvalidArgument("name must not end with `/`"));
+    }
+    Ok(name.into())
+}
+
+/// The value stored in a contender's entry unless it says otherwise.
+pub(crate) fn default_owner() -> Vec<u8> {
+    format!("pid={}", std::process::id()).into_bytes()
+}
+
+/// What one look at the queue found, for [`Turn::Fewer`].
+enum Look {
+    Granted,
+    /// Not yet: the entries to watch (the `limit` just ahead), and the stored limit as read.
+    Wait(Vec<Entry>, Option<Vec<u8>>),
+}
+
+/// Parses a stored limit; an error that names the recipe if it is not a positive number.
+pub(crate) fn parse_limit(raw: Option<&[u8]>, name: &str, requested: u32) -> Result<usize> {
+    let text = raw.map(String::from_utf8_lossy);
+    match text.as_deref().map(str::parse::<u32>) {
+        Some(Ok(limit)) if limit > 0 => Ok(limit as usize),
+        _ => Err(Error::LimitMismatch {
+            name: name.to_owned(),
+            stored: text.map_or_else(|| "nothing".to_owned(), |t| format!("`{t}`")),
+            requested,
+        }),
+    }
+}
+
+/// Reads how many entries of `of` are ahead of `mine`, and the limit.
+async fn look(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -> Result<Look> {
+    match limit {
+        Limit::Fixed(limit) => {
+            let ahead = backend.ahead(of, mine, limit).await?;
+            Ok(if ahead.len() < limit {
+                Look::Granted
+            } else {
+                Look::Wait(ahead, None)
+            })
+        }
+        Limit::Stored {
+            key,
+            name,
+            requested,
+        } => {
+            let mut want = requested as usize;
+            loop {
+                let ahead = backend.ahead(of, mine, want).await?;
+                // Read after the entries: entries ahead of ours only ever go, so "fewer than
+                // the limit" held at the instant the limit was read, and a grant never
+                // follows a lowered limit it did not see.
+                let raw = backend.read(key).await?;
+                let limit = parse_limit(raw.as_deref(), name, requested)?;
+                if ahead.len() < want {
+                    // All of them.
+                    if ahead.len() < limit {
+                        return Ok(Look::Granted);
+                    }
+                } else if want < limit {
+                    // There may be more than were asked for: ask for enough.
+                    want = limit;
+                    continue;
+                }
+                let mut window = ahead;
+                window.truncate(limit);
+                return Ok(Look::Wait(window, raw));
+            }
+        }
+    }
+}
+
+/// Waits until fewer than `limit` entries of `of` are ahead of `mine` ([`Turn::Fewer`]);
+/// `Ok(false)` if it is not so at once and `mode` is [`Mode::Try`].
+///
+/// It watches the entries just ahead, as many as the limit: while all of them remain, at
+/// least that many are ahead, so no other change can make `mine` a holder. A departure among
+/// them wakes it to look again; a departure further ahead does not. (Watching only the entry
+/// `limit` places ahead would miss a holder nearer to it leaving first.) A stored limit is
+/// watched too, so that raising it grants at once.
+async fn wait_for_fewer(
+    session: &Session,
+    mine: &Entry,
+    of: &str,
+    limit: Limit<'_>,
+    mode: Mode,
+    lost: &mut (impl Future<Output = LostReason> + Unpin + Send),
+) -> Result<bool> {
+    let backend = session.backend();
+    let mut failures = 0u32;
+    loop {
+        if failures > 0 {
+            tokio::select! {
+                () = Box::pin(tokio::time::sleep(Backoff::after(failures))) => {}
+                reason = &mut *lost => return Err(Error::SessionLost(reason)),
+            }
+        }
+        let looked = tokio::select! {
+            looked = look(&**backend, mine, of, limit) => looked,
+            reason = &mut *lost => return Err(Error::SessionLost(reason)),
+        };
+        let (window, seen) = match looked {
+            Ok(Look::Granted) => return Ok(true),
+            Ok(Look::Wait(..)) if mode == Mode::Try => return Ok(false),
+            Ok(Look::Wait(window, seen)) => (window, seen),
+            // Our own entry vanished: most likely our lease ended.
+            Err(Error::EntryGone { .. }) if session.is_lost() => {
+                return Err(Error::SessionLost(lost.await));
+            }
+            Err(e @ (Error::EntryGone { .. } | Error::LimitMismatch { .. })) => return Err(e),
+            Err(e) => {
+                tracing::debug!(key = %mine.key(), error = %e, "looking at the queue failed; retrying");
+                failures = failures.saturating_add(1);
+                continue;
+            }
+        };
+        tracing::debug!(key = %mine.key(), watching = window.len(), "waiting for fewer ahead");
+        let departures = async {
+            if window.is_empty() {
+                // (Only with a limit of 0, which no recipe asks for: never granted.)
+                return std::future::pending().await;
+            }
+            let waits = window.iter().map(|e| Box::pin(backend.wait_gone(e)));
+            futures::future::select_all(waits).await.0
+        };
+        let limit_changed = async {
+            match limit {
+                Limit::Stored { key, .. } => {
+                    backend.wait_value(key, seen.as_deref()).await.map(drop)
+                }
+                Limit::Fixed(_) => std::future::pending().await,
+            }
+        };
+        let woken = tokio::select! {
+            gone = departures => gone,
+            changed = limit_changed => changed,
+            reason = &mut *lost => return Err(Error::SessionLost(reason)),
+        };
+        match woken {
+            Ok(()) => failures = 0,
+            Err(e) => {
+                tracing::debug!(key = %mine.key(), error = %e, "waiting failed; retrying");
+                failures = failures.saturating_add(1);
+            }
+        }
     }
 }
 
@@ -418,14 +671,15 @@ impl Held {
         }
     }
 
-    /// The name of the lock or election (the queue our entry is in).
+    /// The name of the lock, election or recipe our entry belongs to.
     pub(crate) fn queue(&self) -> &str {
-        crate::backend::queue_of(self.entry.key())
+        &self.name
     }
 
     /// Applies `ops` only while our entry exists; [`Error::NotOwner`] otherwise. A write to
-    /// our own key, or to any key under the queue's name, is refused before anything is sent:
-    /// it would put an entry without a lease into the queue (or detach ours from its lease).
+    /// our own key, to any key under the recipe's name, or to the name itself (where a
+    /// semaphore keeps its limit) is refused before anything is sent: it would put an entry
+    /// without a lease into the queue, detach ours from its lease, or change the recipe.
     pub(crate) async fn write(&self, ops: &[crate::WriteOp]) -> Result<()> {
         let queue = self.queue();
         for op in ops {
@@ -434,7 +688,7 @@ impl Held {
             };
             if key
                 .strip_prefix(queue)
-                .is_some_and(|rest| rest.starts_with('/'))
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
             {
                 return Err(Error::WriteIntoQueue {
                     key: key.clone(),

@@ -696,6 +696,27 @@ impl Backend for EtcdBackend {
         Ok(first_kv(resp.op_responses().first()))
     }
 
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
+        let resp = self
+            .if_live(
+                "ahead",
+                mine,
+                vec![TxnOp::get(queue_prefix(queue), Some(before))],
+            )
+            .await?;
+        if !resp.succeeded() {
+            return Err(Error::EntryGone {
+                key: mine.key().to_owned(),
+            });
+        }
+        Ok(match resp.op_responses().first() {
+            Some(TxnOpResponse::Get(get)) => get.kvs().iter().map(to_entry).collect(),
+            _ => Vec::new(),
+        })
+    }
+
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
         // A serializable read, answered by whichever member receives it without a round of
         // consensus: it does not wait behind writes in flight (the next contender's enqueue
@@ -805,6 +826,66 @@ impl Backend for EtcdBackend {
             .call("read", |mut c| async move { c.get(key, None).await })
             .await?;
         Ok(resp.kvs().first().map(|kv| kv.value().to_vec()))
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        let compare = match expected {
+            None => Compare::create_revision(key, CompareOp::Equal, 0),
+            Some(value) => Compare::value(key, CompareOp::Equal, value),
+        };
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::put(key, new, None)]);
+        let (resp, maybe_applied) = self.write_txn("swap", txn).await?;
+        if resp.succeeded() {
+            Ok(true)
+        } else if maybe_applied {
+            Err(Error::OutcomeUnknown {
+                op: "swap",
+                source: "an attempt failed after it may have been applied, and the retry found the value changed".into(),
+            })
+        } else {
+            Ok(false)
+        }
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        let resp = self
+            .call("wait_value", |mut c| async move { c.get(key, None).await })
+            .await?;
+        let now = resp.kvs().first().map(|kv| kv.value().to_vec());
+        if now.as_deref() != seen {
+            return Ok(now);
+        }
+        // Watched from the revision just after the read: no change after it is missed. A
+        // watch of its own (these waits are few: a semaphore's waiters on its limit).
+        let from = resp.header().map_or(0, |h| h.revision()) + 1;
+        let mut stream = self
+            .call("wait_value", |mut c| async move {
+                c.watch(key, Some(WatchOptions::new().with_start_revision(from)))
+                    .await
+            })
+            .await?;
+        loop {
+            let msg = match stream.message().await {
+                Ok(Some(msg)) => msg,
+                Ok(None) => return Err(Error::Unavailable),
+                Err(e) => return Err(etcd_err("wait_value", e)),
+            };
+            if msg.canceled() {
+                // Compacted past `from`, or the member shut down: the caller reads again.
+                return Err(Error::Unavailable);
+            }
+            for event in msg.events() {
+                let value = match event.event_type() {
+                    EventType::Put => event.kv().map(|kv| kv.value().to_vec()),
+                    EventType::Delete => None,
+                };
+                if value.as_deref() != seen {
+                    return Ok(value);
+                }
+            }
+        }
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {

@@ -75,12 +75,16 @@ struct State {
     by_deadline: BTreeSet<(Instant, LeaseId)>,
     /// Per key: waiters of one incarnation (create revision) of that key.
     waiters: HashMap<String, Vec<(u64, oneshot::Sender<()>)>>,
+    /// Per plain key: waiters for a value other than the one they saw (`None`: absent).
+    value_waiters: HashMap<String, Vec<ValueWaiter>>,
     /// Observers of queues (the in-process watch): each gets every change under its prefix,
     /// in order, however slowly it reads (a queue of its own, unbounded: lossless).
     observers: Vec<Observer>,
     /// Changes of the revision being built, published as one batch.
     batch: Vec<(String, QueueChange)>,
 }
+
+type ValueWaiter = (Option<Vec<u8>>, oneshot::Sender<Option<Vec<u8>>>);
 
 #[derive(Debug)]
 struct Observer {
@@ -99,6 +103,7 @@ impl Default for State {
             leases: HashMap::new(),
             by_deadline: BTreeSet::new(),
             waiters: HashMap::new(),
+            value_waiters: HashMap::new(),
             observers: Vec::new(),
             batch: Vec::new(),
         }
@@ -223,6 +228,21 @@ impl State {
             return;
         }
         let batch = std::mem::take(&mut self.batch);
+        for (key, _) in &batch {
+            let Some(waiters) = self.value_waiters.remove(key) else {
+                continue;
+            };
+            let now = self.kvs.get(key).map(|kv| kv.value.clone());
+            let (changed, same): (Vec<_>, Vec<_>) =
+                waiters.into_iter().partition(|(seen, _)| *seen != now);
+            for (_, tx) in changed {
+                let _ = tx.send(now.clone());
+            }
+            let same: Vec<_> = same.into_iter().filter(|(_, tx)| !tx.is_closed()).collect();
+            if !same.is_empty() {
+                self.value_waiters.insert(key.clone(), same);
+            }
+        }
         // An observer whose stream was dropped has a closed queue: forget it.
         self.observers.retain(|o| {
             let mine: Vec<QueueChange> = batch
@@ -426,6 +446,23 @@ impl Backend for MemoryBackend {
             .last())
     }
 
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        let state = self.available()?;
+        if !state.is_live(mine) {
+            return Err(Error::EntryGone {
+                key: mine.key().to_owned(),
+            });
+        }
+        let mut before: Vec<Entry> = state
+            .queue(queue)
+            .into_iter()
+            .take_while(|e| e.position() < mine.position())
+            .collect();
+        before.reverse();
+        before.truncate(limit);
+        Ok(before)
+    }
+
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
         // One store, always current: the exact answer, "present with no predecessor".
         match self.predecessor(mine).await {
@@ -488,6 +525,34 @@ impl Backend for MemoryBackend {
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
         Ok(self.available()?.kvs.get(key).map(|kv| kv.value.clone()))
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        let mut state = self.available()?;
+        if state.kvs.get(key).map(|kv| kv.value.as_slice()) != expected {
+            return Ok(false);
+        }
+        state.revision += 1;
+        state.put(key, new.to_vec(), None);
+        state.publish();
+        Ok(true)
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        let rx = {
+            let mut state = self.available()?;
+            let now = state.kvs.get(key).map(|kv| kv.value.clone());
+            if now.as_deref() != seen {
+                return Ok(now);
+            }
+            let (tx, rx) = oneshot::channel();
+            let waiters = state.value_waiters.entry(key.to_owned()).or_default();
+            waiters.retain(|(_, tx)| !tx.is_closed());
+            waiters.push((now, tx));
+            rx
+        };
+        // The sender is dropped unsent only if the backend itself is dropped.
+        rx.await.map_err(|_| Error::Unavailable)
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {

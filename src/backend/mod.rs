@@ -331,7 +331,8 @@ pub enum HeadEvent {
 /// - Implementations retry idempotent requests on transient failures themselves.
 /// - **Errors and outcomes.** An error from a read or a wait means nothing. For a call that
 ///   creates or changes state ([`enqueue`](Backend::enqueue), the deletes, updates and
-///   guarded writes, [`grant_lease`](Backend::grant_lease)), `Ok` is definite,
+///   guarded writes, [`swap`](Backend::swap), [`grant_lease`](Backend::grant_lease)), `Ok`
+///   is definite,
 ///   [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown) means the request may have been
 ///   applied (its answer was lost), and every other error means it was not. A retry must not
 ///   turn an unknown outcome into a definite one it cannot prove: a conditional write whose
@@ -342,7 +343,8 @@ pub enum HeadEvent {
 ///   [`keep_alive`](Backend::keep_alive) are idempotent and retried like reads.
 ///
 /// # Cancel safety
-/// Reads ([`predecessor`](Backend::predecessor), [`was_head`](Backend::was_head),
+/// Reads ([`predecessor`](Backend::predecessor), [`ahead`](Backend::ahead),
+/// [`was_head`](Backend::was_head),
 /// [`find_entry`](Backend::find_entry), [`head`](Backend::head),
 /// [`entries`](Backend::entries), [`read`](Backend::read)) and waits create nothing and may
 /// be dropped at any point. A dropped call that creates or changes state may or may not have
@@ -386,6 +388,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// longer exists.
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>>;
 
+    /// Up to `limit` live entries of `queue` created before `mine`, newest first: "the
+    /// entries just ahead of mine". Fails with [`Error::EntryGone`](crate::Error::EntryGone)
+    /// if `mine` itself no longer exists (checked in the same read).
+    ///
+    /// `queue` is `mine`'s queue, a queue that contains it, or a queue nested in one that
+    /// contains it (a reader of a read-write lock asks for the writers of its lock): entries
+    /// under one name compare by [`Position`], whatever sub-name they are under. With
+    /// `limit` 1 and `mine`'s own queue this is [`predecessor`](Backend::predecessor).
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>>;
+
     /// A cheaper check, made after a predecessor of `mine` was seen gone: `Ok(true)` only if
     /// some committed state of the queue had `mine` present and no older entry. `false`
     /// means "not known": the caller then reads [`predecessor`](Backend::predecessor).
@@ -425,6 +437,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Reads a plain key (for example one written by [`guarded`](Backend::guarded)).
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Compare-and-set on a plain key (not an entry: no lease): sets `key` to `new` if and
+    /// only if its value is `expected` (`None`: the key does not exist); tells whether it
+    /// did. Recipes keep their settings this way (a semaphore's limit).
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool>;
+
+    /// Resolves with the value of the plain key `key` once it is not `seen` (`None`: the key
+    /// does not exist); at once if it already differs. Never misses a change, whatever
+    /// happens to connections meanwhile; it may miss a change that was undone before it
+    /// looked (it reports values, not events). An error says nothing: the caller waits again.
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>>;
 
     /// The remaining TTL of `lease`, or `None` if it no longer exists.
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>>;

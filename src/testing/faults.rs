@@ -29,6 +29,8 @@ pub enum Call {
     FindEntry,
     /// [`Backend::predecessor`].
     Predecessor,
+    /// [`Backend::ahead`].
+    Ahead,
     /// [`Backend::was_head`].
     WasHead,
     /// [`Backend::wait_gone`].
@@ -45,6 +47,10 @@ pub enum Call {
     Guarded,
     /// [`Backend::read`].
     Read,
+    /// [`Backend::swap`].
+    Swap,
+    /// [`Backend::wait_value`].
+    WaitValue,
     /// [`Backend::lease_ttl`].
     LeaseTtl,
 }
@@ -62,6 +68,7 @@ impl Call {
                 | Call::DeleteEntry
                 | Call::UpdateEntry
                 | Call::Guarded
+                | Call::Swap
         )
     }
 }
@@ -413,6 +420,11 @@ impl Backend for FaultyBackend {
             .await
     }
 
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        self.run(Call::Ahead, self.inner.ahead(queue, mine, limit))
+            .await
+    }
+
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
         self.run(Call::WasHead, self.inner.was_head(mine)).await
     }
@@ -446,6 +458,16 @@ impl Backend for FaultyBackend {
 
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.run(Call::Read, self.inner.read(key)).await
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        self.run(Call::Swap, self.inner.swap(key, expected, new))
+            .await
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        self.run(Call::WaitValue, self.inner.wait_value(key, seen))
+            .await
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {

@@ -359,6 +359,8 @@ pub async fn faulty_session(rig: &Rig) -> (Arc<FaultyBackend>, Session) {
 pub mod fences;
 pub mod harness;
 pub mod proxy;
+pub mod recipes;
+pub use recipes::*;
 
 /// Polls `fut` until `event` happens; fails the test if `fut` finishes first.
 pub async fn drive_until<F: Future + Unpin>(fut: &mut F, event: impl Future<Output = ()>)
@@ -1224,8 +1226,9 @@ pub async fn write_paths_report_unknown_outcomes(rig: Rig) {
 }
 
 /// A guarded write may not touch the lock's own queue: its own key (a put without a lease
-/// would detach it from the session) or any key under the lock's name (an entry no lease
-/// ends). Refused before anything is sent; a key beside the name is fine.
+/// would detach it from the session), any key under the lock's name (an entry no lease
+/// ends) or the name itself (a recipe's setting). Refused before anything is sent; a key
+/// beside the name is fine.
 pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
     let name = rig.name("queue-writes");
     let (faulty, s) = faulty_session(&rig).await;
@@ -1235,6 +1238,8 @@ pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
         guard.key().to_owned(),
         format!("{name}/data"),
         format!("{name}/nested/key"),
+        // The name itself: where a semaphore keeps its limit and a double barrier its count.
+        name.clone(),
     ] {
         for op in [WriteOp::put(&key, "x"), WriteOp::delete(&key)] {
             let refused = guard
@@ -1252,10 +1257,6 @@ pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
     // Beside the name (not under it): allowed.
     guard
         .write(&[WriteOp::put(format!("{name}-data"), "ok")])
-        .await
-        .unwrap();
-    guard
-        .write(&[WriteOp::put(name.clone(), "ok")])
         .await
         .unwrap();
     assert_eq!(
@@ -1294,7 +1295,15 @@ macro_rules! conformance {
             election_run_while_leader_outlasts_watch_errors,
             election_campaign_after_a_failed_resign_is_new,
             election_observer_misses_nothing_when_slow, election_observe_needs_no_runtime,
-            write_paths_report_unknown_outcomes, guarded_writes_never_touch_the_queue);
+            write_paths_report_unknown_outcomes, guarded_writes_never_touch_the_queue,
+            semaphore_bounds_holders, semaphore_fifo_whoever_releases,
+            semaphore_limit_is_stored_and_checked, semaphore_crashed_holder_permit_returns,
+            semaphore_session_loss, semaphore_cancel_leaves_nothing, recipes_bad_input,
+            rwlock_readers_share_writers_exclude, rwlock_no_writer_starvation,
+            rwlock_waiter_between_writers_gives_up,
+            rwlock_upgrade_refused_and_cancel_leaves_nothing,
+            barrier_holds_and_falls_with_its_holder, double_barrier_enters_and_leaves_together,
+            multilock_all_or_nothing);
     };
     ($rig:path; $($attr:tt)*) => {
         $crate::conformance!(mod conformance; $rig; $($attr)*);

@@ -1,0 +1,96 @@
+//! What every guard of a queue entry offers: its token, its key, `lost()`, the ownership
+//! check and guarded writes. Written once, for the guards of every recipe.
+
+/// Implements the common methods of a guard type that has a `held: Held` field. `$what` names
+/// what the guard holds in the docs ("the lock", "the permit").
+macro_rules! entry_guard {
+    ($guard:ty, $what:literal) => {
+        impl $guard {
+            #[doc = concat!("The fencing token of ", $what, ": our entry's place in creation ")]
+            #[doc = "order (etcd: its create revision). Unique, and strictly increasing in the"]
+            #[doc = "order entries are granted, across all clients."]
+            pub fn fencing_token(&self) -> $crate::FencingToken {
+                self.held.entry().token()
+            }
+
+            /// The name of the recipe our entry belongs to.
+            pub fn name(&self) -> &str {
+                self.held.queue()
+            }
+
+            /// Our entry's key.
+            pub fn key(&self) -> &str {
+                self.held.entry().key()
+            }
+
+            /// The queue entry as it was when granted.
+            pub fn entry(&self) -> &$crate::Entry {
+                self.held.entry()
+            }
+
+            #[doc = concat!("Resolves when ", $what, " is lost: the session under it is lost, ")]
+            #[doc = "or our entry was deleted from outside ([`LostReason::EntryDeleted`]"]
+            #[doc = "(crate::LostReason::EntryDeleted)). Run protected work in a `select!` against it."]
+            ///
+            /// Session loss is heard at once (at the lease deadline at the latest); a deleted
+            /// entry as soon as the backend reports the deletion (one watch on our own entry,
+            /// opened when this future is first polled).
+            ///
+            /// # Cancel safety
+            /// Cancel safe: dropping it only stops this one observer.
+            pub fn lost(
+                &self,
+            ) -> impl ::std::future::Future<Output = $crate::LostReason> + Send + Sync + 'static
+            {
+                ::sync_wrapper::SyncFuture::new(self.held.lost())
+            }
+
+            /// Whether our entry still exists with our token, checked against the backend now.
+            ///
+            /// # Errors
+            /// Backend errors after retries.
+            ///
+            /// # Cancel safety
+            /// Cancel safe: it only reads.
+            pub fn is_owner(
+                &self,
+            ) -> impl ::std::future::Future<Output = $crate::Result<bool>> + Send + Sync + '_ {
+                ::sync_wrapper::SyncFuture::new(
+                    self.held
+                        .session()
+                        .backend()
+                        .guarded(self.held.entry(), &[]),
+                )
+            }
+
+            #[doc = concat!("Applies `ops` atomically in the backend only while we still hold ", $what, ":")]
+            /// the ownership check (our entry's token) is in the same transaction as the
+            /// writes, so they cannot land after our entry is gone.
+            ///
+            /// The writes may not touch the recipe's own keys: a key under its name
+            /// (`<name>/...`) is refused before anything is sent
+            /// ([`Error::WriteIntoQueue`](crate::Error::WriteIntoQueue)), since it would put an
+            /// entry without a lease into the queue, or detach ours from its lease.
+            ///
+            /// # Errors
+            /// Not applied: [`Error::NotOwner`](crate::Error::NotOwner) (our entry is gone),
+            /// [`Error::WriteIntoQueue`](crate::Error::WriteIntoQueue),
+            /// [`Error::Backend`](crate::Error::Backend).
+            /// [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown): the writes may have
+            /// been applied (the answer was lost), never after our entry was gone; read to find
+            /// out.
+            ///
+            /// # Cancel safety
+            /// If the future is dropped, the writes may or may not have been applied, but
+            /// never after our entry was gone.
+            pub fn write<'a>(
+                &'a self,
+                ops: &'a [$crate::WriteOp],
+            ) -> impl ::std::future::Future<Output = $crate::Result<()>> + Send + Sync + 'a {
+                ::sync_wrapper::SyncFuture::new(self.held.write(ops))
+            }
+        }
+    };
+}
+
+pub(crate) use entry_guard;
