@@ -310,3 +310,316 @@ proptest! {
         });
     }
 }
+
+/// The recipes on the same engine: a semaphore of 2 permits and a read-write lock, under
+/// random acquisitions, releases, cancels and lease expiries.
+mod recipes {
+    use super::*;
+    use baton::{Entry, RwLock, Semaphore};
+    use std::future::Future;
+    use std::pin::Pin;
+
+    const SEM: &str = "prop/sem";
+    const RW: &str = "prop/rw";
+    const PERMITS: u32 = 2;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Kind {
+        Permit,
+        Read,
+        Write,
+    }
+
+    #[derive(Debug, Clone)]
+    pub(super) enum Op {
+        Acquire(usize, Kind),
+        Try(usize, Kind),
+        Release(usize),
+        Cancel(usize),
+        Expire(usize),
+        Wait(u64),
+    }
+
+    pub(super) fn op() -> impl Strategy<Value = Op> {
+        let slot = 0..5usize;
+        let kind = prop_oneof![Just(Kind::Permit), Just(Kind::Read), Just(Kind::Write)];
+        prop_oneof![
+            4 => (slot.clone(), kind.clone()).prop_map(|(i, k)| Op::Acquire(i, k)),
+            2 => (slot.clone(), kind).prop_map(|(i, k)| Op::Try(i, k)),
+            4 => slot.clone().prop_map(Op::Release),
+            1 => slot.clone().prop_map(Op::Cancel),
+            1 => slot.prop_map(Op::Expire),
+            1 => (1..5000u64).prop_map(Op::Wait),
+        ]
+    }
+
+    /// A granted entry of either recipe, released through its own guard.
+    struct Grant {
+        kind: Kind,
+        entry: Entry,
+        release: Pin<Box<dyn Future<Output = baton::Result<()>> + Send>>,
+    }
+
+    type Waiting = JoinHandle<baton::Result<Grant>>;
+
+    enum State {
+        Idle,
+        Waiting(Waiting),
+        Holding(Grant),
+    }
+
+    fn take(
+        session: &Session,
+        kind: Kind,
+        try_only: bool,
+    ) -> impl Future<Output = baton::Result<Grant>> + Send + 'static {
+        let session = session.clone();
+        async move {
+            macro_rules! grant {
+                ($guard:expr) => {{
+                    let g = $guard;
+                    let entry = g.entry().clone();
+                    Grant {
+                        kind,
+                        entry,
+                        release: Box::pin(g.release()),
+                    }
+                }};
+            }
+            Ok(match (kind, try_only) {
+                (Kind::Permit, false) => {
+                    grant!(Semaphore::new(&session, SEM, PERMITS)?.acquire().await?)
+                }
+                (Kind::Permit, true) => grant!(
+                    Semaphore::new(&session, SEM, PERMITS)?
+                        .try_acquire()
+                        .await?
+                ),
+                (Kind::Read, false) => grant!(RwLock::new(&session, RW)?.read().await?),
+                (Kind::Read, true) => grant!(RwLock::new(&session, RW)?.try_read().await?),
+                (Kind::Write, false) => grant!(RwLock::new(&session, RW)?.write().await?),
+                (Kind::Write, true) => grant!(RwLock::new(&session, RW)?.try_write().await?),
+            })
+        }
+    }
+
+    struct Model {
+        backend: MemoryBackend,
+        sessions: Vec<Session>,
+        states: Vec<State>,
+        last_sem: u64,
+        last_rw: u64,
+    }
+
+    impl Model {
+        fn granted(&mut self, mut tokens: Vec<(Kind, u64)>) {
+            // Within one step, in token order; across steps, grant order must be queue order.
+            tokens.sort_by_key(|(_, t)| *t);
+            for (kind, token) in tokens {
+                let last = if kind == Kind::Permit {
+                    &mut self.last_sem
+                } else {
+                    &mut self.last_rw
+                };
+                assert!(
+                    token > *last,
+                    "{kind:?} granted {token} after {last}: out of queue order"
+                );
+                *last = token;
+            }
+        }
+
+        async fn settle(&mut self) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            let mut tokens = Vec::new();
+            for i in 0..self.states.len() {
+                if !matches!(&self.states[i], State::Waiting(h) if h.is_finished()) {
+                    continue;
+                }
+                let State::Waiting(h) = std::mem::replace(&mut self.states[i], State::Idle) else {
+                    unreachable!("checked just above")
+                };
+                match h.await.unwrap() {
+                    Ok(g) => {
+                        assert!(!self.sessions[i].is_lost(), "a lost session was granted");
+                        tokens.push((g.kind, g.entry.token().get()));
+                        self.states[i] = State::Holding(g);
+                    }
+                    Err(Error::SessionLost(_) | Error::EntryGone { .. }) => {}
+                    Err(e) => panic!("unexpected error: {e}"),
+                }
+            }
+            self.granted(tokens);
+        }
+
+        /// At most PERMITS live permits; a live writer owns alone; nothing left by idle
+        /// live sessions.
+        async fn check(&self) {
+            let (mut permits, mut readers, mut writers) = (0, 0, 0);
+            for (i, state) in self.states.iter().enumerate() {
+                let State::Holding(g) = state else { continue };
+                let owns = self.backend.guarded(&g.entry, &[]).await.unwrap();
+                if !self.sessions[i].is_lost() {
+                    assert!(owns, "a live holder lost its entry");
+                }
+                if owns {
+                    match g.kind {
+                        Kind::Permit => permits += 1,
+                        Kind::Read => readers += 1,
+                        Kind::Write => writers += 1,
+                    }
+                }
+            }
+            assert!(
+                permits <= PERMITS,
+                "{permits} permits held with a limit of {PERMITS}"
+            );
+            assert!(writers <= 1, "{writers} writers at once");
+            assert!(
+                writers == 0 || readers == 0,
+                "a writer beside {readers} readers"
+            );
+            for (i, state) in self.states.iter().enumerate() {
+                if matches!(state, State::Idle) && !self.sessions[i].is_lost() {
+                    self.sessions[i].settled().await;
+                    let tag = format!("{}_", self.sessions[i].lease_id());
+                    for queue in [SEM, RW] {
+                        let left = self.backend.entries(queue).await.unwrap();
+                        assert!(
+                            left.iter().all(|e| !e
+                                .key()
+                                .rsplit('/')
+                                .next()
+                                .unwrap()
+                                .starts_with(&tag)),
+                            "an idle live session left an entry in {queue}"
+                        );
+                    }
+                }
+            }
+        }
+
+        async fn apply(&mut self, op: Op) {
+            match op {
+                Op::Acquire(i, kind) if matches!(self.states[i], State::Idle) => {
+                    self.states[i] =
+                        State::Waiting(tokio::spawn(take(&self.sessions[i], kind, false)));
+                }
+                Op::Try(i, kind) if matches!(self.states[i], State::Idle) => {
+                    match take(&self.sessions[i], kind, true).await {
+                        Ok(g) => {
+                            self.granted(vec![(g.kind, g.entry.token().get())]);
+                            self.states[i] = State::Holding(g);
+                        }
+                        Err(Error::Locked { .. }) => {}
+                        Err(e) => panic!("try: {e}"),
+                    }
+                }
+                Op::Release(i) => match std::mem::replace(&mut self.states[i], State::Idle) {
+                    State::Holding(g) => g.release.await.unwrap(),
+                    other => self.states[i] = other,
+                },
+                Op::Cancel(i) => match std::mem::replace(&mut self.states[i], State::Idle) {
+                    State::Waiting(h) => {
+                        h.abort();
+                        let _ = h.await;
+                    }
+                    other => self.states[i] = other,
+                },
+                Op::Expire(i) => {
+                    self.backend
+                        .partition_lease(self.sessions[i].lease_id(), true);
+                    tokio::time::timeout(TTL * 2, self.sessions[i].lost())
+                        .await
+                        .expect("the session notices");
+                    // Let waiters see it, then forget this slot's session.
+                    self.settle().await;
+                    match std::mem::replace(&mut self.states[i], State::Idle) {
+                        State::Waiting(h) => {
+                            assert!(
+                                h.await.unwrap().is_err(),
+                                "a waiter of a lost session got in"
+                            );
+                        }
+                        // Owns nothing any more (`check` saw to it): forgotten.
+                        State::Holding(_) | State::Idle => {}
+                    }
+                    self.sessions[i] = Session::with_options(
+                        self.backend.clone(),
+                        SessionOptions::new().with_ttl(TTL),
+                    )
+                    .await
+                    .unwrap();
+                }
+                Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Op::Acquire(..) | Op::Try(..) => {}
+            }
+        }
+    }
+
+    pub(super) fn run(ops: Vec<Op>) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let backend = MemoryBackend::new();
+            let mut sessions = Vec::new();
+            for _ in 0..5 {
+                sessions.push(
+                    Session::with_options(backend.clone(), SessionOptions::new().with_ttl(TTL))
+                        .await
+                        .unwrap(),
+                );
+            }
+            let states = (0..5).map(|_| State::Idle).collect();
+            let mut model = Model {
+                backend,
+                sessions,
+                states,
+                last_sem: 0,
+                last_rw: 0,
+            };
+            for op in ops {
+                model.apply(op).await;
+                model.settle().await;
+                model.check().await;
+            }
+            for state in &mut model.states {
+                match std::mem::replace(state, State::Idle) {
+                    State::Holding(g) => {
+                        // A holder of a lost session owns nothing any more.
+                        let _ = g.release.await;
+                    }
+                    State::Waiting(h) => {
+                        h.abort();
+                        let _ = h.await;
+                    }
+                    State::Idle => {}
+                }
+            }
+            tokio::time::sleep(TTL).await;
+            for s in &model.sessions {
+                s.settled().await;
+            }
+            for queue in [SEM, RW] {
+                assert!(
+                    model.backend.entries(queue).await.unwrap().is_empty(),
+                    "entries left in {queue}"
+                );
+            }
+            // Only the semaphore's stored limit may remain.
+            assert!(model.backend.key_count() <= 1, "keys left behind");
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn recipes_keep_their_limits_and_queue_order(ops in proptest::collection::vec(recipes::op(), 1..40)) {
+        recipes::run(ops);
+    }
+}
