@@ -253,28 +253,41 @@ impl DoubleBarrier {
         )
     }
 
-    /// Returns once `mine` was counted in a complete set.
+    /// Returns once `mine` was counted in a complete set. Failed requests are retried (a
+    /// failed read says nothing); the caller ends the wait when the session is lost.
     async fn until_counted(&self, mine: &Entry) -> Result<()> {
         let backend = self.session.backend();
         let mut backoff = Backoff::new();
         loop {
-            // The record first, then the entries: a set completed after the record was read
-            // changes it, and the wait below sees that.
-            let seen = backend.read(&self.name).await?;
-            if record(seen.as_deref()) >= mine.token().get() {
-                return Ok(());
-            }
-            let entries = backend.entries(&self.name).await?;
-            if entries.len() >= self.members as usize {
-                let newest = entries.iter().map(|e| e.token().get()).max().unwrap_or(0);
-                return raise_record(backend.as_ref(), &self.name, newest).await;
-            }
-            tracing::debug!(name = %self.name, entered = entries.len(), members = self.members, "waiting for members");
-            if let Err(e) = backend.wait_value(&self.name, seen.as_deref()).await {
-                tracing::debug!(name = %self.name, error = %e, "watching the count failed; retrying");
-                tokio::time::sleep(backoff.next_delay()).await;
+            match self.count_once(&**backend, mine).await {
+                Ok(true) => return Ok(()),
+                Ok(false) => backoff = Backoff::new(),
+                Err(e) => {
+                    tracing::debug!(name = %self.name, error = %e, "counting members failed; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
             }
         }
+    }
+
+    /// One look: `true` if `mine` was counted in a complete set (completing it now if the
+    /// count is reached); otherwise waits for the count record to change.
+    async fn count_once(&self, backend: &dyn Backend, mine: &Entry) -> Result<bool> {
+        // The record first, then the entries: a set completed after the record was read
+        // changes it, and the wait below sees that.
+        let seen = backend.read(&self.name).await?;
+        if record(seen.as_deref()) >= mine.token().get() {
+            return Ok(true);
+        }
+        let entries = backend.entries(&self.name).await?;
+        if entries.len() >= self.members as usize {
+            let newest = entries.iter().map(|e| e.token().get()).max().unwrap_or(0);
+            raise_record(backend, &self.name, newest).await?;
+            return Ok(true);
+        }
+        tracing::debug!(name = %self.name, entered = entries.len(), members = self.members, "waiting for members");
+        backend.wait_value(&self.name, seen.as_deref()).await?;
+        Ok(false)
     }
 }
 

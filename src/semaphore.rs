@@ -157,7 +157,7 @@ impl Semaphore {
             token = tracing::field::Empty,
         );
         async {
-            self.store_limit().await?;
+            self.store_limit(mode).await?;
             let rule = Fewer {
                 of: &self.name,
                 limit: Limit::Stored {
@@ -180,23 +180,44 @@ impl Semaphore {
         .await
     }
 
-    /// Stores our limit if none is, or checks that the stored one is ours.
-    async fn store_limit(&self) -> Result<()> {
+    /// Stores our limit if none is, or checks that the stored one is ours. A call that
+    /// waits ([`Mode::Wait`]) retries failed requests, as every wait does (a failed read says
+    /// nothing), until the session is lost; `try_acquire` reports them.
+    async fn store_limit(&self, mode: Mode) -> Result<()> {
         let backend = self.session.backend();
         let ours = self.permits.to_string();
+        let lost = self.session.lost();
+        tokio::pin!(lost);
         let mut backoff = Backoff::new();
         loop {
-            let stored = match backend.read(&self.name).await? {
-                Some(stored) => stored,
-                None => match backend.swap(&self.name, None, ours.as_bytes()).await {
-                    Ok(true) => return Ok(()),
-                    // Someone stored one meanwhile, or our attempt may have: read it.
-                    Ok(false) | Err(Error::OutcomeUnknown { .. }) => {
-                        tokio::time::sleep(backoff.next_delay()).await;
-                        continue;
+            let attempt = async {
+                match backend.read(&self.name).await? {
+                    Some(stored) => Ok(Some(stored)),
+                    None => match backend.swap(&self.name, None, ours.as_bytes()).await? {
+                        true => Ok(Some(ours.clone().into_bytes())),
+                        // Someone stored one meanwhile: read it.
+                        false => Ok(None),
+                    },
+                }
+            };
+            let stored = tokio::select! {
+                biased;
+                reason = &mut lost => return Err(Error::SessionLost(reason)),
+                stored = attempt => stored,
+            };
+            let stored = match stored {
+                Ok(Some(stored)) => stored,
+                Ok(None) => continue,
+                Err(e) if mode == Mode::Try => return Err(e),
+                // Not stored, or perhaps stored by our own attempt: look again.
+                Err(e) => {
+                    tracing::debug!(name = %self.name, error = %e, "storing the limit failed; retrying");
+                    tokio::select! {
+                        biased;
+                        reason = &mut lost => return Err(Error::SessionLost(reason)),
+                        () = tokio::time::sleep(backoff.next_delay()) => continue,
                     }
-                    Err(e) => return Err(e),
-                },
+                }
             };
             let limit = queue::parse_limit(Some(&stored), &self.name, self.permits)?;
             return if limit == self.permits as usize {

@@ -49,10 +49,19 @@ pub enum Op {
     Resign,
     Proclaim,
     RunWhileLeader,
+    /// A semaphore of one permit, free.
+    Acquire,
+    /// A semaphore of one permit that H holds.
+    AcquireBehindHolder,
+    TryAcquireHeld,
+    /// A read lock behind H's write lock.
+    ReadBehindWriter,
+    /// A write lock behind H's read lock.
+    WriteBehindReader,
 }
 
 impl Op {
-    pub const ALL: [Op; 11] = [
+    pub const ALL: [Op; 16] = [
         Op::Lock,
         Op::LockBehindHolder,
         Op::TryLock,
@@ -64,6 +73,11 @@ impl Op {
         Op::Resign,
         Op::Proclaim,
         Op::RunWhileLeader,
+        Op::Acquire,
+        Op::AcquireBehindHolder,
+        Op::TryAcquireHeld,
+        Op::ReadBehindWriter,
+        Op::WriteBehindReader,
     ];
 
     fn is_election(self) -> bool {
@@ -81,7 +95,38 @@ impl Op {
     fn waits(self) -> bool {
         matches!(
             self,
-            Op::Lock | Op::LockBehindHolder | Op::Campaign | Op::CampaignBehindLeader
+            Op::Lock
+                | Op::LockBehindHolder
+                | Op::Campaign
+                | Op::CampaignBehindLeader
+                | Op::Acquire
+                | Op::AcquireBehindHolder
+                | Op::ReadBehindWriter
+                | Op::WriteBehindReader
+        )
+    }
+
+    /// Recipes on `Turn::Fewer`: H and S hold through a `Recipe` guard.
+    fn is_recipe(self) -> bool {
+        matches!(
+            self,
+            Op::Acquire
+                | Op::AcquireBehindHolder
+                | Op::TryAcquireHeld
+                | Op::ReadBehindWriter
+                | Op::WriteBehindReader
+        )
+    }
+
+    /// Waits behind H: H lets go once S waits.
+    fn behind(self) -> bool {
+        matches!(
+            self,
+            Op::LockBehindHolder
+                | Op::CampaignBehindLeader
+                | Op::AcquireBehindHolder
+                | Op::ReadBehindWriter
+                | Op::WriteBehindReader
         )
     }
 
@@ -90,8 +135,25 @@ impl Op {
         matches!(
             self,
             Op::LockBehindHolder | Op::TryLockHeld | Op::CampaignBehindLeader
-        )
+        ) || self.behind()
+            || self == Op::TryAcquireHeld
     }
+}
+
+/// A held entry of a recipe (permit, read or write lock): its token and its release.
+struct Recipe {
+    token: baton::FencingToken,
+    release: BoxFuture<'static, baton::Result<()>>,
+}
+
+macro_rules! recipe {
+    ($guard:expr) => {{
+        let g = $guard;
+        Recipe {
+            token: g.fencing_token(),
+            release: Box::pin(g.release()),
+        }
+    }};
 }
 
 /// How the harness builds a fresh world for a case, and how long its delays are.
@@ -141,6 +203,7 @@ impl Grants {
 struct Holding {
     guard: Option<MutexGuard>,
     leadership: Option<baton::Leadership>,
+    recipe: Option<Recipe>,
 }
 
 /// One case's world.
@@ -182,6 +245,14 @@ impl World {
         Mutex::new(&self.s, &self.name).unwrap()
     }
 
+    fn semaphore(&self, s: &Session) -> baton::Semaphore {
+        baton::Semaphore::new(s, &self.name, 1).unwrap()
+    }
+
+    fn rwlock(&self, s: &Session) -> baton::RwLock {
+        baton::RwLock::new(s, &self.name).unwrap()
+    }
+
     fn election(&self) -> Election {
         Election::new(&self.s, &self.name).unwrap()
     }
@@ -200,7 +271,15 @@ impl World {
 
     /// Everything before the operation (no faults yet).
     async fn prepare(&self, op: Op) {
-        if op.has_holder() {
+        if op.has_holder() && op.is_recipe() {
+            let h = match op {
+                Op::ReadBehindWriter => recipe!(self.rwlock(&self.h).write().await.unwrap()),
+                Op::WriteBehindReader => recipe!(self.rwlock(&self.h).read().await.unwrap()),
+                _ => recipe!(self.semaphore(&self.h).acquire().await.unwrap()),
+            };
+            self.grants.granted("H", h.token);
+            self.h_held.lock().unwrap().recipe = Some(h);
+        } else if op.has_holder() {
             if op.is_election() {
                 let l = Election::new(&self.h, &self.name)
                     .unwrap()
@@ -270,6 +349,26 @@ impl World {
                     self.held.lock().unwrap().leadership = Some(l);
                     proclaimed?;
                 }
+                Op::Acquire | Op::AcquireBehindHolder | Op::TryAcquireHeld => {
+                    let sem = self.semaphore(&self.s);
+                    let r = if op == Op::TryAcquireHeld {
+                        recipe!(sem.try_acquire().await?)
+                    } else {
+                        recipe!(sem.acquire().await?)
+                    };
+                    self.s_granted(r.token).await;
+                    self.held.lock().unwrap().recipe = Some(r);
+                }
+                Op::ReadBehindWriter | Op::WriteBehindReader => {
+                    let lock = self.rwlock(&self.s);
+                    let r = if op == Op::ReadBehindWriter {
+                        recipe!(lock.read().await?)
+                    } else {
+                        recipe!(lock.write().await?)
+                    };
+                    self.s_granted(r.token).await;
+                    self.held.lock().unwrap().recipe = Some(r);
+                }
                 Op::RunWhileLeader => {
                     let grants = &self.grants;
                     let s = &self.s;
@@ -288,7 +387,7 @@ impl World {
     /// What happens beside the operation: H lets go once S waits behind it (or once the
     /// operation ended without waiting).
     async fn world(&self, op: Op, waits_before: u64) {
-        if !matches!(op, Op::LockBehindHolder | Op::CampaignBehindLeader) {
+        if !op.behind() {
             return;
         }
         let done = self.op_done.notified();
@@ -300,10 +399,17 @@ impl World {
     }
 
     async fn release_h(&self) {
-        let (g, l) = {
+        let (g, l, r) = {
             let mut held = self.h_held.lock().unwrap();
-            (held.guard.take(), held.leadership.take())
+            (
+                held.guard.take(),
+                held.leadership.take(),
+                held.recipe.take(),
+            )
         };
+        if let Some(r) = r {
+            r.release.await.unwrap();
+        }
         if let Some(g) = g {
             g.unlock().await.unwrap();
         }
@@ -314,10 +420,19 @@ impl World {
 
     /// S lets go of whatever it holds (faults cleared by now).
     async fn release_s(&self) {
-        let (g, l) = {
+        let (g, l, r) = {
             let mut held = self.held.lock().unwrap();
-            (held.guard.take(), held.leadership.take())
+            (
+                held.guard.take(),
+                held.leadership.take(),
+                held.recipe.take(),
+            )
         };
+        if let Some(r) = r {
+            let head = self.rig.outside.head(&self.name).await.unwrap();
+            assert_eq!(head.map(|h| h.token()), Some(r.token));
+            r.release.await.unwrap();
+        }
         if let Some(g) = g {
             let head = self.rig.outside.head(&self.name).await.unwrap();
             assert_eq!(head.map(|h| h.token()), Some(g.fencing_token()));
@@ -371,7 +486,7 @@ where
             },
             world.world(op, waits)
         );
-        if op != Op::TryLockHeld {
+        if !matches!(op, Op::TryLockHeld | Op::TryAcquireHeld) {
             result.unwrap_or_else(|e| panic!("{op:?} without faults: {e}"));
         }
         world.s.settled().await;
@@ -545,9 +660,11 @@ where
         // H lets go if it still holds (the operation may have been dropped before).
         within(case, limit, world.release_h()).await;
         within(case, limit, world.s.settled()).await;
-        if world.held.lock().unwrap().guard.is_none()
-            && world.held.lock().unwrap().leadership.is_none()
-        {
+        let holds = {
+            let held = world.held.lock().unwrap();
+            held.guard.is_some() || held.leadership.is_some() || held.recipe.is_some()
+        };
+        if !holds {
             assert_eq!(
                 world.s_entries().await,
                 [],
