@@ -303,6 +303,98 @@ async fn status_lists_holder_then_waiters_in_order() {
     guard.unlock().await.unwrap();
 }
 
+/// `lock -n N` holds one of N permits: N holders at once, the next waits (`--try` exits 75,
+/// another N is refused with 64), `status` shows the holders and the waiter, and a release
+/// admits the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_with_permits_admits_n_holders() {
+    let name = name("permits");
+    let backend = backend().await;
+    let mut first = Running::spawn(&["lock", "-n", "2", &name]);
+    let (first_key, first_token) = (first.line().await, first.line().await);
+    let mut second = Running::spawn(&["lock", "-n", "2", &name]);
+    let (second_key, second_token) = (second.line().await, second.line().await);
+    assert_ne!(first_key, second_key);
+    assert!(first_token.parse::<u64>().unwrap() < second_token.parse::<u64>().unwrap());
+    assert_exit(
+        &baton(&["lock", "-n", "2", "--try", &name])
+            .output()
+            .await
+            .unwrap(),
+        75,
+    );
+    let mismatch = baton(&["lock", "-n", "3", "--try", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&mismatch, 64);
+    assert!(String::from_utf8_lossy(&mismatch.stderr).contains("has limit 2 stored, not 3"));
+    assert_exit(
+        &baton(&["lock", "-n", "0", &name]).output().await.unwrap(),
+        64,
+    );
+
+    let mut third = Running::spawn(&["lock", "-n", "2", &name]);
+    eventually("the third waits", || async {
+        backend.entries(&name).await.unwrap().len() == 3
+    })
+    .await;
+    let status = baton(&["status", &name, "--json"]).output().await.unwrap();
+    assert_exit(&status, 0);
+    let status = String::from_utf8(status.stdout).unwrap();
+    let roles: Vec<&str> = status
+        .lines()
+        .map(|l| {
+            l.split("\"role\":\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(roles, ["holder", "holder", "waiter1"], "{status}");
+
+    first.signal("-TERM");
+    assert_eq!(first.exit_code().await.0, 0);
+    third.line().await; // its key: it holds
+    for holder in [&second, &third] {
+        holder.signal("-TERM");
+    }
+    assert_eq!(second.exit_code().await.0, 0);
+    assert_eq!(third.exit_code().await.0, 0);
+    assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
+/// `status` on a read-write lock: readers ahead of the first writer hold, the rest wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_read_write_lock() {
+    let name = name("status-rw");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let r = baton::RwLock::new(&s, &name).unwrap().read().await.unwrap();
+    let w = tokio::spawn({
+        let lock = baton::RwLock::new(&s, &name).unwrap();
+        async move { lock.write().await.map(drop) }
+    });
+    eventually("the writer waits", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let table = baton(&["status", &name]).output().await.unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains("holder(read)") && table.contains("waiter1(write)"),
+        "{table}"
+    );
+    assert!(!table.contains("nested"), "{table}");
+    r.release().await.unwrap();
+    within("the writer", Duration::from_secs(10), w)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// Names that nest share a queue (as with etcdctl): `status` shows the keys of a nested name
 /// in the parent's queue, marked, so that an operator sees why the parent waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

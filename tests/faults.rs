@@ -370,6 +370,160 @@ async fn holder_process_killed() {
     );
 }
 
+/// A semaphore holder (`baton lock -n 2`) killed with SIGKILL: its permit returns when its
+/// lease ends, to the waiter first in line, and there are never more holders than permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_holder_killed() {
+    let node = EtcdNode::shared();
+    let name = name("sem-sigkill");
+    let backend = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let ttl = Duration::from_secs(2);
+    let mut children = Vec::new();
+    let mut tokens = Vec::new();
+    use tokio::io::AsyncBufReadExt;
+    for _ in 0..2 {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args([
+                "--endpoints",
+                &node.endpoints().join(","),
+                "lock",
+                "-n",
+                "2",
+            ])
+            .args([&name, "--ttl", "2"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        within("a child holds", Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap();
+        tokens.push(
+            lines
+                .next_line()
+                .await
+                .unwrap()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        );
+        children.push((child, lines));
+    }
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let waiter = tokio::spawn({
+        let semaphore = baton::Semaphore::new(&s, &name, 2).unwrap();
+        async move { semaphore.acquire().await }
+    });
+    eventually("the waiter is queued", || async {
+        backend.entries(&name).await.unwrap().len() == 3
+    })
+    .await;
+    let (mut killed, _) = children.remove(0);
+    killed.start_kill().unwrap(); // SIGKILL
+    killed.wait().await.unwrap();
+    let killed_at = Instant::now();
+    let permit = within("the permit returns", ttl + Duration::from_secs(3), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(killed_at.elapsed() <= ttl + Duration::from_secs(3));
+    let holders = backend.entries(&name).await.unwrap();
+    assert_eq!(holders.len(), 2, "more holders than permits: {holders:?}");
+    assert!(permit.fencing_token().get() > tokens[1]);
+    tokens.push(permit.fencing_token().get());
+    support::assert_strictly_increasing(&tokens);
+    permit.release().await.unwrap();
+    drop(children);
+    println!(
+        "RELIABILITY|semaphore holder killed with SIGKILL|permit returns within TTL + 3 s; never more holders than permits|1|{}|0|0",
+        tokens.len()
+    );
+}
+
+/// A read-write lock's writer cut off (paused) past its lease: it is told before a reader is
+/// granted, the reader sees only what the writer wrote while it held, and the writer's late
+/// write is refused by the fence once the next writer has written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rwlock_writer_paused_past_its_lease() {
+    let node = EtcdNode::shared();
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
+    let name = name("rw-paused");
+    let register = FencedRegister::default();
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let behind = connect(&[proxy.endpoint()], Duration::from_secs(2)).await;
+    let fence = EtcdFence::new(direct.clone(), format!("{name}-fence")).unwrap();
+
+    let ttl = Duration::from_secs(3);
+    let paused = session(&behind, ttl).await;
+    let writer = baton::RwLock::new(&paused, &name)
+        .unwrap()
+        .write()
+        .await
+        .unwrap();
+    assert!(register.enter(writer.fencing_token().get()));
+    fence.write("data", writer.ticket(), b"v1").await.unwrap();
+
+    let others = session(&direct, Duration::from_secs(30)).await;
+    let reader = tokio::spawn({
+        let lock = baton::RwLock::new(&others, &name).unwrap();
+        async move { lock.read().await }
+    });
+    eventually("the reader waits", || async {
+        direct.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let next_writer = tokio::spawn({
+        let lock = baton::RwLock::new(&others, &name).unwrap();
+        async move { lock.write().await }
+    });
+    eventually("the next writer waits", || async {
+        direct.entries(&name).await.unwrap().len() == 3
+    })
+    .await;
+
+    proxy.black_hole();
+    let cut_at = Instant::now();
+    within("lost() behind the black hole", ttl * 2, writer.lost()).await;
+    let lost_at = Instant::now();
+    register.exit(writer.fencing_token().get());
+    let read = within("the reader", ttl * 3, reader)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lost_at - cut_at <= ttl,
+        "lost() fired no later than the server's expiry"
+    );
+    assert!(read.fencing_token() > writer.fencing_token());
+    let seen = fence.read("data").await.unwrap();
+    assert_eq!(
+        seen,
+        Some((writer.fencing_token(), b"v1".to_vec())),
+        "the reader sees what the writer wrote while it held"
+    );
+    read.release().await.unwrap();
+    let next = within("the next writer", ttl * 3, next_writer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(register.enter(next.fencing_token().get()));
+    fence.write("data", next.ticket(), b"v2").await.unwrap();
+    let late = fence.write("data", writer.ticket(), b"late").await;
+    assert!(
+        matches!(late, Err(baton::Error::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert!(!register.late_write(writer.fencing_token().get()));
+    register.exit(next.fencing_token().get());
+    next.release().await.unwrap();
+    register.assert_safe(
+        "rwlock writer paused past its lease",
+        "told before a reader is granted; late write fenced; readers never beside a writer",
+        None,
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_revoked_from_outside() {
     let node = EtcdNode::shared();

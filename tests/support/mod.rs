@@ -360,6 +360,7 @@ pub mod fences;
 pub mod harness;
 pub mod proxy;
 pub mod recipes;
+#[allow(unused_imports)]
 pub use recipes::*;
 
 /// Polls `fut` until `event` happens; fails the test if `fut` finishes first.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use baton::{
     Election, Error, EtcdBackend, EtcdOptions, FencingToken, LeaderEvent, Leadership, LostReason,
-    Mutex, MutexGuard, Session, SessionOptions,
+    Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
 };
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -122,6 +122,12 @@ enum Command {
         /// Take the lock only if it is free right now; exit 75 if it is held or contended.
         #[arg(long = "try", conflicts_with = "timeout")]
         try_once: bool,
+        /// Hold one of N permits of a semaphore named <NAME> instead of the lock (as
+        /// `consul lock -n`): at most N holders at once, granted in arrival order. Keys are
+        /// `<name>/<lease id hex>_<n>`, and the limit is stored at `<name>`: every holder
+        /// must ask for the same N.
+        #[arg(short = 'n', long = "permits", value_name = "N")]
+        permits: Option<u32>,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped.
         #[arg(long, default_value = "10", value_parser = seconds, allow_negative_numbers = true)]
         kill_after: Duration,
@@ -208,7 +214,7 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let code = match &e {
-            Error::InvalidArgument(_) => exit::USAGE,
+            Error::InvalidArgument(_) | Error::LimitMismatch { .. } => exit::USAGE,
             Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => exit::UNAVAILABLE,
             Error::Auth { .. } => exit::AUTH,
             Error::Locked { .. } => exit::TIMEOUT,
@@ -393,37 +399,51 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             name,
             ttl,
             try_once,
+            permits,
             kill_after,
             ..
         } => {
             let session = session(backend, ttl, deadline).await?;
             let owner = format!("baton-cli pid={}", std::process::id());
-            let mutex = Mutex::new(&session, &name)?.with_owner_info(owner);
-            let granted = if try_once {
-                mutex.try_lock().await.map_err(|e| match e {
-                    Error::Locked { .. } => Failure::new(
-                        exit::TIMEOUT,
-                        format!("lock `{name}` is held or contended (--try)"),
-                    ),
-                    other => other.into(),
-                })
-            } else {
-                wait_granted(
-                    &format!("lock `{name}`"),
-                    deadline,
-                    &mut signals,
-                    mutex.lock(),
-                )
-                .await
+            let what = match permits {
+                Some(n) => format!("a permit of `{name}` ({n} permits)"),
+                None => format!("lock `{name}`"),
+            };
+            let busy = |e| match e {
+                Error::Locked { .. } => Failure::new(
+                    exit::TIMEOUT,
+                    format!("{what} is held or contended (--try)"),
+                ),
+                other => other.into(),
+            };
+            let granted = match permits {
+                None => {
+                    let mutex = Mutex::new(&session, &name)?.with_owner_info(owner);
+                    if try_once {
+                        mutex.try_lock().await.map_err(busy)
+                    } else {
+                        wait_granted(&what, deadline, &mut signals, mutex.lock()).await
+                    }
+                    .map(Held::Lock)
+                }
+                Some(n) => {
+                    let semaphore = Semaphore::new(&session, &name, n)?.with_owner_info(owner);
+                    if try_once {
+                        semaphore.try_acquire().await.map_err(busy)
+                    } else {
+                        wait_granted(&what, deadline, &mut signals, semaphore.acquire()).await
+                    }
+                    .map(Held::Permit)
+                }
             };
             let result = match granted {
-                Ok(guard) => {
+                Ok(held) => {
                     let hold = Hold {
-                        what: format!("lock `{name}`"),
+                        what,
                         verbose,
                         kill_after,
                     };
-                    hold.run(Held::Lock(guard), spec, &mut signals).await
+                    hold.run(held, spec, &mut signals).await
                 }
                 Err(e) => Err(e),
             };
@@ -558,9 +578,10 @@ async fn wait_granted<T>(
     }
 }
 
-/// A lock or a leadership, held.
+/// A lock, a permit or a leadership, held.
 enum Held {
     Lock(MutexGuard),
+    Permit(SemaphorePermit),
     Lead(Leadership),
 }
 
@@ -568,6 +589,7 @@ impl Held {
     fn key(&self) -> &str {
         match self {
             Held::Lock(g) => g.key(),
+            Held::Permit(p) => p.key(),
             Held::Lead(l) => l.key(),
         }
     }
@@ -575,6 +597,7 @@ impl Held {
     fn token(&self) -> FencingToken {
         match self {
             Held::Lock(g) => g.fencing_token(),
+            Held::Permit(p) => p.fencing_token(),
             Held::Lead(l) => l.fencing_token(),
         }
     }
@@ -582,6 +605,7 @@ impl Held {
     fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let lost: futures::future::BoxFuture<'static, LostReason> = match self {
             Held::Lock(g) => Box::pin(g.lost()),
+            Held::Permit(p) => Box::pin(p.lost()),
             Held::Lead(l) => Box::pin(l.lost()),
         };
         lost
@@ -591,6 +615,7 @@ impl Held {
     async fn release(self) -> Result<(), Failure> {
         let released = match self {
             Held::Lock(g) => g.unlock().await,
+            Held::Permit(p) => p.release().await,
             Held::Lead(l) => l.resign().await,
         };
         released.map_err(Failure::from)
@@ -706,6 +731,7 @@ impl Hold {
     async fn hold_until_signal(self, held: Held, signals: &mut Signals) -> Result<u8, Failure> {
         let printed = out(held.key()).and_then(|()| match &held {
             Held::Lock(g) => out(&g.fencing_token().to_string()),
+            Held::Permit(p) => out(&p.fencing_token().to_string()),
             Held::Lead(l) => out(&String::from_utf8_lossy(l.value()))
                 .and_then(|()| out(&l.fencing_token().to_string())),
         });
@@ -805,20 +831,50 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
             .and_then(|rest| rest.rsplit_once('/'))
             .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"))
     };
+    // Which recipe the queue belongs to decides who holds: a read-write lock's entries are
+    // under `<name>/read/` and `<name>/write/`; a semaphore keeps its limit at `<name>`.
+    let (reads, writes) = (format!("{name}/read"), format!("{name}/write"));
+    let kind_of = |e: &baton::Entry| -> Option<&'static str> {
+        let of = owner_name(e.key());
+        (of == reads)
+            .then_some("read")
+            .or((of == writes).then_some("write"))
+    };
+    let rwlock = entries.iter().any(|e| kind_of(e).is_some());
+    let limit = match backend.read(name).await? {
+        Some(raw) => String::from_utf8_lossy(&raw)
+            .parse::<u32>()
+            .ok()
+            .filter(|l| (1..=Semaphore::MAX_PERMITS).contains(l)),
+        None => None,
+    };
     let mut nested: Vec<String> = Vec::new();
     let mut rows = Vec::new();
+    let (mut waiters, mut writer_ahead) = (0, false);
     for (i, e) in entries.iter().enumerate() {
         let ttl = match e.lease() {
             Some(lease) => backend.lease_ttl(lease).await?.map(|d| d.as_secs()),
             None => None,
         };
-        let mut role = if i == 0 {
+        let kind = if rwlock { kind_of(e) } else { None };
+        let holds = match (kind, limit) {
+            (Some("read"), _) => !writer_ahead,
+            (Some(_), _) => i == 0,
+            (None, Some(limit)) => i < limit as usize,
+            (None, None) => i == 0,
+        };
+        writer_ahead |= kind == Some("write");
+        let mut role = if holds {
             "holder".to_owned()
         } else {
-            format!("waiter{i}")
+            waiters += 1;
+            format!("waiter{waiters}")
         };
+        if let Some(kind) = kind {
+            role.push_str(&format!("({kind})"));
+        }
         let of = owner_name(e.key());
-        if of != name {
+        if of != name && kind.is_none() {
             if !json {
                 role.push('*');
             }
