@@ -29,8 +29,9 @@ macro_rules! entry_guard {
             }
 
             #[doc = concat!("Resolves when ", $what, " is lost: the session under it is lost, ")]
-            #[doc = "or our entry was deleted from outside ([`LostReason::EntryDeleted`]"]
-            #[doc = "(crate::LostReason::EntryDeleted)). Run protected work in a `select!` against it."]
+            #[doc = "or our entry was deleted from outside"]
+            #[doc = "([`LostReason::EntryDeleted`](crate::LostReason::EntryDeleted))."]
+            #[doc = "Run protected work in a `select!` against it."]
             ///
             /// Session loss is heard at once (at the lease deadline at the latest); a deleted
             /// entry as soon as the backend reports the deletion (one watch on our own entry,

@@ -57,10 +57,14 @@ use crate::session::Session;
 /// let config = RwLock::new(&session, "config/lock")?;
 /// let r1 = config.read().await?;
 /// let r2 = config.read().await?; // readers share
-/// assert!(matches!(config.try_write().await, Err(baton::Error::Locked { .. })));
+/// // A write through this handle now would wait for its own reads: refused.
+/// assert!(matches!(config.write().await, Err(baton::Error::Upgrade { .. })));
+/// // Another handle (another task) waits, or with `try_write` is told the lock is busy.
+/// let other = config.clone();
+/// assert!(matches!(other.try_write().await, Err(baton::Error::Locked { .. })));
 /// r1.release().await?;
 /// r2.release().await?;
-/// let w = config.write().await?;
+/// let w = other.write().await?;
 /// w.release().await?;
 /// # Ok(()) }
 /// ```
