@@ -461,11 +461,10 @@ async fn look(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -
         } => {
             let mut want = requested as usize;
             loop {
-                let ahead = backend.ahead(of, mine, want).await?;
-                // Read after the entries: entries ahead of ours only ever go, so "fewer than
-                // the limit" held at the instant the limit was read, and a grant never
-                // follows a lowered limit it did not see.
-                let raw = backend.read(key).await?;
+                // The limit is read no earlier than the entries: entries ahead of ours only
+                // ever go, so "fewer than the limit" held at the instant the limit was read,
+                // and a grant never follows a lowered limit it did not see.
+                let (ahead, raw) = backend.ahead_and_read(of, mine, want, key).await?;
                 let limit = parse_limit(raw.as_deref(), name, requested)?;
                 if ahead.len() < want {
                     // All of them.

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use sync_wrapper::SyncFuture;
 use tracing::Instrument;
@@ -75,6 +76,9 @@ pub struct Semaphore {
     name: Arc<str>,
     permits: u32,
     owner: Vec<u8>,
+    /// Set once this handle (or a clone) found the stored limit equal to its own: later
+    /// acquisitions skip that read (the waits read the stored limit anyway).
+    checked: Arc<AtomicBool>,
 }
 
 impl Semaphore {
@@ -99,6 +103,7 @@ impl Semaphore {
             name,
             permits,
             owner: queue::default_owner(),
+            checked: Arc::default(),
         })
     }
 
@@ -157,7 +162,10 @@ impl Semaphore {
             token = tracing::field::Empty,
         );
         async {
-            self.store_limit(mode).await?;
+            if !self.checked.load(Ordering::Acquire) {
+                self.store_limit(mode).await?;
+                self.checked.store(true, Ordering::Release);
+            }
             let rule = Fewer {
                 of: &self.name,
                 limit: Limit::Stored {
@@ -173,7 +181,11 @@ impl Semaphore {
                 mode,
                 turn: Turn::Fewer(&rule),
             };
-            let held = queue::acquire(&self.session, ask).await?;
+            let held = queue::acquire(&self.session, ask).await.inspect_err(|e| {
+                if matches!(e, Error::LimitMismatch { .. }) {
+                    self.checked.store(false, Ordering::Release);
+                }
+            })?;
             Ok(SemaphorePermit { held })
         }
         .instrument(span)
@@ -252,8 +264,10 @@ impl Semaphore {
     /// Changes the stored limit from `from` to `to`, only if it is `from` now
     /// (compare-and-set). Permits already held are kept when the limit is lowered (new
     /// grants wait until fewer than `to` are ahead); raising it grants waiters at once.
-    /// Handles created with the old limit then get [`Error::LimitMismatch`] from
-    /// [`acquire`](Semaphore::acquire): create them with the new one.
+    /// Handles created with the old limit that have not acquired yet get
+    /// [`Error::LimitMismatch`] from [`acquire`](Semaphore::acquire) (create them with the new
+    /// one); a handle checks the stored limit at its first acquisition only, and every wait
+    /// follows the stored limit, whatever its handle was created with.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `to` is out of range; [`Error::LimitMismatch`] if the

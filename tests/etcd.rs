@@ -229,6 +229,47 @@ async fn wait_survives_compaction() {
     next.unlock().await.unwrap();
 }
 
+/// Waits on a plain key's value (a semaphore's waiters on its limit) share one etcd watch
+/// per backend, and miss no change, across a compaction too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_waits_share_one_watch_and_survive_compaction() {
+    let backend = backend().await;
+    let key = test_name("value");
+    assert!(backend.swap(&key, None, b"1").await.unwrap());
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let backend = backend.clone();
+            let key = key.clone();
+            tokio::spawn(async move { backend.wait_value(&key, Some(b"1")).await })
+        })
+        .collect();
+    // Let every waiter subscribe: the first starts the watch (a read and a watch), the others
+    // join it without a request of their own.
+    let before = backend.requests_sent();
+    let one_more = {
+        let backend = backend.clone();
+        let key = key.clone();
+        tokio::spawn(async move { backend.wait_value(&key, Some(b"1")).await })
+    };
+    tokio::task::yield_now().await;
+    support::compact_history(backend.client(), &format!("{key}-filler")).await;
+    assert!(backend.swap(&key, Some(b"1"), b"2").await.unwrap());
+    for w in waiters.into_iter().chain([one_more]) {
+        let seen = within("the change", Duration::from_secs(10), w)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.as_deref(), Some(&b"2"[..]));
+    }
+    // The compaction filler's put and compaction are not ours; the swap is one request, and
+    // each woken waiter confirms with one read: no watch per waiter.
+    let spent = backend.requests_sent() - before;
+    assert!(
+        spent <= 1 + 9 + 2,
+        "{spent} requests for 9 waiters on one key"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_raw_key_is_respected() {
     let backend = backend().await;

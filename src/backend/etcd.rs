@@ -15,6 +15,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
 
+use super::etcd_value::ValueWatches;
 use super::etcd_watch::{EtcdTransport, Fired, WatchHub};
 use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
@@ -124,6 +125,7 @@ struct Shared {
     options: EtcdOptions,
     endpoints: Vec<String>,
     watches: WatchHub<EtcdTransport>,
+    values: ValueWatches,
     requests: Arc<AtomicU64>,
 }
 
@@ -274,6 +276,7 @@ impl EtcdBackend {
                 options,
                 endpoints,
                 watches: WatchHub::new(transport, Arc::clone(&requests)),
+                values: ValueWatches::default(),
                 requests,
             }),
         })
@@ -717,6 +720,39 @@ impl Backend for EtcdBackend {
         })
     }
 
+    async fn ahead_and_read(
+        &self,
+        queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: &str,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        // One transaction: both reads at one revision.
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
+        let resp = self
+            .if_live(
+                "ahead_and_read",
+                mine,
+                vec![
+                    TxnOp::get(queue_prefix(queue), Some(before)),
+                    TxnOp::get(key, None),
+                ],
+            )
+            .await?;
+        if !resp.succeeded() {
+            return Err(Error::EntryGone {
+                key: mine.key().to_owned(),
+            });
+        }
+        let kvs = |i: usize| match resp.op_responses().get(i) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        };
+        let value = kvs(1).first().map(|kv| kv.value().to_vec());
+        Ok((kvs(0).iter().map(to_entry).collect(), value))
+    }
+
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
         // A serializable read, answered by whichever member receives it without a round of
         // consensus: it does not wait behind writes in flight (the next contender's enqueue
@@ -850,41 +886,26 @@ impl Backend for EtcdBackend {
     }
 
     async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
-        let resp = self
-            .call("wait_value", |mut c| async move { c.get(key, None).await })
-            .await?;
-        let now = resp.kvs().first().map(|kv| kv.value().to_vec());
-        if now.as_deref() != seen {
-            return Ok(now);
-        }
-        // Watched from the revision just after the read: no change after it is missed. A
-        // watch of its own (these waits are few: a semaphore's waiters on its limit).
-        let from = resp.header().map_or(0, |h| h.revision()) + 1;
-        let mut stream = self
-            .call("wait_value", |mut c| async move {
-                c.watch(key, Some(WatchOptions::new().with_start_revision(from)))
-                    .await
-            })
-            .await?;
+        // One watch per key for the whole backend (see `etcd_value`); this waiter follows it.
+        let (_keep, mut values) =
+            self.inner
+                .values
+                .subscribe(key, &self.inner.client, &self.inner.requests);
         loop {
-            let msg = match stream.message().await {
-                Ok(Some(msg)) => msg,
-                Ok(None) => return Err(Error::Unavailable),
-                Err(e) => return Err(etcd_err("wait_value", e)),
-            };
-            if msg.canceled() {
-                // Compacted past `from`, or the member shut down: the caller reads again.
-                return Err(Error::Unavailable);
-            }
-            for event in msg.events() {
-                let value = match event.event_type() {
-                    EventType::Put => event.kv().map(|kv| kv.value().to_vec()),
-                    EventType::Delete => None,
-                };
-                if value.as_deref() != seen {
-                    return Ok(value);
+            let known = values.borrow_and_update().clone();
+            if let Some(value) = known
+                && value.as_deref() != seen
+            {
+                // The shared watch may not have caught up with the caller's own read yet:
+                // confirm before answering, so that a lagging watch does not wake it in a
+                // loop.
+                let now = self.read(key).await?;
+                if now.as_deref() != seen {
+                    return Ok(now);
                 }
             }
+            // The sender is held by `_keep`: this ends only if the backend is gone.
+            values.changed().await.map_err(|_| Error::Unavailable)?;
         }
     }
 

@@ -16,6 +16,8 @@ use crate::error::Result;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 #[cfg(feature = "etcd")]
+mod etcd_value;
+#[cfg(feature = "etcd")]
 mod etcd_watch;
 pub(crate) mod memory;
 
@@ -397,6 +399,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// under one name compare by [`Position`], whatever sub-name they are under. With
     /// `limit` 1 and `mine`'s own queue this is [`predecessor`](Backend::predecessor).
     async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>>;
+
+    /// [`ahead`](Backend::ahead), and the plain key `key` as [`read`](Backend::read) returns
+    /// it, read no earlier than the entries: one round trip where the backend allows. A
+    /// semaphore's waiter decides with both (fewer entries ahead than the limit read after
+    /// them: since entries ahead of mine only ever go, that held at the instant of the read).
+    /// The default reads one after the other.
+    async fn ahead_and_read(
+        &self,
+        queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: &str,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        let ahead = self.ahead(queue, mine, limit).await?;
+        Ok((ahead, self.read(key).await?))
+    }
 
     /// A cheaper check, made after a predecessor of `mine` was seen gone: `Ok(true)` only if
     /// some committed state of the queue had `mine` present and no older entry. `false`

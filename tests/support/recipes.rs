@@ -316,14 +316,15 @@ pub async fn semaphore_cancel_leaves_nothing(rig: Rig) {
     let only_holder = vec![holder.key().to_owned()];
     let (faulty, b) = faulty_session(&rig).await;
     let sem = Semaphore::new(&b, &name, 1).unwrap();
-    // (The first read of a call checks the stored limit, before anything is created; the
-    // second is the look after the entry was created.)
+    // (A handle checks the stored limit at its first acquisition, before anything is created:
+    // the first case. From then on, a call's first read is the look after its entry was
+    // created.)
     for (call, nth, fault) in [
         (Call::Enqueue, 1, Fault::HangBefore),
         (Call::Enqueue, 1, Fault::HangAfter),
         (Call::Ahead, 1, Fault::HangBefore),
-        (Call::Read, 2, Fault::HangBefore),
-        (Call::Read, 2, Fault::HangAfter),
+        (Call::Read, 1, Fault::HangBefore),
+        (Call::Read, 1, Fault::HangAfter),
         (Call::WaitGone, 1, Fault::HangBefore),
         (Call::WaitValue, 1, Fault::HangBefore),
     ] {

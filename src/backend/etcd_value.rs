@@ -1,0 +1,125 @@
+//! Shared watches of plain keys, for [`Backend::wait_value`](super::Backend::wait_value): one
+//! etcd watch per key per [`EtcdBackend`](super::EtcdBackend), however many tasks wait on it
+//! (every waiter of a semaphore watches its limit key; one watch serves them all).
+//!
+//! A task per watched key reads the key, then watches it from the revision after the read, and
+//! publishes every value it learns; after a broken stream or a compaction it reads and watches
+//! again. It ends when the last waiter is gone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, WatchOptions};
+use tokio::sync::watch;
+
+/// The last value a shared watch learned: `None` until its first read; then the key's value
+/// (`None`: absent).
+type Known = Option<Option<Vec<u8>>>;
+
+/// The shared watches of one backend.
+#[derive(Default)]
+pub(crate) struct ValueWatches {
+    by_key: StdMutex<HashMap<String, Weak<watch::Sender<Known>>>>,
+}
+
+impl ValueWatches {
+    /// A receiver of `key`'s values, starting the key's watch if no one watches it yet.
+    pub(crate) fn subscribe(
+        &self,
+        key: &str,
+        client: &Client,
+        requests: &Arc<AtomicU64>,
+    ) -> (Arc<watch::Sender<Known>>, watch::Receiver<Known>) {
+        let mut by_key = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(sender) = by_key.get(key).and_then(Weak::upgrade) {
+            let rx = sender.subscribe();
+            return (sender, rx);
+        }
+        by_key.retain(|_, w| w.strong_count() > 0);
+        let (tx, rx) = watch::channel(None);
+        let sender = Arc::new(tx);
+        by_key.insert(key.to_owned(), Arc::downgrade(&sender));
+        tokio::spawn(follow(
+            key.to_owned(),
+            client.clone(),
+            Arc::downgrade(&sender),
+            Arc::clone(requests),
+        ));
+        (sender, rx)
+    }
+}
+
+/// Keeps `sender`'s value current until no one holds the sender.
+async fn follow(
+    key: String,
+    mut client: Client,
+    sender: Weak<watch::Sender<Known>>,
+    requests: Arc<AtomicU64>,
+) {
+    let mut backoff = Duration::from_millis(25);
+    loop {
+        let Some(tx) = sender.upgrade() else { return };
+        let publish = |value: Option<Vec<u8>>| {
+            tx.send_if_modified(|known| {
+                let changed = known.as_ref() != Some(&value);
+                *known = Some(value);
+                changed
+            });
+        };
+        requests.fetch_add(1, Ordering::Relaxed);
+        let read = match client.get(key.as_str(), None).await {
+            Ok(read) => read,
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "value watch: read failed; retrying");
+                drop(tx);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        publish(read.kvs().first().map(|kv| kv.value().to_vec()));
+        let from = read.header().map_or(0, |h| h.revision()) + 1;
+        requests.fetch_add(1, Ordering::Relaxed);
+        let options = WatchOptions::new().with_start_revision(from);
+        let mut stream = match client.watch(key.as_str(), Some(options)).await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "value watch: watch failed; retrying");
+                drop(tx);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(25);
+        loop {
+            let msg = tokio::select! {
+                // Every waiter is gone (the map keeps only a weak handle): stop.
+                () = tx.closed() => {
+                    if Arc::strong_count(&tx) == 1 {
+                        return;
+                    }
+                    continue;
+                }
+                msg = stream.message() => msg,
+            };
+            match msg {
+                Ok(Some(msg)) if !msg.canceled() => {
+                    for event in msg.events() {
+                        publish(match event.event_type() {
+                            EventType::Put => event.kv().map(|kv| kv.value().to_vec()),
+                            EventType::Delete => None,
+                        });
+                    }
+                }
+                // Broken, ended or canceled (compacted past `from`): read and watch again.
+                _ => {
+                    tracing::debug!(%key, "value watch lost; reading and watching again");
+                    break;
+                }
+            }
+        }
+    }
+}
