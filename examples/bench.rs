@@ -5,12 +5,13 @@
 //! floors, the uncontended cycle, contended cycles at N = 1, 8, 64, 256 (hold 0 and 1 ms)
 //! with watch events per release and etcd's CPU time per cycle (both from its `/metrics`),
 //! handoffs along a queue formed beforehand (nothing else in flight), a queue of 10,000
-//! waiters, and the memory backend; writes
+//! waiters, the recipes (Mutex, Semaphore with 1 and 4 permits, RwLock with 90 % reads, at
+//! N = 64), and the memory backend; writes
 //! `docs/performance.md` and `docs/performance.svg`.
 //!
 //! Options: `--endpoints a,b`, `--seconds S` per configuration (default 3), `--scale W`
 //! waiters (default 10000), `--quick` (N = 1 and 8 only, 1 s, 1000 waiters; no files
-//! written unless `--out` is given), `--only scale|contended` (that part only, no files
+//! written unless `--out` is given), `--only scale|contended|recipes` (that part only, no files
 //! written unless `--out` is given), `--n 8,64` (those contender counts only), `--out FILE`.
 
 // The counting allocator below is the only unsafe code in the repository (the library
@@ -26,7 +27,10 @@ use baton::etcd_client::{
     Client, Compare, CompareOp, EventType, LockOptions, PutOptions, Txn, TxnOp,
 };
 use baton::testing::EtcdNode;
-use baton::{Backend, EtcdBackend, EtcdOptions, MemoryBackend, Mutex, Session, SessionOptions};
+use baton::{
+    Backend, EtcdBackend, EtcdOptions, MemoryBackend, Mutex, RwLock, Semaphore, Session,
+    SessionOptions,
+};
 use tokio::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -332,6 +336,109 @@ async fn baton_contended(
     let samples = std::mem::take(&mut *samples.lock().unwrap());
     let grants = samples.grants.max(1) as f64;
     let mut run = summarise("baton", n, hold.as_millis() as u64, elapsed, samples);
+    run.requests_per_cycle = (req1 - req0) as f64 / grants;
+    counters1.per_cycle(counters0, &mut run, grants);
+    Ok(run)
+}
+
+/// What a recipe benchmark contends for.
+#[derive(Clone, Copy)]
+enum Recipe {
+    Mutex,
+    Semaphore(u32),
+    /// A read-write lock: one acquisition in ten is a write.
+    RwLock,
+}
+
+impl Recipe {
+    fn label(self) -> &'static str {
+        match self {
+            Recipe::Mutex => "Mutex",
+            Recipe::Semaphore(1) => "Semaphore, 1 permit",
+            Recipe::Semaphore(_) => "Semaphore, 4 permits",
+            Recipe::RwLock => "RwLock, 90 % reads",
+        }
+    }
+}
+
+/// N contenders, each with its own session, take and release `recipe` for `secs`: cycles/s,
+/// requests per cycle, watch events per release and etcd CPU per cycle.
+async fn recipe_contended(
+    backend: &EtcdBackend,
+    endpoint: &str,
+    name: &str,
+    n: usize,
+    recipe: Recipe,
+    secs: Duration,
+) -> Res<Run> {
+    let mut sessions = Vec::new();
+    for _ in 0..n {
+        sessions.push(Session::new(backend.clone()).await?);
+    }
+    let samples = Arc::new(StdMutex::new(Samples::default()));
+    let (req0, counters0) = (backend.requests_sent(), Counters::read(endpoint).await?);
+    let start = Instant::now();
+    let deadline = start + secs;
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let (s, name, samples) = (s.clone(), name.to_owned(), Arc::clone(&samples));
+            tokio::spawn(async move {
+                let (mutex, semaphore, rwlock) = (
+                    Mutex::new(&s, &name)?,
+                    Semaphore::new(
+                        &s,
+                        &name,
+                        match recipe {
+                            Recipe::Semaphore(p) => p,
+                            _ => 1,
+                        },
+                    )?,
+                    RwLock::new(&s, &name)?,
+                );
+                let mut cycle = i;
+                while Instant::now() < deadline {
+                    let asked = Instant::now();
+                    cycle += 1;
+                    match recipe {
+                        Recipe::Mutex => {
+                            let g = mutex.lock().await?;
+                            samples.lock().unwrap().granted(asked);
+                            g.unlock().await?;
+                        }
+                        Recipe::Semaphore(_) => {
+                            let p = semaphore.acquire().await?;
+                            samples.lock().unwrap().granted(asked);
+                            p.release().await?;
+                        }
+                        Recipe::RwLock if cycle % 10 == 0 => {
+                            let g = rwlock.write().await?;
+                            samples.lock().unwrap().granted(asked);
+                            g.release().await?;
+                        }
+                        Recipe::RwLock => {
+                            let g = rwlock.read().await?;
+                            samples.lock().unwrap().granted(asked);
+                            g.release().await?;
+                        }
+                    }
+                }
+                Ok::<_, baton::Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let (req1, counters1) = (backend.requests_sent(), Counters::read(endpoint).await?);
+    for s in sessions {
+        s.close().await?;
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    let grants = samples.grants.max(1) as f64;
+    let mut run = summarise(recipe.label(), n, 0, elapsed, samples);
     run.requests_per_cycle = (req1 - req0) as f64 / grants;
     counters1.per_cycle(counters0, &mut run, grants);
     Ok(run)
@@ -756,6 +863,20 @@ async fn main() -> Res<()> {
         Vec::new()
     };
 
+    let mut recipe_runs = Vec::new();
+    if part("recipes") {
+        for recipe in [
+            Recipe::Mutex,
+            Recipe::Semaphore(1),
+            Recipe::Semaphore(4),
+            Recipe::RwLock,
+        ] {
+            eprintln!("bench: recipes, N = 64, {}", recipe.label());
+            let name = format!("{prefix}/recipes/{}", recipe_runs.len());
+            recipe_runs.push(recipe_contended(&backend, &endpoint, &name, 64, recipe, secs).await?);
+        }
+    }
+
     eprintln!("bench: {waiters} waiters");
     let sc = if part("scale") {
         scale(&backend, &endpoint, &format!("{prefix}/scale"), waiters).await?
@@ -803,6 +924,22 @@ async fn main() -> Res<()> {
         ));
     }
     md.push_str("\nHandoff = from the holder starting its unlock to the next holder's grant. Requests/cycle for the etcd Lock API counts its two RPCs; the server does its reads and waits internally.\n\n![throughput and handoff p99](performance.svg)\n\n");
+    if !recipe_runs.is_empty() {
+        md.push_str("## Recipes: 64 contenders, each with its own session, acquire -> release (hold 0)\n\n| recipe | cycles/s | acquire p50 ms | acquire p99 ms | requests/cycle | watch events/release | etcd CPU ms/cycle |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for r in &recipe_runs {
+            md.push_str(&format!(
+                "| {} | {:.0} | {} | {} | {:.2} | {:.2} | {:.2} |\n",
+                r.impl_name,
+                r.cycles_per_s,
+                ms(r.acquire_p50),
+                ms(r.acquire_p99),
+                r.requests_per_cycle,
+                r.events_per_release,
+                r.etcd_cpu_ms_per_cycle
+            ));
+        }
+        md.push_str("\nA semaphore waiter watches the `permits` entries just ahead of it (while they all remain it cannot hold), so a release wakes at most `permits` waiters: exactly one when the oldest holder leaves, more when a newer holder leaves first. With 1 permit it is the Mutex's one wake per release. A semaphore's look reads the entries ahead and the stored limit in one transaction; the Mutex's wake needs only a serializable read (docs/design.md, 2026-11-23).\n\n");
+    }
     // The hold-0 run of `name` at `n` contenders.
     let find = |name: &str, n: usize| {
         runs.iter()

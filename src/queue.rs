@@ -228,9 +228,10 @@ pub(crate) enum Turn<'a> {
     Head,
     /// Fewer than `limit` entries of queue `of` ahead (Semaphore: `of` is the entry's own
     /// queue; read lock: `of` holds the lock's writers). It watches the `limit` entries of
-    /// `of` just ahead of it. The tag is unique to the acquisition.
+    /// `of` just ahead of it. The tag is one this session's acquisitions in progress do not
+    /// use ([`Session::free_tag`]): tasks of one session hold entries side by side.
     Fewer(&'a Fewer<'a>),
-    /// Granted as soon as the entry exists (barriers count entries). Unique tag.
+    /// Granted as soon as the entry exists (barriers count entries). Tag as for `Fewer`.
     Enter,
 }
 
@@ -287,9 +288,12 @@ pub(crate) fn acquire<'a>(
     } = ask;
     // The create request is built here, before the state: it takes the value with it (it
     // runs only when awaited below).
-    let tag: Box<str> = match turn {
-        Turn::Head => session.lease_id().to_hex().into(),
-        Turn::Fewer(_) | Turn::Enter => session.unique_tag().into(),
+    let (tag, pooled): (Box<str>, _) = match turn {
+        Turn::Head => (session.lease_id().to_hex().into(), None),
+        Turn::Fewer(_) | Turn::Enter => {
+            let (tag, slot) = session.free_tag(queue);
+            (tag.into(), Some(slot))
+        }
     };
     let slot = Slot::new(queue, &tag);
     let create: BoxFuture<'static, Result<Enqueued>> = {
@@ -313,7 +317,7 @@ pub(crate) fn acquire<'a>(
                     name: name.to_string(),
                 },
             )?),
-            (Turn::Fewer(_) | Turn::Enter, _) => None,
+            (Turn::Fewer(_) | Turn::Enter, _) => pooled,
         };
         if let Some(reason) = session.loss().check() {
             return Err(Error::SessionLost(reason));

@@ -1,7 +1,7 @@
 //! [`Session`]: one lease, kept alive in the background, and the signal that it was lost.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
 
@@ -105,8 +105,6 @@ struct Inner {
     /// A list, not a map: a session waits on a handful of names at a time, and a map's
     /// smallest table costs more than the list's one entry (this is per waiter at scale).
     locals: StdMutex<Vec<LocalQueue>>,
-    /// Acquisitions that asked for a tag of their own ([`Session::unique_tag`]).
-    tags: AtomicU64,
 }
 
 /// A lock name and its in-process FIFO, alive while a task of this process uses it.
@@ -168,7 +166,6 @@ impl Session {
             cleanups: AtomicUsize::new(0),
             cleanups_done: Notify::new(),
             locals: StdMutex::new(Vec::new()),
-            tags: AtomicU64::new(0),
         });
         keeper.keep(&inner, asked_at);
         tracing::debug!(lease = %lease.id(), ttl = ?lease.ttl(), "session started");
@@ -282,11 +279,22 @@ impl Session {
         self.inner.backend.revoke_lease(self.inner.lease.id()).await
     }
 
-    /// A tag no other entry of this session ever had: `<lease id hex>_<n>`. For recipes where
-    /// one session holds several entries of one queue at once (permits, read locks).
-    pub(crate) fn unique_tag(&self) -> String {
-        let n = self.inner.tags.fetch_add(1, Ordering::Relaxed);
-        format!("{}_{n}", self.lease_id().to_hex())
+    /// A tag for an entry of `queue` that no acquisition of this session in progress uses:
+    /// `<lease id hex>_<k>`, the smallest `k` free, with the in-process slot that reserves it
+    /// (kept until the entry is confirmed gone). For recipes where one session holds several
+    /// entries of one queue at once (permits, read locks); reusing tags keeps key names
+    /// stable from one acquisition to the next, so the watches on them are reused.
+    pub(crate) fn free_tag(&self, queue: &str) -> (String, tokio::sync::OwnedMutexGuard<()>) {
+        let lease = self.lease_id().to_hex();
+        let mut k = 0u64;
+        loop {
+            let tag = format!("{lease}_{k}");
+            let slot = self.local_queue(&Arc::from(format!("{queue}/{tag}")));
+            if let Ok(guard) = slot.try_lock_owned() {
+                return (tag, guard);
+            }
+            k += 1;
+        }
     }
 
     /// The in-process FIFO for lock `name` on this session.
