@@ -10,6 +10,10 @@
 //!   ([`EtcdBackend`], feature `etcd`, default) and in-process ([`MemoryBackend`]).
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
 //!   Go services and `etcdctl lock` share locks.
+//! - **Recipes on the same queue**: a fair [`Semaphore`] (stored limit, lease-bound
+//!   permits), a FIFO [`RwLock`], a [`Barrier`] that falls with its holder, a
+//!   [`DoubleBarrier`], and a deadlock-free [`MultiLock`]; `docs/recipes.md` compares them
+//!   with Curator's and kazoo's.
 //!
 //! ```toml
 //! [dependencies]
