@@ -19,8 +19,9 @@ use crate::session::Session;
 /// a pool of licences or connections. With `permits = 1` it excludes like a [`Mutex`](crate::Mutex)
 /// (with its own key layout, not etcd's Go one).
 ///
-/// Each contender creates one entry, `<name>/<lease id hex>_<n>`, bound to its session's
-/// lease; it holds a permit when fewer than the limit entries are ahead of it. The limit is
+/// Each contender creates one entry, `<name>/<lease id hex>_<k>` (`k`: the smallest index its
+/// session has free, so one session may hold several permits), bound to its session's lease;
+/// it holds a permit when fewer than the limit entries are ahead of it. The limit is
 /// stored beside the queue, at the key `<name>` itself (in decimal), by the first contender.
 ///
 /// # Guarantees
