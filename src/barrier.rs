@@ -25,6 +25,14 @@ use crate::session::Session;
 /// - [`wait`](Barrier::wait) misses no lowering: it watches the oldest holder's entry, then
 ///   looks again, until none is left.
 ///
+/// # Failure modes
+/// - A holder whose session is lost (or whose entry is deleted from outside) no longer holds
+///   the barrier: it may come down; [`BarrierGuard::lost`] says so, and its
+///   [`release`](BarrierGuard::release) fails with [`Error::NotOwner`].
+/// - A `hold()` dropped or failed part way leaves no entry: a dropped call does not raise it.
+/// - `wait()` returns a backend error only when a read fails after the backend's retries; it
+///   keeps nothing, so it may simply be called again.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
 /// use baton::{Barrier, MemoryBackend, Session};
@@ -86,8 +94,8 @@ impl Barrier {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn is_up(&self) -> Result<bool> {
-        Ok(self.session.backend().head(&self.name).await?.is_some())
+    pub fn is_up(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
+        SyncFuture::new(async move { Ok(self.session.backend().head(&self.name).await?.is_some()) })
     }
 
     /// Returns once the barrier is down: no holder left (released, or its session ended).
@@ -165,10 +173,11 @@ impl BarrierGuard {
 /// A double barrier: [`enter`](DoubleBarrier::enter) returns once `members` participants have
 /// entered; [`Entered::leave`] returns once all of them have left.
 ///
-/// Each participant is an entry `<name>/<lease hex>_<n>` bound to its session. The
-/// participant whose entry completes the count records it at the key `<name>` (the token of
-/// the newest entry it counted), and the others, watching that key, go on: only entries that
-/// were counted are released, however late a participant reads.
+/// Each participant is an entry `<name>/<lease hex>_<k>` bound to its session. The
+/// participant whose entry completes the count records it at the key `<name>`
+/// (`entered <token>`, the token of the newest entry it counted), and the others, watching
+/// that key, go on: only entries that were counted are released, however late a participant
+/// reads.
 ///
 /// # Guarantees
 /// - **No phantoms**: a participant whose session ends stops counting when its lease ends;
@@ -291,9 +300,11 @@ impl DoubleBarrier {
     }
 }
 
-/// The count record: the token of the newest entry of the last complete set (0: none).
+/// The count record, `entered <token>`: the token of the newest entry of the last complete
+/// set (0: none). Not a bare number, so that no one takes it for a semaphore's limit.
 fn record(raw: Option<&[u8]>) -> u64 {
     raw.and_then(|r| std::str::from_utf8(r).ok())
+        .and_then(|t| t.strip_prefix("entered "))
         .and_then(|t| t.parse().ok())
         .unwrap_or(0)
 }
@@ -306,10 +317,8 @@ async fn raise_record(backend: &dyn Backend, key: &str, to: u64) -> Result<()> {
         if record(seen.as_deref()) >= to {
             return Ok(());
         }
-        match backend
-            .swap(key, seen.as_deref(), to.to_string().as_bytes())
-            .await
-        {
+        let record = format!("entered {to}");
+        match backend.swap(key, seen.as_deref(), record.as_bytes()).await {
             Ok(true) => return Ok(()),
             // Changed meanwhile, or our attempt may have landed: look again.
             Ok(false) | Err(Error::OutcomeUnknown { .. }) => {

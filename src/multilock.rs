@@ -26,6 +26,14 @@ use crate::session::Session;
 /// - Each lock is an ordinary [`Mutex`] (etcd's Go layout): other programs may take one of
 ///   them alone, and wait as usual.
 ///
+/// # Failure modes
+/// - A lock whose session is lost or whose key is deleted from outside is lost alone: the
+///   others are still held. [`MultiLockGuard::lost`] fires at the first such loss; stop the
+///   protected work then, and [`unlock`](MultiLockGuard::unlock) reports it
+///   ([`Error::NotOwner`]) while releasing the others.
+/// - The locks are taken one after another, not atomically: while a MultiLock waits for its
+///   second lock it holds the first, and contenders for that one wait behind it.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
 /// use baton::{MemoryBackend, MultiLock, Session};

@@ -252,14 +252,16 @@ impl Semaphore {
     ///
     /// # Cancel safety
     /// Cancel safe: it only reads.
-    pub async fn limit(&self) -> Result<Option<u32>> {
-        match self.session.backend().read(&self.name).await? {
-            None => Ok(None),
-            Some(raw) => {
-                let limit = queue::parse_limit(Some(&raw), &self.name, self.permits)?;
-                Ok(u32::try_from(limit).ok())
+    pub fn limit(&self) -> impl Future<Output = Result<Option<u32>>> + Send + Sync + '_ {
+        SyncFuture::new(async move {
+            match self.session.backend().read(&self.name).await? {
+                None => Ok(None),
+                Some(raw) => {
+                    let limit = queue::parse_limit(Some(&raw), &self.name, self.permits)?;
+                    Ok(u32::try_from(limit).ok())
+                }
             }
-        }
+        })
     }
 
     /// Changes the stored limit from `from` to `to`, only if it is `from` now
@@ -277,7 +279,15 @@ impl Semaphore {
     ///
     /// # Cancel safety
     /// If the future is dropped, the change may or may not have been applied.
-    pub async fn set_limit(&self, from: u32, to: u32) -> Result<()> {
+    pub fn set_limit(
+        &self,
+        from: u32,
+        to: u32,
+    ) -> impl Future<Output = Result<()>> + Send + Sync + '_ {
+        SyncFuture::new(self.change_limit(from, to))
+    }
+
+    async fn change_limit(&self, from: u32, to: u32) -> Result<()> {
         if to == 0 || to > Self::MAX_PERMITS {
             return Err(Error::InvalidArgument(
                 "semaphore permits must be between 1 and Semaphore::MAX_PERMITS",

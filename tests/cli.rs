@@ -366,9 +366,10 @@ async fn lock_with_permits_admits_n_holders() {
     assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 
-/// `status` on a read-write lock: readers ahead of the first writer hold, the rest wait.
+/// `status` on a read-write lock: readers ahead of the first writer hold, the rest wait; on
+/// a barrier, every holder is in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_shows_a_read_write_lock() {
+async fn status_shows_a_read_write_lock_and_a_barrier() {
     let name = name("status-rw");
     let backend = backend().await;
     let s = Session::new(backend.clone()).await.unwrap();
@@ -393,6 +394,18 @@ async fn status_shows_a_read_write_lock() {
         .await
         .unwrap()
         .unwrap();
+
+    // A barrier's holders are all in.
+    let gate = baton::Barrier::new(&s, format!("{name}-gate")).unwrap();
+    let (a, b) = (gate.hold().await.unwrap(), gate.hold().await.unwrap());
+    let table = baton(&["status", &format!("{name}-gate")])
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert_eq!(table.matches("holder").count(), 2, "{table}");
+    a.release().await.unwrap();
+    b.release().await.unwrap();
 }
 
 /// Names that nest share a queue (as with etcdctl): `status` shows the keys of a nested name

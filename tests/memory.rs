@@ -382,6 +382,51 @@ fn guards_and_futures_are_send_and_sync() {
         send_sync(&s.lost());
     }
     let _ = session_is_send_sync;
+    fn recipes_are_send_sync(
+        sem: &baton::Semaphore,
+        rw: &baton::RwLock,
+        b: &baton::Barrier,
+        d: &baton::DoubleBarrier,
+        m: &baton::MultiLock,
+    ) {
+        send_sync(&sem.acquire());
+        send_sync(&sem.try_acquire());
+        send_sync(&sem.limit());
+        send_sync(&sem.set_limit(1, 2));
+        send_sync(&rw.read());
+        send_sync(&rw.try_read());
+        send_sync(&rw.write());
+        send_sync(&rw.try_write());
+        send_sync(&b.hold());
+        send_sync(&b.wait());
+        send_sync(&b.is_up());
+        send_sync(&d.enter());
+        send_sync(&m.lock());
+        send_sync(&m.try_lock());
+    }
+    let _ = recipes_are_send_sync;
+    fn recipe_guards_are_send_sync(
+        p: baton::SemaphorePermit,
+        r: baton::RwLockReadGuard,
+        w: baton::RwLockWriteGuard,
+        b: baton::BarrierGuard,
+        e: baton::Entered,
+        m: baton::MultiLockGuard,
+    ) {
+        send_sync(&p.lost());
+        send_sync(&p.is_owner());
+        send_sync(&p.write(&[]));
+        send_sync(&r.lost());
+        send_sync(&w.lost());
+        send_sync(&b.lost());
+        send_sync(&e.lost());
+        send_sync(&m.lost());
+        send_sync(&(p, r, w, b));
+        send_sync(&m);
+        send_sync(&e.leave());
+        send_sync(&m.unlock());
+    }
+    let _ = recipe_guards_are_send_sync;
 }
 
 /// Regression (found by the arbitrary-keys fault test on etcd): changes made in one

@@ -841,6 +841,15 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
             .or((of == writes).then_some("write"))
     };
     let rwlock = entries.iter().any(|e| kind_of(e).is_some());
+    // Barriers and double barriers: every entry is in (a recipe tag `<lease>_<k>` each, and
+    // no limit).
+    let all_in = !entries.is_empty()
+        && entries.iter().all(|e| {
+            e.key()
+                .rsplit('/')
+                .next()
+                .is_some_and(|tag| tag.contains('_'))
+        });
     let limit = match backend.read(name).await? {
         Some(raw) => String::from_utf8_lossy(&raw)
             .parse::<u32>()
@@ -861,7 +870,7 @@ async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Fai
             (Some("read"), _) => !writer_ahead,
             (Some(_), _) => i == 0,
             (None, Some(limit)) => i < limit as usize,
-            (None, None) => i == 0,
+            (None, None) => all_in || i == 0,
         };
         writer_ahead |= kind == Some("write");
         let mut role = if holds {
