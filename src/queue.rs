@@ -92,6 +92,8 @@ impl Slot {
 enum Trace {
     /// Nothing: no create was sent, or what was created is known to be gone.
     Nothing,
+    /// The create request, built and not sent: dropped unsent, it leaves nothing.
+    Unsent(BoxFuture<'static, Result<Enqueued>>, Slot),
     /// The create request, not finished; polled in place by the acquisition, and moved to
     /// the cleanup task if the acquisition ends first.
     Creating(BoxFuture<'static, Result<Enqueued>>, Slot),
@@ -105,6 +107,7 @@ impl std::fmt::Debug for Trace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Trace::Nothing => f.write_str("Nothing"),
+            Trace::Unsent(_, slot) => f.debug_tuple("Unsent").field(slot).finish(),
             Trace::Creating(_, slot) => f.debug_tuple("Creating").field(slot).finish(),
             Trace::Unknown(slot) => f.debug_tuple("Unknown").field(slot).finish(),
             Trace::Created(entry) => f.debug_tuple("Created").field(entry).finish(),
@@ -124,7 +127,7 @@ impl Drop for Pending {
     fn drop(&mut self) {
         let trace = std::mem::replace(&mut self.trace, Trace::Nothing);
         let local = self.local.take();
-        if matches!(trace, Trace::Nothing) {
+        if matches!(trace, Trace::Nothing | Trace::Unsent(..)) {
             return;
         }
         spawn_cleanup(
@@ -146,7 +149,7 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
     loop {
         let step = async {
             match trace {
-                Trace::Nothing => Trace::Nothing,
+                Trace::Nothing | Trace::Unsent(..) => Trace::Nothing,
                 // The create may be on its way: let it finish rather than race it.
                 Trace::Creating(create, slot) => match create.await {
                     Ok(enqueued) => Trace::Created(enqueued.into_parts().0),
@@ -274,7 +277,12 @@ pub(crate) struct Ask<'a> {
 /// (Written as a function returning an `async move` block rather than an `async fn`: an
 /// `async fn` keeps a second copy of its arguments in its state, and this state is kept by
 /// every waiter for as long as it waits.)
-#[allow(clippy::manual_async_fn)] // On purpose: see above.
+#[allow(clippy::manual_async_fn)]
+// On purpose: see above.
+// The drop guard `pending` is captured by the async block and changed just before a return:
+// its `Drop` reads the change (the cleanup), which this lint does not see for captured
+// values. `failed_lock_leaves_nothing` fails if the change is lost.
+#[allow(unused_assignments)]
 pub(crate) fn acquire<'a>(
     session: &'a Session,
     ask: Ask<'a>,
@@ -304,29 +312,34 @@ pub(crate) fn acquire<'a>(
         );
         Box::pin(async move { backend.enqueue(&q, &tag, lease, &value).await })
     };
+    // The drop guard is built here too, and used in place: the state holds one of it.
+    let mut pending = Pending {
+        session: session.clone(),
+        local: pooled,
+        trace: Trace::Unsent(create, slot),
+    };
     async move {
         let lost = session.lost_recorded();
         tokio::pin!(lost);
-        let local = match (turn, mode) {
+        match (turn, mode) {
             (Turn::Head, Mode::Wait) => tokio::select! {
-                guard = session.local_queue(queue).lock_owned() => Some(guard),
+                guard = session.local_queue(queue).lock_owned() => pending.local = Some(guard),
                 reason = &mut lost => return Err(Error::SessionLost(reason)),
             },
-            (Turn::Head, Mode::Try) => Some(session.local_queue(queue).try_lock_owned().map_err(
-                |_| Error::Locked {
+            (Turn::Head, Mode::Try) => {
+                let guard = session.local_queue(queue).try_lock_owned();
+                pending.local = Some(guard.map_err(|_| Error::Locked {
                     name: name.to_string(),
-                },
-            )?),
-            (Turn::Fewer(_) | Turn::Enter, _) => pooled,
-        };
+                })?);
+            }
+            (Turn::Fewer(_) | Turn::Enter, _) => {}
+        }
         if let Some(reason) = session.loss().check() {
             return Err(Error::SessionLost(reason));
         }
-        let mut pending = Pending {
-            session: session.clone(),
-            local,
-            trace: Trace::Creating(create, slot),
-        };
+        if let Trace::Unsent(create, slot) = std::mem::replace(&mut pending.trace, Trace::Nothing) {
+            pending.trace = Trace::Creating(create, slot);
+        }
         let Trace::Creating(create, _) = &mut pending.trace else {
             unreachable!("set just above")
         };
@@ -356,22 +369,28 @@ pub(crate) fn acquire<'a>(
         tracing::debug!(key = %mine.key(), token = %mine.token(), head = is_head, "enqueued");
 
         let granted = match turn {
-            Turn::Enter => true,
-            // The head of the queue counted is ahead of no one.
-            Turn::Fewer(rule) if is_head && rule.of == &**queue => true,
-            Turn::Head if is_head => true,
-            Turn::Head if mode == Mode::Wait => {
+            Turn::Head if !is_head && mode == Mode::Wait => {
                 wait_for_turn(session, mine, predecessor, &mut lost).await?;
                 true
             }
-            Turn::Head => false,
-            // Boxed: its state is larger than the head wait's, and a mutex waiter would
-            // carry that size for as long as it waits.
-            Turn::Fewer(rule) => {
-                Box::pin(wait_for_fewer(
-                    session, mine, rule.of, rule.limit, mode, &mut lost,
-                ))
-                .await?
+            _ => {
+                // Only the mutex's wait uses the predecessor read with the create. Let go of
+                // it before any other await: a value kept across one takes room in every
+                // waiter's state (here, an `Entry` in every mutex waiter).
+                drop(predecessor);
+                match turn {
+                    Turn::Enter => true,
+                    Turn::Head => is_head,
+                    // The head of the queue counted is ahead of no one.
+                    Turn::Fewer(rule) if is_head && rule.of == &**queue => true,
+                    // Boxed: its state is larger than the head wait's, and a mutex waiter
+                    // would carry that size for as long as it waits.
+                    Turn::Fewer(rule) => {
+                        let wait =
+                            wait_for_fewer(session, mine, rule.of, rule.limit, mode, &mut lost);
+                        Box::pin(wait).await?
+                    }
+                }
             }
         };
         if !granted {

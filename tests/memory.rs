@@ -319,8 +319,7 @@ async fn waiting_futures_stay_small() {
     let mutex = Mutex::new(&session, "footprint").unwrap();
     let lock = mutex.lock();
     assert!(
-        // 584 bytes before the engine served every recipe (2026-11-23: 688).
-        std::mem::size_of_val(&lock) <= 720,
+        std::mem::size_of_val(&lock) <= 640,
         "lock(): {} bytes",
         std::mem::size_of_val(&lock)
     );
