@@ -500,15 +500,12 @@ pub async fn rwlock_no_writer_starvation(rig: Rig) {
 }
 
 /// etcd issue 16221: a writer holds, a second writer (or a reader) waits, a third writer
-/// waits behind it; the one between gives up (its session ends). The third must go on
-/// waiting for the first, not take the lock beside it.
+/// waits behind it; the one between gives up (its call is dropped) or its session ends. The
+/// third must go on waiting for the first, not take the lock beside it.
 pub async fn rwlock_waiter_between_writers_gives_up(rig: Rig) {
-    for between_is_reader in [false, true] {
-        let name = rig.name(if between_is_reader {
-            "rw-16221-r"
-        } else {
-            "rw-16221-w"
-        });
+    // (is the waiter in between a reader; does it give up rather than expire)
+    for (between_is_reader, gives_up) in [(false, false), (true, false), (false, true)] {
+        let name = rig.name(&format!("rw-16221-{between_is_reader}-{gives_up}"));
         let a = rig.session().await;
         let first = RwLock::new(&a, &name).unwrap().write().await.unwrap();
         let mid = rig.session_ttl(Duration::from_secs(3)).await;
@@ -536,12 +533,18 @@ pub async fn rwlock_waiter_between_writers_gives_up(rig: Rig) {
             faulty.until_count(Call::WaitGone, 1),
         )
         .await;
-        rig.outside.revoke_lease(mid.lease_id()).await.unwrap();
-        super::assert_lost(
-            &within("the waiter in between", BOUND, between)
-                .await
-                .unwrap(),
-        );
+        if gives_up {
+            between.abort();
+            assert!(between.await.unwrap_err().is_cancelled());
+            settle(&mid).await;
+        } else {
+            rig.outside.revoke_lease(mid.lease_id()).await.unwrap();
+            super::assert_lost(
+                &within("the waiter in between", BOUND, between)
+                    .await
+                    .unwrap(),
+            );
+        }
         // Woken by the departure, the third writer looks again and must wait again (for the
         // first writer), not take the lock beside it.
         waits_again(&faulty, Call::WaitGone, 2, &third).await;
@@ -626,6 +629,23 @@ pub async fn barrier_holds_and_falls_with_its_holder(rig: Rig) {
         .await
         .unwrap()
         .unwrap();
+
+    // A hold dropped with its create in flight (before or after it was applied) raises
+    // nothing.
+    let (faulty_h, h) = faulty_session(&rig).await;
+    let dropped = Barrier::new(&h, &name).unwrap();
+    for fault in [Fault::HangBefore, Fault::HangAfter] {
+        faulty_h.inject(Call::Enqueue, 1, fault);
+        let mut fut = Box::pin(dropped.hold());
+        super::drive_until(&mut fut, faulty_h.until_hung()).await;
+        drop(fut);
+        faulty_h.release();
+        settle(&h).await;
+        assert!(
+            !barrier.is_up().await.unwrap(),
+            "a dropped hold raised the barrier ({fault:?})"
+        );
+    }
 
     // Its holder crashes: the barrier comes down when the lease ends.
     let ttl = Duration::from_secs(2);
