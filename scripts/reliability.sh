@@ -50,8 +50,10 @@ HEADER
 
 ## The fault-injection harness
 
-`tests/support/harness.rs` drives each public operation through every backend call it makes
-and injects a fault there, through `baton::testing::FaultyBackend`. The steps of an operation
+`tests/support/harness.rs` drives each public operation (the Mutex's and the Election's, a
+semaphore's `acquire` free, behind a holder and `try_acquire` behind one, a read behind a
+writer and a write behind a reader) through every backend call it makes and injects a fault
+there, through `baton::testing::FaultyBackend`. The steps of an operation
 are the calls it made in a run without faults, numbered per call kind ("the 2nd
 `wait_gone`"); each step is tried with six faults: fail before the backend applies the call,
 fail after it applied it (the answer lost), hang until released (the operation's future is
@@ -67,8 +69,9 @@ case the harness checks:
 - a grant to the session under test finds its entry at the head, and its session not lost;
 - **every waiter wakes or gets an error** (every wait is bounded) and nothing is wedged: a new
   contender and the session under test each get the lock afterwards;
-- an operation that waits (`lock`, `campaign`) succeeds when its faults hit only reads and
-  waits: those say nothing and are retried;
+- an operation that waits (`lock`, `campaign`, `acquire`, `read`, `write`) succeeds when its
+  faults hit only reads and waits: those say nothing and are retried (this found a semaphore
+  `acquire` that gave up on a failed read of its stored limit);
 - **no request loop without backoff**: a spin guard counts any call beyond 50 in a second;
 - for elections, an observer beside the case ends in a vacancy, with leaders' tokens rising.
 
