@@ -280,65 +280,12 @@ fn summarise(impl_name: &'static str, n: usize, hold_ms: u64, secs: f64, mut s: 
     }
 }
 
-async fn baton_contended(
-    backend: &EtcdBackend,
-    endpoint: &str,
-    name: &str,
-    n: usize,
-    hold: Duration,
-    secs: Duration,
-) -> Res<Run> {
-    let mut sessions = Vec::new();
-    for _ in 0..n {
-        sessions.push(
-            Session::with_options(
-                backend.clone(),
-                SessionOptions::new().with_ttl(Duration::from_secs(60)),
-            )
-            .await?,
-        );
+/// Holds for `hold`, then marks the release (the start of the next handoff).
+async fn held(samples: &StdMutex<Samples>, hold: Duration) {
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
     }
-    let samples = Arc::new(StdMutex::new(Samples::default()));
-    let (req0, counters0) = (backend.requests_sent(), Counters::read(endpoint).await?);
-    let start = Instant::now();
-    let deadline = start + secs;
-    let tasks: Vec<_> = sessions
-        .iter()
-        .map(|s| {
-            let (mutex, samples) = (
-                Mutex::new(s, name).map_err(|e| e.to_string()),
-                Arc::clone(&samples),
-            );
-            tokio::spawn(async move {
-                let mutex = mutex?;
-                while Instant::now() < deadline {
-                    let asked = Instant::now();
-                    let guard = mutex.lock().await.map_err(|e| e.to_string())?;
-                    samples.lock().unwrap().granted(asked);
-                    if !hold.is_zero() {
-                        tokio::time::sleep(hold).await;
-                    }
-                    samples.lock().unwrap().released_at = Some(Instant::now());
-                    guard.unlock().await.map_err(|e| e.to_string())?;
-                }
-                Ok::<_, String>(())
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await??;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let (req1, counters1) = (backend.requests_sent(), Counters::read(endpoint).await?);
-    for s in sessions {
-        s.close().await?;
-    }
-    let samples = std::mem::take(&mut *samples.lock().unwrap());
-    let grants = samples.grants.max(1) as f64;
-    let mut run = summarise("baton", n, hold.as_millis() as u64, elapsed, samples);
-    run.requests_per_cycle = (req1 - req0) as f64 / grants;
-    counters1.per_cycle(counters0, &mut run, grants);
-    Ok(run)
+    samples.lock().unwrap().released_at = Some(Instant::now());
 }
 
 /// What a recipe benchmark contends for.
@@ -361,15 +308,19 @@ impl Recipe {
     }
 }
 
-/// N contenders, each with its own session, take and release `recipe` for `secs`: cycles/s,
-/// requests per cycle, watch events per release and etcd CPU per cycle.
+/// N contenders, each with its own session, take `recipe`, hold it for `hold` and release it,
+/// for `secs`: cycles/s, acquire and handoff latencies, requests per cycle, watch events per
+/// release and etcd CPU per cycle, reported as `label`.
+#[allow(clippy::too_many_arguments)]
 async fn recipe_contended(
     backend: &EtcdBackend,
     endpoint: &str,
     name: &str,
     n: usize,
     recipe: Recipe,
+    hold: Duration,
     secs: Duration,
+    label: &'static str,
 ) -> Res<Run> {
     let mut sessions = Vec::new();
     for _ in 0..n {
@@ -405,21 +356,25 @@ async fn recipe_contended(
                         Recipe::Mutex => {
                             let g = mutex.lock().await?;
                             samples.lock().unwrap().granted(asked);
+                            held(&samples, hold).await;
                             g.unlock().await?;
                         }
                         Recipe::Semaphore(_) => {
                             let p = semaphore.acquire().await?;
                             samples.lock().unwrap().granted(asked);
+                            held(&samples, hold).await;
                             p.release().await?;
                         }
                         Recipe::RwLock if cycle % 10 == 0 => {
                             let g = rwlock.write().await?;
                             samples.lock().unwrap().granted(asked);
+                            held(&samples, hold).await;
                             g.release().await?;
                         }
                         Recipe::RwLock => {
                             let g = rwlock.read().await?;
                             samples.lock().unwrap().granted(asked);
+                            held(&samples, hold).await;
                             g.release().await?;
                         }
                     }
@@ -438,7 +393,7 @@ async fn recipe_contended(
     }
     let samples = std::mem::take(&mut *samples.lock().unwrap());
     let grants = samples.grants.max(1) as f64;
-    let mut run = summarise(recipe.label(), n, 0, elapsed, samples);
+    let mut run = summarise(label, n, hold.as_millis() as u64, elapsed, samples);
     run.requests_per_cycle = (req1 - req0) as f64 / grants;
     counters1.per_cycle(counters0, &mut run, grants);
     Ok(run)
@@ -826,13 +781,15 @@ async fn main() -> Res<()> {
             let name = format!("{prefix}/n{n}h{hold}");
             eprintln!("bench: N = {n}, hold {hold} ms");
             runs.push(
-                baton_contended(
+                recipe_contended(
                     &backend,
                     &endpoint,
                     &format!("{name}/baton"),
                     n,
+                    Recipe::Mutex,
                     Duration::from_millis(hold),
                     secs,
+                    "baton",
                 )
                 .await?,
             );
@@ -873,7 +830,19 @@ async fn main() -> Res<()> {
         ] {
             eprintln!("bench: recipes, N = 64, {}", recipe.label());
             let name = format!("{prefix}/recipes/{}", recipe_runs.len());
-            recipe_runs.push(recipe_contended(&backend, &endpoint, &name, 64, recipe, secs).await?);
+            recipe_runs.push(
+                recipe_contended(
+                    &backend,
+                    &endpoint,
+                    &name,
+                    64,
+                    recipe,
+                    Duration::ZERO,
+                    secs,
+                    recipe.label(),
+                )
+                .await?,
+            );
         }
     }
 

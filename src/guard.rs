@@ -94,4 +94,34 @@ macro_rules! entry_guard {
     };
 }
 
-pub(crate) use entry_guard;
+/// Implements `release(self)` for a guard type with a `held: Held` field: the explicit
+/// release of a recipe's entry (a `MutexGuard` has its own `unlock`).
+macro_rules! release_guard {
+    ($guard:ty, $what:literal) => {
+        impl $guard {
+            #[doc = concat!("Releases ", $what, ": deletes our entry if it is still ours (never")]
+            /// a successor's).
+            ///
+            /// # Errors
+            /// [`Error::NotOwner`](crate::Error::NotOwner) if the entry was already gone: it
+            /// had been lost before this call (lease ended, entry deleted from outside), so the
+            /// work it protected may have overlapped others'; nothing was deleted. Any other
+            /// error: the delete goes on in the background until it is confirmed or the
+            /// session is lost.
+            ///
+            /// # Cancel safety
+            /// Cancel safe: if the future is dropped before the delete answered, a background
+            /// task finishes the release, as when the guard is dropped.
+            pub fn release(
+                self,
+            ) -> impl ::std::future::Future<Output = $crate::Result<()>> + Send + Sync + 'static
+            {
+                use ::tracing::Instrument;
+                let span = ::tracing::debug_span!("baton.release", key = %self.held.entry().key());
+                ::sync_wrapper::SyncFuture::new(self.held.release().instrument(span))
+            }
+        }
+    };
+}
+
+pub(crate) use {entry_guard, release_guard};

@@ -251,20 +251,7 @@ pub struct RwLockReadGuard {
 }
 
 crate::guard::entry_guard!(RwLockReadGuard, "the read lock");
-
-impl RwLockReadGuard {
-    /// Releases the read lock: deletes our entry if it is still ours.
-    ///
-    /// # Errors
-    /// As for [`MutexGuard::unlock`](crate::MutexGuard::unlock).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped release is finished in the background.
-    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
-        let span = tracing::debug_span!("baton.release", key = %self.key());
-        SyncFuture::new(self.held.release().instrument(span))
-    }
-}
+crate::guard::release_guard!(RwLockReadGuard, "the read lock");
 
 /// The write lock of an [`RwLock`]. Release it with [`release`](RwLockWriteGuard::release);
 /// dropping it releases in the background.
@@ -275,22 +262,11 @@ pub struct RwLockWriteGuard {
 }
 
 crate::guard::entry_guard!(RwLockWriteGuard, "the write lock");
+crate::guard::release_guard!(RwLockWriteGuard, "the write lock");
 
 impl RwLockWriteGuard {
     /// The fencing token with the lock's name, for a [`Fence`](crate::Fence).
     pub fn ticket(&self) -> Ticket {
         Ticket::new(self.fencing_token(), self.held.queue())
-    }
-
-    /// Releases the write lock: deletes our entry if it is still ours.
-    ///
-    /// # Errors
-    /// As for [`MutexGuard::unlock`](crate::MutexGuard::unlock).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: a dropped release is finished in the background.
-    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
-        let span = tracing::debug_span!("baton.release", key = %self.key());
-        SyncFuture::new(self.held.release().instrument(span))
     }
 }

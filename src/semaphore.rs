@@ -323,20 +323,4 @@ pub struct SemaphorePermit {
 }
 
 crate::guard::entry_guard!(SemaphorePermit, "the permit");
-
-impl SemaphorePermit {
-    /// Gives the permit back: deletes our entry if it is still ours.
-    ///
-    /// # Errors
-    /// [`Error::NotOwner`] if the entry was already gone (the permit had been lost: the work
-    /// may have run beside more holders than the limit). Any other error: the delete goes on
-    /// in the background until it is confirmed or the session is lost.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: if the future is dropped before the delete answered, a background task
-    /// finishes the release, as when the permit is dropped.
-    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
-        let span = tracing::debug_span!("baton.release", key = %self.key());
-        SyncFuture::new(self.held.release().instrument(span))
-    }
-}
+crate::guard::release_guard!(SemaphorePermit, "the permit");

@@ -218,12 +218,17 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A current-thread runtime on paused time: a case runs in milliseconds whatever its TTLs.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+fn run(ops: Vec<Op>) {
+    let rt = paused_runtime();
     rt.block_on(async move {
         let backend = MemoryBackend::new();
         let mut slots = Vec::new();
@@ -292,7 +297,7 @@ proptest! {
 
     #[test]
     fn any_name_is_accepted_or_refused_cleanly(name in ".{0,40}") {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+        let rt = paused_runtime();
         rt.block_on(async {
             let backend = MemoryBackend::new();
             let s = Session::new(backend.clone()).await.unwrap();
@@ -558,11 +563,7 @@ mod recipes {
     }
 
     pub(super) fn run(ops: Vec<Op>) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
+        let rt = paused_runtime();
         rt.block_on(async move {
             let backend = MemoryBackend::new();
             let mut sessions = Vec::new();

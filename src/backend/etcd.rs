@@ -700,24 +700,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
-        let resp = self
-            .if_live(
-                "ahead",
-                mine,
-                vec![TxnOp::get(queue_prefix(queue), Some(before))],
-            )
-            .await?;
-        if !resp.succeeded() {
-            return Err(Error::EntryGone {
-                key: mine.key().to_owned(),
-            });
-        }
-        Ok(match resp.op_responses().first() {
-            Some(TxnOpResponse::Get(get)) => get.kvs().iter().map(to_entry).collect(),
-            _ => Vec::new(),
-        })
+        Ok(self.ahead_txn("ahead", queue, mine, limit, None).await?.0)
     }
 
     async fn ahead_and_read(
@@ -727,30 +710,8 @@ impl Backend for EtcdBackend {
         limit: usize,
         key: &str,
     ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
-        // One transaction: both reads at one revision.
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
-        let resp = self
-            .if_live(
-                "ahead_and_read",
-                mine,
-                vec![
-                    TxnOp::get(queue_prefix(queue), Some(before)),
-                    TxnOp::get(key, None),
-                ],
-            )
-            .await?;
-        if !resp.succeeded() {
-            return Err(Error::EntryGone {
-                key: mine.key().to_owned(),
-            });
-        }
-        let kvs = |i: usize| match resp.op_responses().get(i) {
-            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
-            _ => Vec::new(),
-        };
-        let value = kvs(1).first().map(|kv| kv.value().to_vec());
-        Ok((kvs(0).iter().map(to_entry).collect(), value))
+        self.ahead_txn("ahead_and_read", queue, mine, limit, Some(key))
+            .await
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
@@ -1070,6 +1031,34 @@ impl Observer {
 }
 
 impl EtcdBackend {
+    /// The `limit` entries of `queue` just before `mine` (newest first) and, if asked, the
+    /// plain key `key`, in one transaction that runs only while `mine` exists.
+    async fn ahead_txn(
+        &self,
+        op: &'static str,
+        queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: Option<&str>,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
+        let mut ops = vec![TxnOp::get(queue_prefix(queue), Some(before))];
+        ops.extend(key.map(|key| TxnOp::get(key, None)));
+        let resp = self.if_live(op, mine, ops).await?;
+        if !resp.succeeded() {
+            return Err(Error::EntryGone {
+                key: mine.key().to_owned(),
+            });
+        }
+        let kvs = |i: usize| match resp.op_responses().get(i) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        };
+        let value = kvs(1).first().map(|kv| kv.value().to_vec());
+        Ok((kvs(0).iter().map(to_entry).collect(), value))
+    }
+
     async fn entries_limited(&self, queue: &str, limit: i64) -> Result<Vec<Entry>> {
         let prefix = queue_prefix(queue);
         let resp = self

@@ -68,25 +68,21 @@ async fn follow(
                 changed
             });
         };
-        requests.fetch_add(1, Ordering::Relaxed);
-        let read = match client.get(key.as_str(), None).await {
-            Ok(read) => read,
-            Err(e) => {
-                tracing::debug!(%key, error = %e, "value watch: read failed; retrying");
-                drop(tx);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
-            }
+        // The read, then the watch from the revision after it.
+        let started = async {
+            requests.fetch_add(1, Ordering::Relaxed);
+            let read = client.get(key.as_str(), None).await?;
+            publish(read.kvs().first().map(|kv| kv.value().to_vec()));
+            let from = read.header().map_or(0, |h| h.revision()) + 1;
+            requests.fetch_add(1, Ordering::Relaxed);
+            let options = WatchOptions::new().with_start_revision(from);
+            client.watch(key.as_str(), Some(options)).await
         };
-        publish(read.kvs().first().map(|kv| kv.value().to_vec()));
-        let from = read.header().map_or(0, |h| h.revision()) + 1;
-        requests.fetch_add(1, Ordering::Relaxed);
-        let options = WatchOptions::new().with_start_revision(from);
-        let mut stream = match client.watch(key.as_str(), Some(options)).await {
+        let mut stream = match started.await {
             Ok(stream) => stream,
             Err(e) => {
-                tracing::debug!(%key, error = %e, "value watch: watch failed; retrying");
+                tracing::debug!(%key, error = %e, "value watch: read or watch failed; retrying");
+                // Not held while waiting: if every waiter leaves meanwhile, the task ends.
                 drop(tx);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
