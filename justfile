@@ -33,13 +33,23 @@ reliability runs="1":
 lint:
     cargo fmt --check
     cargo clippy --all-targets --all-features -- -D warnings
+    # The default build (no feature: the in-memory backend alone) stays clean too.
+    cargo clippy --all-targets -- -D warnings
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
+
+# The crate as it would be published: packaged (what `include` ships) and built from the
+# package, then a dry run of the upload.
+package:
+    cargo package --allow-dirty
+    cargo publish --dry-run --allow-dirty
 
 # The demo: several workers on the in-memory backend, no server needed.
 demo:
     cargo run --example fair_lock
 
 # Install what the tests need (apt packages, just, a Docker daemon, the etcd image).
+# `scripts/test` does this and then runs the tests: the README's test command.
 setup:
     scripts/setup.sh
 

@@ -7,7 +7,8 @@
 //! resumes it, and checks that the balances add up with each transfer applied once. Every holder claims the resource before it reads it,
 //! so a paused holder's late writes are refused (docs/fencing.md).
 //!
-//! `cargo run --example bank_transfer` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example bank_transfer` (in memory), or on etcd:
+//! `cargo run --features etcd --example bank_transfer -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

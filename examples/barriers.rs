@@ -3,7 +3,8 @@
 //! own outcome: no shard starts before the gate is down and all 4 have entered, none leaves
 //! before all 4 are done, and a gate whose holder crashes does not stay up.
 //!
-//! `cargo run --example barriers` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example barriers` (in memory), or on etcd:
+//! `cargo run --features etcd --example barriers -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

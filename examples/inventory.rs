@@ -6,7 +6,8 @@
 //! resumes it, and checks that sold + left = stocked. Every holder claims the resource before it reads it,
 //! so a paused holder's late writes are refused (docs/fencing.md).
 //!
-//! `cargo run --example inventory` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example inventory` (in memory), or on etcd:
+//! `cargo run --features etcd --example inventory -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

@@ -11,17 +11,15 @@
 //! `kill -9` shows failover after the TTL):
 //!
 //! ```sh
-//! cargo run --example leader -- --endpoints 127.0.0.1:2379 --name a
-//! cargo run --example leader -- --endpoints 127.0.0.1:2379 --name b
+//! cargo run --features etcd --example leader -- --endpoints 127.0.0.1:2379 --name a
+//! cargo run --features etcd --example leader -- --endpoints 127.0.0.1:2379 --name b
 //! ```
 
 mod common;
 
 use std::time::Duration;
 
-use baton::{
-    Election, Error, EtcdBackend, EtcdOptions, FencingToken, MemoryBackend, Session, SessionOptions,
-};
+use baton::{Election, FencingToken, MemoryBackend, Session, SessionOptions};
 
 const ELECTION: &str = "examples/scheduler";
 const TTL: Duration = Duration::from_secs(2);
@@ -47,15 +45,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match arg("--endpoints") {
         Some(endpoints) => {
             let name = arg("--name").unwrap_or_else(|| format!("instance-{}", std::process::id()));
-            let endpoints: Vec<&str> = endpoints.split(',').collect();
-            let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
-            run_on_etcd(backend, &name).await
+            run_on_etcd(&endpoints, &name).await
         }
         None => run_in_memory().await,
     }
 }
 
-async fn run_on_etcd(backend: EtcdBackend, name: &str) -> Result<(), Box<dyn std::error::Error>> {
+#[cfg(not(feature = "etcd"))]
+async fn run_on_etcd(_: &str, _: &str) -> Result<(), Box<dyn std::error::Error>> {
+    Err(common::NO_ETCD.into())
+}
+
+#[cfg(feature = "etcd")]
+async fn run_on_etcd(endpoints: &str, name: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use baton::{Error, EtcdBackend, EtcdOptions};
+    let endpoints: Vec<&str> = endpoints.split(',').collect();
+    let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
     let options = SessionOptions::new().with_ttl(TTL);
     loop {
         let session = Session::with_options(backend.clone(), options.clone()).await?;

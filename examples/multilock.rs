@@ -3,7 +3,8 @@
 //! name order, so they never deadlock. The example checks its own outcome: every transfer
 //! finishes, and the balances add up.
 //!
-//! `cargo run --example multilock` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example multilock` (in memory), or on etcd:
+//! `cargo run --features etcd --example multilock -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

@@ -8,7 +8,8 @@
 //! resumes it, and checks that exactly one charge was made. Every holder claims the resource before it reads it,
 //! so a paused holder's late writes are refused (docs/fencing.md).
 //!
-//! `cargo run --example payment` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example payment` (in memory), or on etcd:
+//! `cargo run --features etcd --example payment -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

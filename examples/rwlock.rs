@@ -3,7 +3,8 @@
 //! with anyone, and a reader that arrives after a waiting writer waits behind it (no writer
 //! starves).
 //!
-//! `cargo run --example rwlock` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example rwlock` (in memory), or on etcd:
+//! `cargo run --features etcd --example rwlock -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

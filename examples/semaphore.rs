@@ -3,7 +3,8 @@
 //! that asks for another limit is refused, and a crashed worker's permits come back when its
 //! lease ends.
 //!
-//! `cargo run --example semaphore` (in memory) or `-- --endpoints 127.0.0.1:2379` (etcd).
+//! `cargo run --example semaphore` (in memory), or on etcd:
+//! `cargo run --features etcd --example semaphore -- --endpoints 127.0.0.1:2379`.
 
 mod common;
 

@@ -7,7 +7,7 @@
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
 //! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
-//!   ([`EtcdBackend`], feature `etcd`, default) and in-process ([`MemoryBackend`]).
+//!   (`EtcdBackend`, feature `etcd`) and in-process ([`MemoryBackend`], always there).
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
 //!   Go services and `etcdctl lock` share locks.
 //! - **Recipes on the same queue**: a fair [`Semaphore`] (stored limit, lease-bound
@@ -17,7 +17,7 @@
 //!
 //! ```toml
 //! [dependencies]
-//! baton = "0.1"
+//! baton = { version = "0.1", features = ["etcd"] }  # without features: the in-memory backend
 //! ```
 //!
 //! # Example
@@ -25,7 +25,8 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
 //! use baton::{MemoryBackend, Mutex, Session};
 //!
-//! // `EtcdBackend::connect(&["127.0.0.1:2379"], EtcdOptions::new()).await?` for real.
+//! // With the `etcd` feature, for real:
+//! // `EtcdBackend::connect(&["127.0.0.1:2379"], EtcdOptions::new()).await?`.
 //! let session = Session::new(MemoryBackend::new()).await?;
 //! let mutex = Mutex::new(&session, "reports/daily")?;
 //!
@@ -42,10 +43,12 @@
 //! ```
 //!
 //! # Features
-//! - `etcd` (default): [`EtcdBackend`].
+//! - `etcd` (not default): `EtcdBackend` and `EtcdFence`; building etcd-client needs
+//!   `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
+//!   toolchain alone.
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
 //! - `cli`: the `baton` command-line tool.
-//! - `testing`: the [`testing`] module: [`testing::FaultyBackend`], a decorator that injects
+//! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
 //!   three-member cluster) started through testcontainers.
 //!

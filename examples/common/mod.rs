@@ -1,5 +1,5 @@
 //! What the scenario examples share: the backend and fence chosen from the command line
-//! (memory by default, etcd with `--endpoints a,b,c`).
+//! (memory by default, etcd with `--endpoints a,b,c`, when built with `--features etcd`).
 #![allow(dead_code)]
 
 pub(crate) mod scenarios;
@@ -7,7 +7,10 @@ pub(crate) mod sql_fence;
 
 use std::sync::Arc;
 
-use baton::{Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, MemoryBackend, MemoryFence};
+use baton::{Backend, Fence, MemoryBackend, MemoryFence};
+
+/// What an example says when asked for etcd without the feature that brings it.
+pub(crate) const NO_ETCD: &str = "this example was built without etcd: run it with `cargo run --features etcd --example <name> -- --endpoints ...`";
 
 pub(crate) struct Setup {
     pub(crate) backend: Arc<dyn Backend>,
@@ -45,15 +48,24 @@ pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {
             prefix,
             on: "the in-memory backend",
         },
-        Some(endpoints) => {
-            let endpoints: Vec<&str> = endpoints.split(',').collect();
-            let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
-            Setup {
-                fence: Arc::new(EtcdFence::new(backend.clone(), format!("{prefix}/fence"))?),
-                backend: Arc::new(backend),
-                prefix,
-                on: "etcd",
-            }
-        }
+        Some(endpoints) => on_etcd(&endpoints, prefix).await?,
+    })
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn on_etcd(_: &str, _: String) -> Result<Setup, Box<dyn std::error::Error>> {
+    Err(NO_ETCD.into())
+}
+
+#[cfg(feature = "etcd")]
+async fn on_etcd(endpoints: &str, prefix: String) -> Result<Setup, Box<dyn std::error::Error>> {
+    use baton::{EtcdBackend, EtcdFence, EtcdOptions};
+    let endpoints: Vec<&str> = endpoints.split(',').collect();
+    let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
+    Ok(Setup {
+        fence: Arc::new(EtcdFence::new(backend.clone(), format!("{prefix}/fence"))?),
+        backend: Arc::new(backend),
+        prefix,
+        on: "etcd",
     })
 }
