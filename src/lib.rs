@@ -91,4 +91,9 @@ pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
+
+/// The README's Rust example, compiled as a doc test: it must build as written.
+#[cfg(all(doctest, feature = "etcd"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;
 pub use session::{Session, SessionOptions};

@@ -235,13 +235,16 @@ fn lost_after_the_runtime_that_renewed_it_ended() {
         .enable_all()
         .build()
         .unwrap();
+    // Taken before the grant is asked for: the deadline counts from then (from before the
+    // request was sent), so it is at least `ttl` after this instant. (Taken after the grant,
+    // it was up to the grant's duration late, and a loaded machine failed the test.)
+    let created = std::time::Instant::now();
     let session = helper
         .block_on(Session::with_options(
             backend.clone(),
             SessionOptions::new().with_ttl(ttl),
         ))
         .unwrap();
-    let created = std::time::Instant::now();
     drop(helper);
     assert!(!session.is_lost());
     let elsewhere = tokio::runtime::Builder::new_current_thread()
