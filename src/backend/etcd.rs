@@ -170,6 +170,7 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
 mod tonic_code {
     use etcd_client::Error as E;
     pub(super) type Code = i32;
+    pub(super) const CANCELLED: Code = 1;
     pub(super) const DEADLINE_EXCEEDED: Code = 4;
     pub(super) const PERMISSION_DENIED: Code = 7;
     pub(super) const UNAVAILABLE: Code = 14;
@@ -213,6 +214,10 @@ mod tonic_code {
                 let code = s.code() as i32;
                 code == UNAVAILABLE
                     || code == DEADLINE_EXCEEDED
+                    // A connection closed under the request (a member restarting): the
+                    // transport cancels it. Not our caller: a caller that gives up drops the
+                    // future instead. Whether it was applied is unknown (`never_sent` says no).
+                    || code == CANCELLED
                     // etcd reports leader loss and "too many requests" this way.
                     || (code == UNKNOWN && !s.message().contains("authentication"))
                     || s.message().contains("leader changed")
@@ -1068,5 +1073,33 @@ impl EtcdBackend {
             })
             .await?;
         Ok(resp.kvs().iter().map(to_entry).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tonic_code::{is_transient, never_sent};
+    use etcd_client::Error;
+
+    fn status(code: tonic::Code, message: &str) -> Error {
+        Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    /// What a member restart does to a request in flight (seen in the soak: an `unlock` failed
+    /// with `Cancelled`, "connection closed", while a quorum was up): retried, and counted as
+    /// possibly applied, never as a definite "not applied".
+    #[test]
+    fn a_request_cut_off_by_a_closed_connection_is_retried_and_may_have_been_applied() {
+        let cut = status(tonic::Code::Cancelled, "operation was canceled");
+        assert!(is_transient(&cut));
+        assert!(!never_sent(&cut));
+    }
+
+    #[test]
+    fn refused_connections_were_never_sent_and_denials_are_final() {
+        let refused = status(tonic::Code::Unavailable, "tcp connect error");
+        assert!(is_transient(&refused) && never_sent(&refused));
+        let denied = status(tonic::Code::PermissionDenied, "permission denied");
+        assert!(!is_transient(&denied) && !never_sent(&denied));
     }
 }
