@@ -14,7 +14,7 @@ use crate::session::Session;
 
 /// A barrier: up while anyone holds it, and [`wait`](Barrier::wait) returns once it is down.
 ///
-/// [`hold`](Barrier::hold) raises it with an entry `<name>/<lease hex>_<n>` bound to the
+/// [`hold`](Barrier::hold) raises it with an entry `<name>/<lease hex>_<k>` bound to the
 /// holder's session; the barrier is down when no entry remains. Several holders may hold it
 /// at once; it is down when the last lets go.
 ///

@@ -15,8 +15,8 @@ use crate::session::Session;
 /// A fair distributed read-write lock: many readers at once, or one writer.
 ///
 /// Readers and writers share one queue, ordered by arrival. Entries are
-/// `<name>/read/<lease hex>_<n>` and `<name>/write/<lease hex>_<n>` (the layout of etcd's Go
-/// `recipes.RWMutex`), each bound to its session's lease.
+/// `<name>/read/<lease hex>_<k>` and `<name>/write/<lease hex>_<k>` (the prefixes of etcd's
+/// Go `recipes.RWMutex`), each bound to its session's lease.
 ///
 /// # Guarantees
 /// - **FIFO, no writer starvation**: a reader holds once no writer is ahead of it (it

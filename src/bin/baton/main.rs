@@ -124,7 +124,7 @@ enum Command {
         try_once: bool,
         /// Hold one of N permits of a semaphore named <NAME> instead of the lock (as
         /// `consul lock -n`): at most N holders at once, granted in arrival order. Keys are
-        /// `<name>/<lease id hex>_<n>`, and the limit is stored at `<name>`: every holder
+        /// `<name>/<lease id hex>_<k>`, and the limit is stored at `<name>`: every holder
         /// must ask for the same N.
         #[arg(short = 'n', long = "permits", value_name = "N")]
         permits: Option<u32>,
