@@ -77,6 +77,16 @@ pub enum Error {
         name: String,
     },
 
+    /// The etcd server is older than baton supports (3.4: its waits name the watches they
+    /// add to a stream). Nothing was sent beyond the checks.
+    #[error("etcd {version} is older than {minimum}, the oldest version baton supports")]
+    UnsupportedVersion {
+        /// The version the server reported.
+        version: String,
+        /// The oldest version baton supports.
+        minimum: &'static str,
+    },
+
     /// A `try_*` call ([`Mutex::try_lock`](crate::Mutex::try_lock),
     /// [`Semaphore::try_acquire`](crate::Semaphore::try_acquire), ...) found the lock held or
     /// contended: nothing was left behind.

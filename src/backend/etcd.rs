@@ -167,6 +167,30 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
 }
 
 /// gRPC status codes, by number, so that no tonic type leaks into our signatures.
+/// The oldest etcd baton supports: its watch driver chooses the ids of the watches it adds to
+/// a stream (etcd 3.4 and later).
+const MINIMUM_VERSION: (u64, u64) = (3, 4);
+
+/// Refuses a server older than [`MINIMUM_VERSION`]. A version that does not parse is let
+/// through (with a warning): etcd has always reported `major.minor.patch`.
+fn check_version(version: &str) -> Result<()> {
+    let mut parts = version.split('.').map(str::parse::<u64>);
+    let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) else {
+        tracing::warn!(
+            version,
+            "etcd reported a version baton cannot read; going on"
+        );
+        return Ok(());
+    };
+    if (major, minor) < MINIMUM_VERSION {
+        return Err(Error::UnsupportedVersion {
+            version: version.to_owned(),
+            minimum: "3.4",
+        });
+    }
+    Ok(())
+}
+
 mod tonic_code {
     use etcd_client::Error as E;
     pub(super) type Code = i32;
@@ -236,7 +260,9 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty endpoint list, [`Error::Connect`] if no
-    /// endpoint answers in time, [`Error::Auth`] for rejected credentials.
+    /// endpoint answers in time, [`Error::Auth`] for rejected credentials,
+    /// [`Error::UnsupportedVersion`] for an etcd older than 3.4 (baton's waits name their
+    /// watches, which etcd supports from 3.4).
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is created on the server.
@@ -273,6 +299,13 @@ impl EtcdBackend {
                 async move { probe.get("\0", None).await }
             })
             .await?;
+        let status = retry
+            .until_answered("checking the version", || {
+                let mut status = client.clone();
+                async move { status.status().await }
+            })
+            .await?;
+        check_version(status.version())?;
         let requests = Arc::new(AtomicU64::new(0));
         let transport = EtcdTransport(client.clone());
         Ok(EtcdBackend {
@@ -1078,7 +1111,30 @@ impl EtcdBackend {
 
 #[cfg(test)]
 mod tests {
+    use super::check_version;
     use super::tonic_code::{is_transient, never_sent};
+
+    #[test]
+    fn etcd_older_than_3_4_is_refused_with_its_version() {
+        for old in ["3.3.27", "3.2.0", "2.3.8"] {
+            let refused = check_version(old);
+            assert!(
+                matches!(&refused, Err(crate::Error::UnsupportedVersion { version, .. }) if version == old),
+                "{old}: {refused:?}"
+            );
+        }
+        // Compared as numbers, not as text: 3.10 is newer than 3.4.
+        for supported in [
+            "3.4.0",
+            "3.4.23",
+            "3.5.17",
+            "3.10.0",
+            "4.0.0",
+            "not-a-version",
+        ] {
+            assert!(check_version(supported).is_ok(), "{supported}");
+        }
+    }
     use etcd_client::Error;
 
     fn status(code: tonic::Code, message: &str) -> Error {
