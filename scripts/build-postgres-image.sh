@@ -18,6 +18,8 @@
 # (the entrypoint turns SIGTERM into SIGINT). --tmpfs /tmp keeps the cluster in memory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=image-lib.sh
+. scripts/image-lib.sh
 
 if ! dpkg-query -W -f='${Status}' postgresql 2>/dev/null | grep -q 'ok installed'; then
   echo "installing postgresql" >&2
@@ -31,11 +33,7 @@ major=${major#postgresql-}
 version=$(dpkg-query -W -f='${Version}' "postgresql-$major" | sed 's/[^A-Za-z0-9_.-]/_/g')
 image="local/postgres:${version}"
 mkdir -p target
-if docker image inspect "$image" >/dev/null 2>&1; then
-  docker tag "$image" local/postgres:debian
-  echo "$image" | tee target/postgres-image
-  exit 0
-fi
+reuse_image "$image" postgres
 
 bindir=/usr/lib/postgresql/$major/bin
 pkglibdir=/usr/lib/postgresql/$major/lib
@@ -49,16 +47,6 @@ mkdir -p "$root$bindir" "$root$pkglibdir" "$root/usr/share/postgresql" "$root/us
   "$root/usr/local/bin" "$root/usr/bin" "$root/bin" "$root/tmp" "$root/etc"
 chmod 1777 "$root/tmp"
 
-# Copies a file and every shared library `ldd` lists for it (ldd already follows dependencies).
-copy_with_libs() {
-  local file=$1 dest=$2 lib
-  cp -L "$file" "$root$dest"
-  # ldd prints "name => /path (addr)" or "/path (addr)" for the loader; copy every path.
-  for lib in $(ldd "$file" 2>/dev/null | grep -o '/[^ ]*' || true); do
-    mkdir -p "$root$(dirname "$lib")"
-    cp -Ln "$lib" "$root$lib"
-  done
-}
 for bin in postgres initdb pg_ctl psql pg_isready; do
   copy_with_libs "$bindir/$bin" "$bindir/$bin"
 done
@@ -129,6 +117,4 @@ tar -C "$root" --numeric-owner --owner=0 --group=0 -c . | docker import \
   -c 'USER postgres' \
   -c 'WORKDIR /tmp' \
   - "$image" >/dev/null
-docker tag "$image" local/postgres:debian
-echo "built $image" >&2
-echo "$image" | tee target/postgres-image
+record_image "$image" postgres
