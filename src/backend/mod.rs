@@ -346,10 +346,11 @@ pub enum HeadEvent {
 ///
 /// # Cancel safety
 /// Reads ([`predecessor`](Backend::predecessor), [`ahead`](Backend::ahead),
-/// [`was_head`](Backend::was_head),
+/// [`ahead_and_read`](Backend::ahead_and_read), [`was_head`](Backend::was_head),
 /// [`find_entry`](Backend::find_entry), [`head`](Backend::head),
-/// [`entries`](Backend::entries), [`read`](Backend::read)) and waits create nothing and may
-/// be dropped at any point. A dropped call that creates or changes state may or may not have
+/// [`entries`](Backend::entries), [`read`](Backend::read)) and waits
+/// ([`wait_gone`](Backend::wait_gone), [`wait_value`](Backend::wait_value)) create nothing and
+/// may be dropped at any point. A dropped call that creates or changes state may or may not have
 /// been applied, like a failed one: the recipes never drop an [`enqueue`](Backend::enqueue)
 /// in flight (they hand it to a cleanup task that lets it finish, looks for what it created
 /// and deletes it).
