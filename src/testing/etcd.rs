@@ -1,60 +1,28 @@
 //! etcd fixtures: one member ([`EtcdNode`]) or three ([`EtcdCluster`]), in containers.
 
-use std::net::TcpListener;
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use testcontainers::core::WaitFor;
-use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use testcontainers::{ContainerAsync, GenericImage};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use super::fixture::{FixtureError, Server, Watchdog, docker_required, free_port};
 use crate::{EtcdBackend, EtcdOptions};
 
 /// The image used when `BATON_ETCD_IMAGE` is not set: the etcd project's official image.
 pub const DEFAULT_IMAGE: &str = "gcr.io/etcd-development/etcd:v3.5.17";
 
-/// The label every fixture container carries, so that leftovers of a killed run can be
-/// removed: `docker rm -f $(docker ps -aq --filter label=baton.fixture)`.
-pub const LABEL: &str = "baton.fixture";
-
 const READY: &str = "ready to serve client requests";
 
-/// Why a fixture could not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FixtureError {
-    /// Docker could not start the container (and the fallback was not allowed or failed).
-    #[error("could not start etcd in a container (image {image})")]
-    Container {
-        /// The image that was tried.
-        image: String,
-        /// The testcontainers error.
-        #[source]
-        source: testcontainers::TestcontainersError,
-    },
-    /// The `etcd` process of the fallback could not be started or did not become ready.
-    #[error("could not start the etcd binary from PATH: {0}")]
-    Process(String),
-    /// Operating-system error (free port lookup, pipes).
-    #[error("i/o error while starting etcd")]
-    Io(#[from] std::io::Error),
-    /// A cluster member index out of range.
-    #[error("no member {index}: the cluster has {members}")]
-    NoSuchMember {
-        /// The index asked for.
-        index: usize,
-        /// How many members the cluster has.
-        members: usize,
-    },
-}
-
-/// A free TCP port on 127.0.0.1 (the listener is closed again; etcd binds it right after).
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+const ETCD: Server = Server {
+    name: "etcd",
+    image_var: "BATON_ETCD_IMAGE",
+    default_image: DEFAULT_IMAGE,
+    entrypoint: "etcd",
+    ready: READY,
+};
 
 #[derive(Debug, Clone)]
 struct MemberSpec {
@@ -117,34 +85,12 @@ fn initial_cluster(specs: &[MemberSpec]) -> String {
         .join(",")
 }
 
-fn image_name() -> (String, String) {
-    let image = std::env::var("BATON_ETCD_IMAGE").unwrap_or_else(|_| DEFAULT_IMAGE.to_owned());
-    match image.rsplit_once(':') {
-        Some((name, tag)) if !tag.contains('/') => (name.to_owned(), tag.to_owned()),
-        _ => (image, "latest".to_owned()),
-    }
-}
-
 async fn start_container(
     spec: &MemberSpec,
     initial: &str,
 ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
-    let (name, tag) = image_name();
-    let image = GenericImage::new(name.clone(), tag.clone())
-        .with_entrypoint("etcd")
-        .with_wait_for(WaitFor::message_on_either_std(READY));
-    image
-        .with_cmd(spec.args(initial, "/tmp/etcd-data"))
-        // Host networking: no bridge, no private-range address; we connect to 127.0.0.1.
-        .with_network("host")
-        .with_label(LABEL, std::process::id().to_string())
-        .with_startup_timeout(Duration::from_secs(60))
-        .start()
+    ETCD.start_container(spec.args(initial, "/tmp/etcd-data"))
         .await
-        .map_err(|source| FixtureError::Container {
-            image: format!("{name}:{tag}"),
-            source,
-        })
 }
 
 /// An etcd started as a child process (the fallback when Docker is unavailable).
@@ -171,11 +117,14 @@ impl EtcdProcess {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| FixtureError::Process(format!("spawn etcd: {e}")))?;
+            .map_err(|source| FixtureError::Spawn {
+                server: ETCD.name,
+                source,
+            })?;
         let stderr = child
             .stderr
             .take()
-            .ok_or_else(|| FixtureError::Process("no stderr pipe".into()))?;
+            .ok_or_else(|| ETCD.process_error("no stderr pipe"))?;
         let mut lines = BufReader::new(stderr).lines();
         let ready = tokio::time::timeout(Duration::from_secs(30), async {
             while let Ok(Some(line)) = lines.next_line().await {
@@ -187,7 +136,7 @@ impl EtcdProcess {
         })
         .await;
         if ready != Ok(true) {
-            return Err(FixtureError::Process("etcd did not become ready".into()));
+            return Err(ETCD.process_error("etcd did not become ready"));
         }
         // Keep draining stderr so etcd never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
@@ -208,10 +157,6 @@ enum Running {
     Container(Box<ContainerAsync<GenericImage>>),
     Process(Box<EtcdProcess>),
     External,
-}
-
-fn docker_required() -> bool {
-    std::env::var("BATON_REQUIRE_DOCKER").is_ok_and(|v| v == "1" || v == "true")
 }
 
 /// One etcd member for tests.
@@ -282,8 +227,8 @@ impl EtcdNode {
         })
     }
 
-    /// Spawns `sh` reading our end of a pipe; when this process exits the pipe closes and
-    /// `sh` removes the container or kills etcd by its PID.
+    /// Spawns a [`Watchdog`]: when this process exits it removes the container or kills etcd
+    /// by its PID.
     fn remove_on_exit(&self) {
         let cleanup = match &self.running {
             Running::Container(c) => format!("docker rm -f {} >/dev/null 2>&1", c.id()),
@@ -293,16 +238,8 @@ impl EtcdNode {
             },
             Running::External => return,
         };
-        let spawned = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("cat >/dev/null; {cleanup}"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        // Leak the stdin handle on purpose: it must stay open until the process exits.
-        if let Ok(child) = spawned {
-            std::mem::forget(child);
+        if let Some(watchdog) = Watchdog::spawn(&cleanup) {
+            watchdog.keep_until_exit();
         }
     }
 
@@ -414,7 +351,7 @@ impl EtcdCluster {
         self.member(i)?
             .stop_with_timeout(Some(0))
             .await
-            .map_err(|source| self.container_error(source))
+            .map_err(|source| ETCD.container_error(source))
     }
 
     /// Starts member `i` again after [`stop_member`](Self::stop_member). Returns once the
@@ -427,7 +364,7 @@ impl EtcdCluster {
         self.member(i)?
             .start()
             .await
-            .map_err(|source| self.container_error(source))
+            .map_err(|source| ETCD.container_error(source))
     }
 
     /// Freezes member `i` (`docker pause`).
@@ -438,7 +375,7 @@ impl EtcdCluster {
         self.member(i)?
             .pause()
             .await
-            .map_err(|source| self.container_error(source))
+            .map_err(|source| ETCD.container_error(source))
     }
 
     /// Unfreezes member `i`.
@@ -449,7 +386,7 @@ impl EtcdCluster {
         self.member(i)?
             .unpause()
             .await
-            .map_err(|source| self.container_error(source))
+            .map_err(|source| ETCD.container_error(source))
     }
 
     fn member(&self, index: usize) -> Result<&ContainerAsync<GenericImage>, FixtureError> {
@@ -457,13 +394,5 @@ impl EtcdCluster {
             index,
             members: self.members.len(),
         })
-    }
-
-    fn container_error(&self, source: testcontainers::TestcontainersError) -> FixtureError {
-        let (name, tag) = image_name();
-        FixtureError::Container {
-            image: format!("{name}:{tag}"),
-            source,
-        }
     }
 }

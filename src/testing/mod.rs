@@ -1,5 +1,5 @@
 //! Test support (feature `testing`): a fault-injecting backend decorator for any backend,
-//! and etcd started for your tests (with the `etcd` feature too).
+//! and etcd or Redis started for your tests (with the `etcd` or `redis` feature too).
 //!
 //! # Fault injection
 //! [`FaultyBackend`] wraps any [`Backend`](crate::Backend) and makes chosen calls fail before
@@ -45,11 +45,47 @@
 //! let backend = etcd.backend().await?;
 //! # let _ = backend; Ok(()) }
 //! ```
+//!
+//! # Redis fixtures
+//! [`RedisNode`] is one `redis-server`, [`RedisNodes`] several independent ones (for
+//! algorithms that lock on a majority of servers). Like the etcd fixtures they run in
+//! containers with **host networking**, each server on a free `127.0.0.1` port
+//! (`redis://127.0.0.1:<port>`), with persistence off; they are ready when Redis logs that it
+//! accepts connections and are removed when dropped (or, for [`RedisNode::shared`], when the
+//! test process exits). For fault tests a node can be stopped and started again on the same
+//! port ([`RedisNode::restart`]; its data is lost) and, in a container, paused
+//! ([`RedisNode::pause`]). Containers carry the [`LABEL`] too.
+//!
+//! Environment:
+//! - `BATON_REDIS_URL`: the URL of a Redis you run yourself; [`RedisNode`] starts no server
+//!   and cannot stop, restart or pause it. [`RedisNodes`] ignores it.
+//! - `BATON_REDIS_IMAGE`: the image, `name:tag` (default [`DEFAULT_REDIS_IMAGE`], which
+//!   `scripts/build-redis-image.sh` builds from Debian's `redis-server`). Its `redis-server`
+//!   binary must be on the image's `PATH`.
+//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to a `redis-server` binary on
+//!   `PATH` when no Docker daemon answers.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use baton::testing::RedisNode;
+//! let redis = RedisNode::start().await?;
+//! let url = redis.url(); // redis://127.0.0.1:<port>
+//! redis.restart().await?; // the same port, no data
+//! # let _ = url; Ok(()) }
+//! ```
 
 #[cfg(feature = "etcd")]
 mod etcd;
 mod faults;
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod fixture;
+#[cfg(feature = "redis")]
+mod redis;
 
 #[cfg(feature = "etcd")]
-pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, FixtureError, LABEL};
+pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode};
 pub use faults::{Call, Fault, FaultyBackend};
+#[cfg(any(feature = "etcd", feature = "redis"))]
+pub use fixture::{FixtureError, LABEL};
+#[cfg(feature = "redis")]
+pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};
