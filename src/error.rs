@@ -77,14 +77,29 @@ pub enum Error {
         name: String,
     },
 
-    /// The etcd server is older than baton supports (3.4: its waits name the watches they
-    /// add to a stream). Nothing was sent beyond the checks.
-    #[error("etcd {version} is older than {minimum}, the oldest version baton supports")]
+    /// The server is older than baton supports (etcd 3.4: its waits name the watches they
+    /// add to a stream; Redis 5.0: streams, and scripts that read the clock). Nothing was
+    /// sent beyond the checks.
+    #[error("{server} {version} is older than {minimum}, the oldest version baton supports")]
     UnsupportedVersion {
+        /// The server software (`etcd`, `Redis`).
+        server: &'static str,
         /// The version the server reported.
         version: String,
         /// The oldest version baton supports.
         minimum: &'static str,
+    },
+
+    /// A server setting would break baton's promises (a Redis `maxmemory-policy` that may
+    /// evict lock entries). Nothing was created; change the setting.
+    #[error("server setting `{setting}` is `{value}`; baton needs {needed}")]
+    ServerSetting {
+        /// The setting.
+        setting: &'static str,
+        /// Its value on the server.
+        value: String,
+        /// What baton needs, and why.
+        needed: &'static str,
     },
 
     /// A `try_*` call ([`Mutex::try_lock`](crate::Mutex::try_lock),

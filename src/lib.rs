@@ -58,6 +58,7 @@
 
 mod backend;
 mod barrier;
+mod connect;
 mod election;
 mod error;
 mod fence;
@@ -77,7 +78,10 @@ pub use backend::{
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "redis")]
+pub use backend::{RedisBackend, RedisOptions};
 pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
+pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
 pub use error::{BoxError, Error, LostReason, Result};
 /// The etcd client baton is built on, re-exported so that code using

@@ -1015,6 +1015,31 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             "port",
         ),
         (&["--password", "p", "status", "x"], 64, "--user"),
+        (&["--endpoints", "ftp://h:21", "status", "x"], 64, "scheme"),
+        (
+            &["--endpoints", "redis://a:1,redis://b:1", "status", "x"],
+            64,
+            "one Redis URL",
+        ),
+        (
+            &[
+                "--endpoints",
+                "redis://127.0.0.1:1",
+                "--user",
+                "u",
+                "--password",
+                "p",
+                "status",
+                "x",
+            ],
+            64,
+            "in its URL",
+        ),
+        (
+            &["--endpoints", "zk://127.0.0.1:2181", "status", "x"],
+            64,
+            "ZooKeeper",
+        ),
         (&["elect", "x", "v", "--listen"], 64, ""),
         (&["lock"], 64, ""),
     ];

@@ -184,6 +184,7 @@ fn check_version(version: &str) -> Result<()> {
     };
     if (major, minor) < MINIMUM_VERSION {
         return Err(Error::UnsupportedVersion {
+            server: "etcd",
             version: version.to_owned(),
             minimum: "3.4",
         });

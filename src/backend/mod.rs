@@ -20,6 +20,8 @@ mod etcd_value;
 #[cfg(feature = "etcd")]
 mod etcd_watch;
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
 
 /// A lease: the liveness of one owner. Entries bound to it vanish when it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -566,6 +568,8 @@ pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
 
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisBackend, RedisOptions};
 pub use memory::MemoryBackend;
 
 #[cfg(test)]

@@ -7,11 +7,12 @@ mod supervise;
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use baton::{
-    Election, Error, EtcdBackend, EtcdOptions, FencingToken, LeaderEvent, Leadership, LostReason,
-    Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
+    Backend, ConnectOptions, Election, Endpoints, Error, FencingToken, LeaderEvent, Leadership,
+    LostReason, Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
 };
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
@@ -71,21 +72,22 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 #[command(
     name = "baton",
     version,
-    about = "Fair distributed locks and leader election on etcd",
+    about = "Fair distributed locks and leader election on etcd or Redis",
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// etcd endpoints, comma-separated: host:port or http(s)://host:port.
+    /// Where the locks live: etcd endpoints, comma-separated (host:port or http(s)://host:port),
+    /// or one Redis URL (redis://[user:password@]host:port[/db]).
     #[arg(
         long,
         env = "BATON_ENDPOINTS",
         default_value = "127.0.0.1:2379",
         value_delimiter = ',',
         global = true,
-        value_name = "HOST:PORT,..."
+        value_name = "HOST:PORT,...|redis://HOST:PORT"
     )]
     endpoints: Vec<String>,
-    /// User name for etcd authentication (with --password).
+    /// User name for etcd authentication (with --password; Redis takes it in the URL).
     #[arg(long, env = "BATON_USER", global = true)]
     user: Option<String>,
     /// Password for etcd authentication (with --user). Not passed on to the command.
@@ -295,8 +297,13 @@ fn main() -> ExitCode {
 
 /// Checks what can be checked before connecting: nothing is sent for bad input.
 fn validate(cli: &Cli) -> Result<Option<Spec>, Failure> {
-    for endpoint in &cli.endpoints {
-        check_endpoint(endpoint)?;
+    let endpoints = Endpoints::parse(&cli.endpoints.join(","))
+        .map_err(|e| Failure::new(exit::USAGE, format!("--endpoints: {e}")))?;
+    if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--user and --password are for etcd; Redis takes credentials in its URL (redis://user:password@host:port)",
+        ));
     }
     match (&cli.user, &cli.password) {
         (Some(_), None) => {
@@ -334,27 +341,6 @@ fn validate(cli: &Cli) -> Result<Option<Spec>, Failure> {
 }
 
 /// `host:port`, `http://host:port` or `https://host:port`, with a port in 1..=65535.
-fn check_endpoint(endpoint: &str) -> Result<(), Failure> {
-    let bad = |why: &str| Failure::new(exit::USAGE, format!("endpoint `{endpoint}`: {why}"));
-    let rest = endpoint
-        .strip_prefix("http://")
-        .or_else(|| endpoint.strip_prefix("https://"))
-        .unwrap_or(endpoint);
-    if rest.contains("://") {
-        return Err(bad("only http:// and https:// are understood"));
-    }
-    let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err(bad("expected host:port"));
-    };
-    if host.is_empty() {
-        return Err(bad("no host"));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(bad("the port must be a number in 1..=65535")),
-    }
-}
-
 /// Waits for `fut` until `deadline` (exit code 75 then).
 async fn before<T>(
     deadline: Option<Instant>,
@@ -369,13 +355,18 @@ async fn before<T>(
     }
 }
 
-async fn connect(cli: &Cli, deadline: Option<Instant>) -> Result<EtcdBackend, Failure> {
-    let mut options = EtcdOptions::new().with_connect_timeout(cli.connect_timeout);
+async fn connect(cli: &Cli, deadline: Option<Instant>) -> Result<Arc<dyn Backend>, Failure> {
+    let endpoints = cli.endpoints.join(",");
+    let mut options = ConnectOptions::new().with_connect_timeout(cli.connect_timeout);
     if let (Some(user), Some(password)) = (&cli.user, &cli.password) {
         options = options.with_user(user, password);
     }
-    before(deadline, "connecting to etcd", async {
-        Ok(EtcdBackend::connect(&cli.endpoints, options).await?)
+    let what = match Endpoints::parse(&endpoints) {
+        Ok(parsed) => format!("connecting to {}", parsed.backend_name()),
+        Err(_) => "connecting".to_owned(),
+    };
+    before(deadline, &what, async {
+        Ok(baton::connect_with(&endpoints, options).await?)
     })
     .await
 }
@@ -484,7 +475,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             finish(&session, &result).await;
             result
         }
-        Command::Status { name, json } => status(&backend, &name, json).await,
+        Command::Status { name, json } => status(&*backend, &name, json).await,
     }
 }
 
@@ -504,12 +495,12 @@ async fn finish(session: &Session, result: &Result<u8, Failure>) {
 }
 
 async fn session(
-    backend: EtcdBackend,
+    backend: Arc<dyn Backend>,
     ttl: Duration,
     deadline: Option<Instant>,
 ) -> Result<Session, Failure> {
     before(deadline, "starting a session", async {
-        Ok(Session::with_options(backend, SessionOptions::new().with_ttl(ttl)).await?)
+        Ok(Session::from_shared(backend, SessionOptions::new().with_ttl(ttl)).await?)
     })
     .await
 }
@@ -820,8 +811,7 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
     }
 }
 
-async fn status(backend: &EtcdBackend, name: &str, json: bool) -> Result<u8, Failure> {
-    use baton::Backend;
+async fn status(backend: &dyn Backend, name: &str, json: bool) -> Result<u8, Failure> {
     let entries = backend.entries(name).await?;
     // Names that nest share a queue (as with etcdctl): a key under `<name>/sub/` belongs to
     // the lock `<name>/sub`, yet `<name>` queues behind it. Say so rather than hide it.

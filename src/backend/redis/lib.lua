@@ -1,0 +1,203 @@
+-- baton's Redis layout: the functions every script starts with (the Rust side prepends this
+-- file to each script). ARGV[1] is the key prefix P; the other arguments are the script's.
+--
+-- Keys (all under P; see docs/redis.md):
+--   P.."seq"          counter of tokens, lease ids and mailbox ids (never goes backwards)
+--   P.."leases"       sorted set: lease id -> deadline (server clock, ms)
+--   P.."ttl"          hash: lease id -> TTL (ms) it was granted with
+--   P.."lease:"..id   set of the entry keys of a lease
+--   P.."e:"..K        hash of entry K: v (value), t (token), l (lease)
+--   P.."q:"..Q        sorted set: entry key -> token, for every entry under Q (nested names too)
+--   P.."w:"..K        set of mailboxes waiting for entry K to go
+--   P.."k:"..key      a plain key's value
+--   P.."kw:"..key     set of mailboxes waiting for a plain key to change
+--   P.."mb:"..id      a mailbox (list of wake-ups); P.."mba:"..id says its reader is alive
+--   P.."h:"..Q        stream of Q's heads, kept only while someone observes Q
+--   P.."hl:"..Q       the head last logged to that stream (k, t, v, l, and its id)
+-- A script only ever reads the clock once (TIME is frozen within a script anyway).
+
+local P = ARGV[1]
+local clock = redis.call('TIME')
+local NOW_MS = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local NOW_US = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+
+-- Integers travel as decimal strings: Lua 5.1 numbers are doubles (exact below 2^53; the
+-- microsecond clock is about 2^51), and Redis would format a bare number with %.17g.
+local function num(x)
+  return string.format('%.0f', x)
+end
+
+-- The next value of the counter: one more than the last, and never below the server's clock
+-- in microseconds, so that a Redis restarted without its data (or a promoted replica that
+-- missed writes) still hands out larger values than before, as long as its clock has not
+-- gone back by more than the outage lasted.
+local function next_seq()
+  local n = math.max(tonumber(redis.call('GET', P .. 'seq') or '0') + 1, NOW_US)
+  redis.call('SET', P .. 'seq', num(n))
+  return n
+end
+
+-- The queues containing key K: the names before each '/', longest first.
+local function queues_of(k)
+  local out = {}
+  local q = k
+  while true do
+    local slash = string.find(q, '/[^/]*$')
+    if not slash then
+      return out
+    end
+    q = string.sub(q, 1, slash - 1)
+    out[#out + 1] = q
+  end
+end
+
+-- Pushes `msg` to every live mailbox in `set`, then forgets the set.
+local function wake(set, msg)
+  for _, m in ipairs(redis.call('SMEMBERS', set)) do
+    if redis.call('EXISTS', P .. 'mba:' .. m) == 1 then
+      redis.call('RPUSH', P .. 'mb:' .. m, msg)
+      redis.call('PEXPIRE', P .. 'mb:' .. m, 120000)
+    end
+  end
+  redis.call('DEL', set)
+end
+
+local function lease_deadline(id)
+  local d = redis.call('ZSCORE', P .. 'leases', id)
+  if d then
+    return tonumber(d)
+  end
+  return nil
+end
+
+-- Logs the head of Q to its stream if Q is observed and the head changed (key, token or value).
+-- The stream keeps about the last 10,000 heads: an observer further behind is told it skipped.
+local function log_head(q)
+  local hl = P .. 'hl:' .. q
+  if redis.call('EXISTS', hl) == 0 then
+    return
+  end
+  local first = redis.call('ZRANGE', P .. 'q:' .. q, 0, 0)
+  local k, t, v, l = '', '', '', ''
+  if first[1] then
+    k = first[1]
+    local e = redis.call('HMGET', P .. 'e:' .. k, 't', 'v', 'l')
+    t, v, l = e[1] or '', e[2] or '', e[3] or ''
+  end
+  local last = redis.call('HMGET', hl, 'k', 't', 'v', 'id')
+  if last[1] == k and last[2] == t and last[3] == v then
+    return
+  end
+  local id = redis.call('XADD', P .. 'h:' .. q, 'MAXLEN', '~', '10000', '*',
+    'k', k, 't', t, 'v', v, 'l', l, 'p', last[4] or '')
+  redis.call('HSET', hl, 'k', k, 't', t, 'v', v, 'l', l, 'id', id)
+end
+
+-- Removes entry K (whatever its incarnation): from its hash, from every queue containing it
+-- and from its lease's set; wakes its waiters; logs the new heads.
+local function remove_entry(k)
+  local e = redis.call('HMGET', P .. 'e:' .. k, 'l', 't')
+  local lease = e[1]
+  redis.call('DEL', P .. 'e:' .. k)
+  if lease then
+    redis.call('SREM', P .. 'lease:' .. lease, k)
+  end
+  for _, q in ipairs(queues_of(k)) do
+    redis.call('ZREM', P .. 'q:' .. q, k)
+    log_head(q)
+  end
+  -- The wake-up names the incarnation (see mailbox.rs, gone_topic).
+  wake(P .. 'w:' .. k, 'g' .. (e[2] or '') .. ' ' .. k)
+end
+
+-- Ends lease `id`: every entry bound to it goes.
+local function reap(id)
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'lease:' .. id)) do
+    remove_entry(k)
+  end
+  redis.call('DEL', P .. 'lease:' .. id)
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('HDEL', P .. 'ttl', id)
+end
+
+-- Ends up to `n` leases whose deadline passed (those of crashed owners).
+local function reap_expired(n)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW_MS, 'LIMIT', 0, n)) do
+    reap(id)
+  end
+end
+
+-- Entry K as {k, v, t, l} if it exists with a live lease (and token `t`, when given);
+-- otherwise nil. An entry whose lease expired is removed with its lease on the way.
+local function live(k, t)
+  local e = redis.call('HMGET', P .. 'e:' .. k, 'v', 't', 'l')
+  if not e[2] then
+    return nil
+  end
+  local d = lease_deadline(e[3])
+  if not d or d <= NOW_MS then
+    reap(e[3])
+    return nil
+  end
+  if t and e[2] ~= t then
+    return nil
+  end
+  return { k, e[1], e[2], e[3] }
+end
+
+-- Up to `limit` live entries of Q with a token below `below` (nil: any), newest first.
+local function before(q, below, limit)
+  local out = {}
+  local bound = below and ('(' .. below) or '+inf'
+  while #out < limit do
+    local batch = redis.call('ZREVRANGEBYSCORE', P .. 'q:' .. q, bound, '-inf', 'WITHSCORES',
+      'LIMIT', 0, limit - #out)
+    if #batch == 0 then
+      return out
+    end
+    for i = 1, #batch, 2 do
+      local e = live(batch[i])
+      if e then
+        out[#out + 1] = e
+      else
+        -- A member without its hash (should not happen): drop it.
+        redis.call('ZREM', P .. 'q:' .. q, batch[i])
+      end
+      bound = '(' .. batch[i + 1]
+    end
+  end
+  return out
+end
+
+-- Up to `limit` live entries of Q, oldest first.
+local function oldest(q, limit)
+  local out = {}
+  local bound = '-inf'
+  while #out < limit do
+    local batch = redis.call('ZRANGEBYSCORE', P .. 'q:' .. q, bound, '+inf', 'WITHSCORES',
+      'LIMIT', 0, limit - #out)
+    if #batch == 0 then
+      return out
+    end
+    for i = 1, #batch, 2 do
+      local e = live(batch[i])
+      if e then
+        out[#out + 1] = e
+      else
+        redis.call('ZREM', P .. 'q:' .. q, batch[i])
+      end
+      bound = '(' .. batch[i + 1]
+    end
+  end
+  return out
+end
+
+-- Sets plain key `key` (nil: deletes it) and wakes whoever waits for it to change.
+local function set_plain(key, value)
+  if value then
+    redis.call('SET', P .. 'k:' .. key, value)
+  else
+    redis.call('DEL', P .. 'k:' .. key)
+  end
+  wake(P .. 'kw:' .. key, 'v' .. key)
+end

@@ -1,0 +1,292 @@
+//! A backend's mailbox: one list on the server, read by one task over one blocking connection,
+//! that wakes the local waiters a wake-up names. However many tasks wait, a process uses this
+//! one connection for all its waits.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, Value};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::RedisOptions;
+use super::scripts::SCRIPTS;
+use crate::error::{Error, Result};
+
+/// How long the server keeps a mailbox marked alive without hearing from its reader. Wake-ups
+/// for a mailbox not marked alive are dropped (its process is gone), so the reader renews the
+/// mark well within this.
+const ALIVE: Duration = Duration::from_secs(30);
+
+/// How long one blocking read waits on the server before the reader renews the mark.
+const BLOCK: Duration = Duration::from_secs(5);
+
+/// The topic of a wait for entry `key` with token `token` to go: the wake-up the scripts push
+/// when they remove it (`g<token> <key>`, see `remove_entry` in lib.lua).
+pub(super) fn gone_topic(token: u64, key: &[u8]) -> Vec<u8> {
+    let mut topic = format!("g{token} ").into_bytes();
+    topic.extend_from_slice(key);
+    topic
+}
+
+/// The topic of a wait for plain key `key` to change (`v<key>`).
+pub(super) fn value_topic(key: &[u8]) -> Vec<u8> {
+    let mut topic = b"v".to_vec();
+    topic.extend_from_slice(key);
+    topic
+}
+
+/// Each topic's waiters: how many, and what wakes them.
+type Topics = HashMap<Vec<u8>, (usize, Arc<Topic>)>;
+
+/// The local waiters, by topic.
+#[derive(Debug, Default)]
+pub(super) struct Waits {
+    topics: StdMutex<Topics>,
+    /// Wake-ups read from the mailbox.
+    delivered: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Topic {
+    notify: Notify,
+    /// A wake-up for this topic arrived (for a gone topic: the entry is gone for good).
+    fired: AtomicBool,
+}
+
+impl Waits {
+    fn topics(&self) -> StdMutexGuard<'_, Topics> {
+        // A panic elsewhere while holding the lock leaves the map consistent (each change is a
+        // single insert or remove).
+        self.topics.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Joins the waiters of `topic` until the returned handle drops.
+    pub(super) fn join(&self, topic: Vec<u8>) -> Joined<'_> {
+        let mut topics = self.topics();
+        let slot = topics.entry(topic.clone()).or_default();
+        slot.0 += 1;
+        let shared = Arc::clone(&slot.1);
+        Joined {
+            waits: self,
+            topic,
+            shared,
+        }
+    }
+
+    fn deliver(&self, topic: &[u8]) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        if let Some((_, t)) = self.topics().get(topic) {
+            t.fired.store(true, Ordering::SeqCst);
+            t.notify.notify_waiters();
+        }
+    }
+
+    pub(super) fn delivered(&self) -> u64 {
+        self.delivered.load(Ordering::Relaxed)
+    }
+
+    /// Wakes every waiter to ask the server again (wake-ups may have been lost).
+    fn wake_all(&self) {
+        for (_, t) in self.topics().values() {
+            t.notify.notify_waiters();
+        }
+    }
+}
+
+/// One waiter's membership of a topic.
+pub(super) struct Joined<'a> {
+    waits: &'a Waits,
+    topic: Vec<u8>,
+    shared: Arc<Topic>,
+}
+
+impl Joined<'_> {
+    /// Resolves at the next wake-up of this topic (or a wake-all). Enable it before asking
+    /// the server, so that a wake-up arriving in between is not missed.
+    pub(super) fn woken(&self) -> tokio::sync::futures::Notified<'_> {
+        self.shared.notify.notified()
+    }
+
+    /// Whether a wake-up for this topic arrived since anyone joined it.
+    pub(super) fn fired(&self) -> bool {
+        self.shared.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        let mut topics = self.waits.topics();
+        if let Some(slot) = topics.get_mut(&self.topic) {
+            slot.0 -= 1;
+            if slot.0 == 0 {
+                topics.remove(&self.topic);
+            }
+        }
+    }
+}
+
+/// The mailbox of one backend (and its clones): its id on the server, and the task reading it.
+#[derive(Debug)]
+pub(super) struct Mailbox {
+    id: String,
+    waits: Arc<Waits>,
+    reader: JoinHandle<()>,
+}
+
+impl Mailbox {
+    /// Creates a mailbox on the server and starts its reader.
+    pub(super) async fn open(
+        client: &redis::Client,
+        conn: ConnectionManager,
+        options: &RedisOptions,
+    ) -> Result<Mailbox> {
+        let mut probe = conn.clone();
+        let id: String = tokio::time::timeout(
+            options.connect_timeout,
+            SCRIPTS
+                .mailbox
+                .prepare_invoke()
+                .arg(options.prefix.as_str())
+                .arg("")
+                .arg(ALIVE.as_millis().to_string())
+                .invoke_async(&mut probe),
+        )
+        .await
+        .map_err(|elapsed| Error::Backend {
+            op: "connect",
+            source: Box::new(elapsed),
+        })?
+        .map_err(|e| super::redis_err("connect", e))?;
+        let waits = Arc::new(Waits::default());
+        let reader = Reader {
+            client: client.clone(),
+            conn,
+            prefix: options.prefix.clone(),
+            id: id.clone(),
+            waits: Arc::clone(&waits),
+            connect_timeout: options.connect_timeout,
+            request_timeout: options.request_timeout,
+        };
+        Ok(Mailbox {
+            id,
+            waits,
+            reader: tokio::spawn(reader.run()),
+        })
+    }
+
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(super) fn waits(&self) -> &Waits {
+        &self.waits
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        // The list and its mark expire on the server by themselves.
+        self.reader.abort();
+    }
+}
+
+struct Reader {
+    client: redis::Client,
+    conn: ConnectionManager,
+    prefix: String,
+    id: String,
+    waits: Arc<Waits>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl Reader {
+    async fn run(self) {
+        let mut blocking: Option<MultiplexedConnection> = None;
+        let mut marked = Instant::now();
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            if let Err(e) = self.mark_alive().await {
+                tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+            if marked.elapsed() >= ALIVE - BLOCK {
+                // The mark may have lapsed: wake-ups sent meanwhile were dropped.
+                self.waits.wake_all();
+            }
+            marked = Instant::now();
+            let conn = match blocking.as_mut() {
+                Some(conn) => conn,
+                None => match self.connect().await {
+                    Ok(conn) => {
+                        // Registrations may have been lost with the old connection's server
+                        // (a restart): every waiter asks again.
+                        self.waits.wake_all();
+                        blocking.insert(conn)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "redis mailbox: cannot connect; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                },
+            };
+            let mut cmd = redis::cmd("BLPOP");
+            cmd.arg(format!("{}mb:{}", self.prefix, self.id))
+                .arg(BLOCK.as_secs());
+            let pop = cmd.query_async::<Value>(conn);
+            match tokio::time::timeout(BLOCK + self.request_timeout, pop).await {
+                Ok(Ok(answer)) => {
+                    backoff = Duration::from_millis(25);
+                    if let Value::Array(pair) = answer
+                        && let Some(Value::BulkString(topic)) = pair.get(1)
+                    {
+                        self.waits.deliver(topic);
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "redis mailbox: read failed; reconnecting");
+                    // Never reused: a blocking read may still be pending on the server.
+                    blocking = None;
+                }
+                Err(_) => blocking = None,
+            }
+        }
+    }
+
+    async fn mark_alive(&self) -> Result<(), redis::RedisError> {
+        let mut conn = self.conn.clone();
+        let marked = tokio::time::timeout(
+            self.request_timeout,
+            SCRIPTS
+                .mailbox
+                .prepare_invoke()
+                .arg(self.prefix.as_str())
+                .arg(self.id.as_str())
+                .arg(ALIVE.as_millis().to_string())
+                .invoke_async::<Value>(&mut conn),
+        )
+        .await;
+        match marked {
+            Ok(answer) => answer.map(drop),
+            Err(elapsed) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into()),
+        }
+    }
+
+    async fn connect(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        self.client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}

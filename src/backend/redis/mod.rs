@@ -1,0 +1,1066 @@
+//! The Redis backend (feature `redis`): baton's queues on one Redis primary, every state change
+//! one Lua script, waits woken through per-process mailboxes. docs/redis.md says what it
+//! promises and what it needs from the server.
+
+mod mailbox;
+mod scripts;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use tokio::time::Instant;
+
+use self::mailbox::Mailbox;
+use self::scripts::SCRIPTS;
+use super::{
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp, queue_of,
+};
+use crate::error::{BoxError, Error, LostReason, Result};
+
+/// The oldest Redis baton runs on: 5.0 (streams, and scripts that read the clock before they
+/// write).
+const MINIMUM_VERSION: (u32, u32) = (5, 0);
+
+/// Eviction policies that never evict a key without a TTL (baton's queues have none).
+const SAFE_EVICTION: &[&str] = &[
+    "noeviction",
+    "volatile-lru",
+    "volatile-lfu",
+    "volatile-random",
+    "volatile-ttl",
+];
+
+/// Options for [`RedisBackend::connect`].
+///
+/// ```
+/// # use std::time::Duration;
+/// let options = baton::RedisOptions::new()
+///     .with_prefix("billing:")
+///     .with_request_timeout(Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct RedisOptions {
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retry_for: Duration,
+    prefix: String,
+    recheck: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RedisOptions {
+    /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, key prefix
+    /// `baton:`, waits re-checked at least every 30 s.
+    pub fn new() -> Self {
+        RedisOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(10),
+            prefix: "baton:".to_owned(),
+            recheck: Duration::from_secs(30),
+        }
+    }
+
+    /// How long [`RedisBackend::connect`] waits for the server to answer.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The limit for one attempt of one request. Waits are not limited by it.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long a request that fails with a transient error (connection lost, server
+    /// loading) is retried, with backoff, before the error is returned. Keep it well below
+    /// your session TTL.
+    pub fn with_retry_for(mut self, duration: Duration) -> Self {
+        self.retry_for = duration;
+        self
+    }
+
+    /// The prefix of every key baton writes (default `baton:`). Clients that share locks
+    /// must use the same prefix.
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest a wait goes without asking the server again (default 30 s). Wake-ups
+    /// come from the server as they happen; this only bounds how long a wake-up lost with a
+    /// restarted server can delay a waiter. A wait on an entry also looks again when that
+    /// entry's lease would expire.
+    pub fn with_recheck(mut self, every: Duration) -> Self {
+        self.recheck = every;
+        self
+    }
+}
+
+/// The Redis backend: a single Redis primary (5.0 or newer; not Redis Cluster).
+///
+/// Layout (under a prefix, `baton:` by default; see docs/redis.md): a lease is a deadline on
+/// the **server's** clock in a sorted set, renewed by its session; an entry is a hash bound to
+/// a lease, listed in a sorted set per queue (and per enclosing name: names that nest share a
+/// queue) scored by its token. Tokens come from one counter that never goes backwards: each
+/// is one more than the last and at least the server clock in microseconds, so a restart
+/// that loses the data (or a failover to a replica that missed writes) still hands out larger
+/// tokens. Every state change is one Lua script, atomic on the server; an entry whose lease
+/// expired is removed by the next script that meets it, and every grant or renewal also ends
+/// a few expired leases.
+///
+/// **Waits wake exactly their waiters, losslessly.** Each backend owns a mailbox (a list on
+/// the server) read by one blocking connection. A waiter registers its mailbox on the entry
+/// it waits for, in the same script that checks the entry; whoever deletes the entry (release,
+/// revoke, expiry) pushes a wake-up into each registered mailbox. A process with 10,000
+/// waiters uses two connections: one for requests, one for its mailbox (plus one per
+/// [`observe_head`](Backend::observe_head) stream).
+///
+/// **What Redis can promise.** Mutual exclusion holds on a single primary. With asynchronous
+/// replication a failover can lose entries and grant a second holder; a server restarted
+/// without persistence loses the queue. In both cases the old holder learns it lost the lock
+/// at its next renewal, and only a fenced resource stays safe in between: tokens keep
+/// increasing, so the fence rejects the old holder's late writes.
+///
+/// `RedisBackend` is a handle: clones share the connections and the mailbox.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    conn: ConnectionManager,
+    client: redis::Client,
+    options: RedisOptions,
+    /// The server's address, without credentials (for errors and `Debug`).
+    endpoint: String,
+    mailbox: Mailbox,
+    requests: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.endpoint)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a request only reads (or is idempotent), or changes state (then a failure after
+/// sending it leaves its outcome unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// Whether a failed request may be sent again: the connection broke or timed out, or the
+/// server is not ready yet.
+fn is_transient(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::BusyLoading
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+            )
+        )
+}
+
+/// Whether a failed request certainly never reached the server.
+fn never_sent(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::ReadOnly)
+        )
+}
+
+fn redis_err(op: &'static str, e: RedisError) -> Error {
+    match e.kind() {
+        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+            Error::Auth {
+                source: Box::new(e),
+            }
+        }
+        _ => Error::Backend {
+            op,
+            source: Box::new(e),
+        },
+    }
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn malformed(op: &'static str) -> Error {
+    Error::Backend {
+        op,
+        source: "Redis answered a script with an unexpected shape".into(),
+    }
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+fn number(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(n) => Some(*n),
+        other => std::str::from_utf8(bytes(other)?).ok()?.parse().ok(),
+    }
+}
+
+fn items(v: Value) -> Option<Vec<Value>> {
+    match v {
+        Value::Array(items) => Some(items),
+        _ => None,
+    }
+}
+
+/// An entry as the scripts return it: `{key, value, token, lease}`; nil for none.
+fn entry(op: &'static str, v: &Value) -> Result<Option<Entry>> {
+    let Value::Array(fields) = v else {
+        return match v {
+            Value::Nil => Ok(None),
+            _ => Err(malformed(op)),
+        };
+    };
+    let [key, value, token, lease] = fields.as_slice() else {
+        return Err(malformed(op));
+    };
+    let (Some(key), Some(value), Some(token), Some(lease)) =
+        (bytes(key), bytes(value), number(token), number(lease))
+    else {
+        return Err(malformed(op));
+    };
+    let token = u64::try_from(token).map_err(|_| malformed(op))?;
+    Ok(Some(Entry::new(
+        key,
+        value,
+        Position::new(token),
+        FencingToken::new(token),
+        Some(LeaseId::new(lease)),
+    )))
+}
+
+fn entries(op: &'static str, v: Value) -> Result<Vec<Entry>> {
+    items(v)
+        .ok_or_else(|| malformed(op))?
+        .iter()
+        .map(|e| entry(op, e)?.ok_or_else(|| malformed(op)))
+        .collect()
+}
+
+fn gone(entry: &Entry) -> Error {
+    Error::EntryGone {
+        key: entry.key().to_owned(),
+    }
+}
+
+fn unknown(op: &'static str) -> Error {
+    Error::OutcomeUnknown {
+        op,
+        source:
+            "an attempt failed after it may have been applied, and the retry found the entry gone"
+                .into(),
+    }
+}
+
+/// One argument list of a script: the prefix first.
+struct Args(Vec<Vec<u8>>);
+
+impl Args {
+    fn new(backend: &RedisBackend) -> Args {
+        Args(vec![backend.inner.options.prefix.clone().into_bytes()])
+    }
+
+    fn arg(mut self, a: impl AsRef<[u8]>) -> Args {
+        self.0.push(a.as_ref().to_vec());
+        self
+    }
+
+    fn token(self, t: FencingToken) -> Args {
+        self.arg(t.get().to_string())
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis at `url` (`redis://[user:password@]host:port[/db]`, or
+    /// `rediss://` for TLS when the `redis` crate is built with it) and checks that the server
+    /// can keep baton's promises: version 5.0 or newer, and an eviction policy that never
+    /// evicts keys without a TTL (`noeviction` or a `volatile-*` policy; `allkeys-*` could
+    /// silently delete a lock holder's entry).
+    ///
+    /// # Errors
+    /// [`Error::Connect`] if the URL is malformed or the server does not answer within the
+    /// connect timeout; [`Error::Auth`] if it refuses the credentials;
+    /// [`Error::UnsupportedVersion`] for a server older than 5.0;
+    /// [`Error::ServerSetting`] for an eviction policy that may delete entries.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server before it returns (the mailbox is a key
+    /// with a TTL that expires by itself).
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend> {
+        let endpoint = redact(url);
+        let failed = |source: BoxError| Error::Connect {
+            endpoints: vec![endpoint.clone()],
+            source,
+        };
+        let client = redis::Client::open(url).map_err(|e| failed(Box::new(e)))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            // Each attempt is bounded by our own timeout (see `attempts`), so that a slow answer
+            // is a retry, not a broken connection.
+            .set_response_timeout(None)
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(250));
+        let conn = tokio::time::timeout(
+            options.connect_timeout,
+            client.get_connection_manager_with_config(config),
+        )
+        .await
+        .map_err(|elapsed| failed(Box::new(elapsed)))?
+        .map_err(|e| match e.kind() {
+            ErrorKind::AuthenticationFailed => Error::Auth {
+                source: Box::new(e),
+            },
+            _ => failed(Box::new(e)),
+        })?;
+        let mut probe = conn.clone();
+        let info: String = tokio::time::timeout(
+            options.connect_timeout,
+            redis::cmd("INFO").arg("server").query_async(&mut probe),
+        )
+        .await
+        .map_err(|elapsed| failed(Box::new(elapsed)))?
+        .map_err(|e| redis_err("connect", e))?;
+        check_version(&info)?;
+        check_eviction(&mut probe).await?;
+        let mailbox = Mailbox::open(&client, conn.clone(), &options)
+            .await
+            .map_err(|e| match e {
+                Error::Backend { source, .. } => failed(source),
+                other => other,
+            })?;
+        Ok(RedisBackend {
+            inner: Arc::new(Shared {
+                conn,
+                client,
+                options,
+                endpoint,
+                mailbox,
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// How many requests this backend (all its clones) has sent, retries included.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// How many wake-ups the server has sent this backend's waiters (all its clones): one per
+    /// waiter whose entry went, or whose key changed. A release wakes exactly the waiter
+    /// behind the holder.
+    pub fn wakeups(&self) -> u64 {
+        self.inner.mailbox.waits().delivered()
+    }
+
+    /// The server this backend talks to, without credentials.
+    pub fn endpoint(&self) -> &str {
+        &self.inner.endpoint
+    }
+
+    /// Runs `script` with `args` until it answers, fails for good, or the retry budget is
+    /// spent. Besides the answer, tells whether an earlier attempt failed after it may have
+    /// been applied (only for [`Kind::Write`]).
+    async fn eval(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        script: &Script,
+        args: Args,
+    ) -> Result<(Value, bool)> {
+        self.attempts(op, kind, |mut conn| {
+            let mut invocation = script.prepare_invoke();
+            for a in &args.0 {
+                invocation.arg(a.as_slice());
+            }
+            async move { invocation.invoke_async::<Value>(&mut conn).await }
+        })
+        .await
+    }
+
+    async fn read_eval(&self, op: &'static str, script: &Script, args: Args) -> Result<Value> {
+        Ok(self.eval(op, Kind::Read, script, args).await?.0)
+    }
+
+    async fn attempts<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<(T, bool)>
+    where
+        F: FnMut(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let give_up = Instant::now() + self.inner.options.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        let mut maybe_applied = false;
+        loop {
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
+            let attempt = Box::pin(tokio::time::timeout(
+                self.inner.options.request_timeout,
+                f(self.inner.conn.clone()),
+            ));
+            let error: BoxError = match attempt.await {
+                Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                Ok(Err(e)) if !is_transient(&e) => {
+                    return Err(if maybe_applied {
+                        Error::OutcomeUnknown {
+                            op,
+                            source: Box::new(e),
+                        }
+                    } else {
+                        redis_err(op, e)
+                    });
+                }
+                Ok(Err(e)) => {
+                    maybe_applied |= kind == Kind::Write && !never_sent(&e);
+                    Box::new(e)
+                }
+                Err(elapsed) => {
+                    maybe_applied |= kind == Kind::Write;
+                    Box::new(elapsed)
+                }
+            };
+            if Instant::now() + backoff >= give_up {
+                return Err(if maybe_applied {
+                    Error::OutcomeUnknown { op, source: error }
+                } else {
+                    Error::Backend { op, source: error }
+                });
+            }
+            tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.endpoint, "redis request failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// A conditional write on `entry` (`delete`, `update`, `guarded`): `Ok(true)` applied,
+    /// `Ok(false)` the entry was gone, [`Error::OutcomeUnknown`] when an earlier attempt may
+    /// have been applied and the last found the entry gone.
+    async fn write_if_live(&self, op: &'static str, script: &Script, args: Args) -> Result<bool> {
+        let (answer, maybe_applied) = self.eval(op, Kind::Write, script, args).await?;
+        match number(&answer) {
+            Some(1) => Ok(true),
+            Some(0) if maybe_applied => Err(unknown(op)),
+            Some(0) => Ok(false),
+            _ => Err(malformed(op)),
+        }
+    }
+
+    async fn ahead_impl(
+        &self,
+        queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: Option<&str>,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        let mut args = Args::new(self)
+            .arg(queue)
+            .arg(mine.key_bytes())
+            .token(mine.token())
+            .arg(limit.to_string());
+        if let Some(key) = key {
+            args = args.arg(key);
+        }
+        let answer = self.read_eval("ahead", &SCRIPTS.ahead, args).await?;
+        let mut answer = items(answer).ok_or_else(|| malformed("ahead"))?.into_iter();
+        match answer.next().as_ref().and_then(number) {
+            Some(0) => return Err(gone(mine)),
+            Some(1) => {}
+            _ => return Err(malformed("ahead")),
+        }
+        let ahead = entries("ahead", answer.next().ok_or_else(|| malformed("ahead"))?)?;
+        let value = answer.next().as_ref().and_then(bytes).map(<[u8]>::to_vec);
+        Ok((ahead, value))
+    }
+
+    async fn oldest(&self, queue: &str, limit: usize) -> Result<Vec<Entry>> {
+        let args = Args::new(self).arg(queue).arg(limit.to_string());
+        entries(
+            "entries",
+            self.read_eval("entries", &SCRIPTS.oldest, args).await?,
+        )
+    }
+}
+
+/// Refuses a server older than [`MINIMUM_VERSION`], from the `INFO server` text.
+fn check_version(info: &str) -> Result<()> {
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .map(str::trim)
+        .unwrap_or("unknown");
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next().flatten(), parts.next().flatten());
+    match (major, minor) {
+        (Some(major), Some(minor)) if (major, minor) >= MINIMUM_VERSION => Ok(()),
+        _ => Err(Error::UnsupportedVersion {
+            server: "Redis",
+            version: version.to_owned(),
+            minimum: "5.0",
+        }),
+    }
+}
+
+/// Refuses an eviction policy that may delete keys without a TTL. A server that does not let
+/// us read its configuration (a managed service that renamed `CONFIG`) is trusted, with a
+/// warning.
+async fn check_eviction(conn: &mut ConnectionManager) -> Result<()> {
+    let answer: Result<Vec<String>, RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    match answer {
+        Ok(pair) => match pair.get(1) {
+            Some(policy) if !SAFE_EVICTION.contains(&policy.as_str()) => {
+                Err(Error::ServerSetting {
+                    setting: "maxmemory-policy",
+                    value: policy.clone(),
+                    needed: "noeviction (or a volatile-* policy): this policy may evict lock entries",
+                })
+            }
+            _ => Ok(()),
+        },
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read Redis's maxmemory-policy; make sure it is noeviction");
+            Ok(())
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        if ms == 0 {
+            return Err(Error::InvalidArgument(
+                "lease TTL must be at least one millisecond",
+            ));
+        }
+        // A retried grant may leave an extra lease behind; it holds nothing and expires.
+        let args = Args::new(self).arg(ms.to_string());
+        let (id, _) = self
+            .eval("grant_lease", Kind::Write, &SCRIPTS.grant, args)
+            .await?;
+        let id = number(&id).ok_or_else(|| malformed("grant_lease"))?;
+        Ok(Lease::new(LeaseId::new(id), Duration::from_millis(ms)))
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        // Idempotent: renewing twice is renewing.
+        let args = Args::new(self).arg(lease.get().to_string());
+        let answer = self
+            .read_eval("keep_alive", &SCRIPTS.keep_alive, args)
+            .await?;
+        Ok(match answer {
+            Value::Nil => None,
+            other => Some(Duration::from_millis(
+                number(&other)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| malformed("keep_alive"))?,
+            )),
+        })
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let args = Args::new(self).arg(lease.get().to_string());
+        self.read_eval("revoke_lease", &SCRIPTS.revoke, args)
+            .await
+            .map(drop)
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        // Create-if-absent: a retry after an attempt that was applied finds the entry.
+        let args = Args::new(self)
+            .arg(queue)
+            .arg(tag)
+            .arg(lease.get().to_string())
+            .arg(value);
+        let (answer, _) = self
+            .eval("enqueue", Kind::Write, &SCRIPTS.enqueue, args)
+            .await?;
+        let answer = items(answer).ok_or_else(|| malformed("enqueue"))?;
+        match answer.first().and_then(number) {
+            Some(0) => return Err(Error::SessionLost(LostReason::Revoked)),
+            Some(1) => {}
+            _ => return Err(malformed("enqueue")),
+        }
+        let mine = answer
+            .get(1)
+            .map(|e| entry("enqueue", e))
+            .transpose()?
+            .flatten()
+            .ok_or_else(|| malformed("enqueue"))?;
+        let predecessor = answer
+            .get(2)
+            .map(|e| entry("enqueue", e))
+            .transpose()?
+            .flatten();
+        Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
+    }
+
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        let args = Args::new(self).arg(format!("{queue}/{tag}"));
+        entry(
+            "find_entry",
+            &self.read_eval("find_entry", &SCRIPTS.find, args).await?,
+        )
+    }
+
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        let (ahead, _) = self.ahead_impl(queue_of(mine.key()), mine, 1, None).await?;
+        Ok(ahead.into_iter().next())
+    }
+
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        Ok(self.ahead_impl(queue, mine, limit, None).await?.0)
+    }
+
+    async fn ahead_and_read(
+        &self,
+        queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: &str,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        self.ahead_impl(queue, mine, limit, Some(key)).await
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let topic = mailbox::gone_topic(entry.token().get(), entry.key_bytes());
+        let waiter = self.inner.mailbox.waits().join(topic);
+        loop {
+            let woken = waiter.woken();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if waiter.fired() {
+                return Ok(());
+            }
+            let args = Args::new(self)
+                .arg(entry.key_bytes())
+                .token(entry.token())
+                .arg(self.inner.mailbox.id());
+            let left = self
+                .read_eval("wait_gone", &SCRIPTS.watch_gone, args)
+                .await?;
+            let left = number(&left).ok_or_else(|| malformed("wait_gone"))?;
+            if left < 0 {
+                return Ok(());
+            }
+            // Look again when the entry's lease would expire (its owner may have crashed; its
+            // renewals push the deadline on), and at least every `recheck`.
+            let recheck = Duration::from_millis(u64::try_from(left).unwrap_or(0))
+                .max(Duration::from_millis(20))
+                .min(self.inner.options.recheck);
+            let _ = tokio::time::timeout(recheck, woken).await;
+        }
+    }
+
+    async fn head(&self, queue: &str) -> Result<Option<Entry>> {
+        Ok(self.oldest(queue, 1).await?.into_iter().next())
+    }
+
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
+        // Any count Redis takes as an integer; no queue is that long.
+        self.oldest(queue, i32::MAX as usize).await
+    }
+
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
+        let args = Args::new(self).arg(entry.key_bytes()).token(entry.token());
+        self.write_if_live("delete_entry", &SCRIPTS.delete, args)
+            .await
+    }
+
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        let args = Args::new(self)
+            .arg(entry.key_bytes())
+            .token(entry.token())
+            .arg(value);
+        self.write_if_live("update_entry", &SCRIPTS.update, args)
+            .await
+    }
+
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
+        let mut args = Args::new(self).arg(entry.key_bytes()).token(entry.token());
+        for op in ops {
+            args = match op {
+                WriteOp::Put { key, value } => args.arg("p").arg(key).arg(value),
+                WriteOp::Delete { key } => args.arg("d").arg(key),
+            };
+        }
+        self.write_if_live("guarded", &SCRIPTS.guarded, args).await
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let key = format!("{}k:{key}", self.inner.options.prefix);
+        let (value, _) = self
+            .attempts("read", Kind::Read, |mut conn| {
+                let key = key.clone();
+                async move {
+                    redis::cmd("GET")
+                        .arg(key)
+                        .query_async::<Option<Vec<u8>>>(&mut conn)
+                        .await
+                }
+            })
+            .await?;
+        Ok(value)
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        let args = Args::new(self)
+            .arg(key)
+            .arg(if expected.is_some() { "1" } else { "0" })
+            .arg(expected.unwrap_or_default())
+            .arg(new);
+        self.write_if_live("swap", &SCRIPTS.swap, args).await
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        let waiter = self
+            .inner
+            .mailbox
+            .waits()
+            .join(mailbox::value_topic(key.as_bytes()));
+        loop {
+            let woken = waiter.woken();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            let args = Args::new(self)
+                .arg(key)
+                .arg(if seen.is_some() { "1" } else { "0" })
+                .arg(seen.unwrap_or_default())
+                .arg(self.inner.mailbox.id());
+            let answer = self
+                .read_eval("wait_value", &SCRIPTS.watch_value, args)
+                .await?;
+            let answer = items(answer).ok_or_else(|| malformed("wait_value"))?;
+            if answer.first().and_then(number) == Some(1) {
+                return Ok(answer.get(1).and_then(bytes).map(<[u8]>::to_vec));
+            }
+            let _ = tokio::time::timeout(self.inner.options.recheck, woken).await;
+        }
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let args = Args::new(self).arg(lease.get().to_string());
+        let answer = self
+            .read_eval("lease_ttl", &SCRIPTS.lease_ttl, args)
+            .await?;
+        Ok(match answer {
+            Value::Nil => None,
+            other => Some(Duration::from_millis(
+                number(&other)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| malformed("lease_ttl"))?,
+            )),
+        })
+    }
+
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
+        let observer = Observer {
+            backend: self.clone(),
+            queue: queue.to_owned(),
+            stream_key: format!("{}h:{queue}", self.inner.options.prefix),
+            conn: None,
+            last_id: None,
+            reported: None,
+            pending: VecDeque::new(),
+            started: false,
+            delay: None,
+            backoff: Duration::from_millis(25),
+        };
+        futures::stream::unfold(observer, |mut o| async move {
+            let event = o.next_event().await;
+            Some((event, o))
+        })
+        .boxed()
+    }
+}
+
+/// How long one blocking read of an observer waits on the server before it looks again.
+const OBSERVE_BLOCK: Duration = Duration::from_secs(5);
+
+/// The state of one [`Backend::observe_head`] stream, driven by whoever polls it: the queue's
+/// heads, read from the stream of heads the scripts append to while the queue is observed.
+///
+/// Each logged head names the one before it, so a gap (the stream trimmed while the consumer
+/// was slow, or lost with a restarted server) is seen: the observer then reports
+/// [`HeadEvent::Skipped`] and starts again from the current head.
+struct Observer {
+    backend: RedisBackend,
+    queue: String,
+    stream_key: String,
+    /// The blocking connection of this observer (never shared: a blocking read dropped
+    /// half-way would leave its connection unusable).
+    conn: Option<MultiplexedConnection>,
+    /// The id of the last head read: `None` means start over.
+    last_id: Option<String>,
+    /// The head last reported (token and value), to report each change once.
+    reported: Option<Option<(u64, Vec<u8>)>>,
+    pending: VecDeque<Result<HeadEvent>>,
+    started: bool,
+    delay: Option<Duration>,
+    backoff: Duration,
+}
+
+/// One logged head: its id, the id before it, and the entry (`None`: the queue was empty).
+type LoggedHead = (String, String, Option<Entry>);
+
+impl Observer {
+    async fn next_event(&mut self) -> Result<HeadEvent> {
+        loop {
+            if let Some(event) = self.pending.pop_front() {
+                return event;
+            }
+            if let Some(delay) = self.delay.take() {
+                tokio::time::sleep(delay).await;
+            }
+            if let Err(e) = self.step().await {
+                self.failed();
+                return Err(e);
+            }
+        }
+    }
+
+    fn failed(&mut self) {
+        self.conn = None;
+        self.delay = Some(self.backoff);
+        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+    }
+
+    fn report(&mut self, head: Option<Entry>) {
+        let now = head.as_ref().map(|h| (h.token().get(), h.value().to_vec()));
+        if self.reported.as_ref() != Some(&now) {
+            self.reported = Some(now);
+            self.pending.push_back(Ok(HeadEvent::Head(head)));
+        }
+    }
+
+    /// Starts over from the current head (reporting the gap if this is not the first start).
+    async fn start(&mut self) -> Result<()> {
+        let args = Args::new(&self.backend).arg(&self.queue).arg("1");
+        let answer = self
+            .backend
+            .read_eval("observe", &SCRIPTS.observe, args)
+            .await?;
+        let (id, head) = logged(answer)?.ok_or_else(|| malformed("observe"))?;
+        if self.started {
+            self.pending.push_back(Ok(HeadEvent::Skipped));
+            self.reported = None;
+        }
+        self.started = true;
+        self.last_id = Some(id);
+        self.report(head);
+        Ok(())
+    }
+
+    async fn step(&mut self) -> Result<()> {
+        let Some(last_id) = self.last_id.clone() else {
+            return self.start().await;
+        };
+        let conn = match self.conn.as_mut() {
+            Some(conn) => conn,
+            None => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.backend.inner.options.connect_timeout))
+                    .set_response_timeout(None);
+                let conn = self
+                    .backend
+                    .inner
+                    .client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| redis_err("observe", e))?;
+                self.conn.insert(conn)
+            }
+        };
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(64)
+            .arg("BLOCK")
+            .arg(OBSERVE_BLOCK.as_millis().to_string())
+            .arg("STREAMS")
+            .arg(&self.stream_key)
+            .arg(&last_id);
+        let read = cmd.query_async::<Value>(conn);
+        let limit = OBSERVE_BLOCK + self.backend.inner.options.request_timeout;
+        let answer = tokio::time::timeout(limit, read)
+            .await
+            .map_err(|elapsed| Error::Backend {
+                op: "observe",
+                source: Box::new(elapsed),
+            })?
+            .map_err(|e| redis_err("observe", e))?;
+        self.backoff = Duration::from_millis(25);
+        let heads = stream_heads(answer)?;
+        for (id, previous, head) in heads {
+            if previous != self.last_id.as_deref().unwrap_or_default() {
+                // Trimmed or lost: what came between cannot be replayed.
+                self.last_id = None;
+                return Ok(());
+            }
+            self.last_id = Some(id);
+            self.report(head);
+        }
+        // Keep the log alive while we observe; a log that is gone (a restarted server) means
+        // starting over.
+        let args = Args::new(&self.backend).arg(&self.queue).arg("0");
+        let kept = self
+            .backend
+            .read_eval("observe", &SCRIPTS.observe, args)
+            .await?;
+        if logged(kept)?.is_none() {
+            self.last_id = None;
+        }
+        Ok(())
+    }
+}
+
+/// The answer of the `observe` script: `{id, k, t, v, l}`, or `{}` when the log is gone.
+fn logged(answer: Value) -> Result<Option<(String, Option<Entry>)>> {
+    let fields = items(answer).ok_or_else(|| malformed("observe"))?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let text = |i: usize| fields.get(i).and_then(bytes).unwrap_or_default();
+    let id = String::from_utf8_lossy(text(0)).into_owned();
+    Ok(Some((id, head_of(text(1), text(2), text(3), text(4))?)))
+}
+
+fn head_of(key: &[u8], token: &[u8], value: &[u8], lease: &[u8]) -> Result<Option<Entry>> {
+    if key.is_empty() {
+        return Ok(None);
+    }
+    let parse = |b: &[u8]| std::str::from_utf8(b).ok()?.parse::<i64>().ok();
+    let token = parse(token)
+        .and_then(|t| u64::try_from(t).ok())
+        .ok_or_else(|| malformed("observe"))?;
+    Ok(Some(Entry::new(
+        key,
+        value,
+        Position::new(token),
+        FencingToken::new(token),
+        parse(lease).map(LeaseId::new),
+    )))
+}
+
+/// The heads in an `XREAD` answer: `[[stream, [[id, [field, value, ...]], ...]]]` or nil.
+fn stream_heads(answer: Value) -> Result<Vec<LoggedHead>> {
+    let bad = || malformed("observe");
+    let Some(streams) = items(answer) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for stream in streams {
+        let mut stream = items(stream).ok_or_else(bad)?.into_iter();
+        let records = stream.nth(1).and_then(items).ok_or_else(bad)?;
+        for record in records {
+            let mut record = items(record).ok_or_else(bad)?.into_iter();
+            let id = record.next().ok_or_else(bad)?;
+            let id = String::from_utf8_lossy(bytes(&id).ok_or_else(bad)?).into_owned();
+            let fields = record.next().and_then(items).ok_or_else(bad)?;
+            let field = |name: &[u8]| {
+                fields
+                    .chunks(2)
+                    .find(|kv| bytes(&kv[0]) == Some(name))
+                    .and_then(|kv| kv.get(1))
+                    .and_then(bytes)
+                    .unwrap_or_default()
+            };
+            let head = head_of(field(b"k"), field(b"t"), field(b"v"), field(b"l"))?;
+            out.push((id, String::from_utf8_lossy(field(b"p")).into_owned(), head));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_older_than_5_are_refused_by_name() {
+        assert!(check_version("# Server\r\nredis_version:7.0.15\r\n").is_ok());
+        assert!(check_version("redis_version:5.0.0").is_ok());
+        let old = check_version("redis_version:4.0.14");
+        assert!(
+            matches!(&old, Err(Error::UnsupportedVersion { version, .. }) if version == "4.0.14"),
+            "{old:?}"
+        );
+        assert!(check_version("no version here").is_err());
+    }
+
+    #[test]
+    fn urls_lose_their_password_in_messages() {
+        assert_eq!(
+            redact("redis://app:secret@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+
+    #[test]
+    fn entries_decode_from_script_answers() {
+        let answer = Value::Array(vec![
+            Value::BulkString(b"q/a".to_vec()),
+            Value::BulkString(b"v".to_vec()),
+            Value::BulkString(b"1763913808123456".to_vec()),
+            Value::BulkString(b"17".to_vec()),
+        ]);
+        let e = entry("t", &answer).unwrap().unwrap();
+        assert_eq!(e.token(), FencingToken::new(1_763_913_808_123_456));
+        assert_eq!(e.lease(), Some(LeaseId::new(17)));
+        assert_eq!(entry("t", &Value::Nil).unwrap(), None);
+        assert!(entry("t", &Value::Array(vec![])).is_err());
+    }
+}

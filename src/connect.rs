@@ -1,0 +1,234 @@
+//! Choosing a backend from the endpoints a user gives: the scheme decides.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+
+/// Where a backend lives, as parsed from an endpoint list by [`Endpoints::parse`]: bare
+/// `host:port` or `http(s)://host:port` (comma-separated) is etcd, `redis://` (or
+/// `rediss://`) is Redis, `zk://` is ZooKeeper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Endpoints {
+    /// etcd endpoints, `host:port` or `http(s)://host:port`.
+    Etcd(Vec<String>),
+    /// One Redis URL, `redis://[user:password@]host:port[/db]`.
+    Redis(String),
+    /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`.
+    ZooKeeper(String),
+}
+
+impl Endpoints {
+    /// Parses a comma-separated endpoint list. Nothing is contacted.
+    ///
+    /// ```
+    /// use baton::Endpoints;
+    /// assert_eq!(
+    ///     Endpoints::parse("127.0.0.1:2379,http://10.0.0.2:2379")?,
+    ///     Endpoints::Etcd(vec!["127.0.0.1:2379".into(), "http://10.0.0.2:2379".into()])
+    /// );
+    /// assert!(matches!(Endpoints::parse("redis://127.0.0.1:6379")?, Endpoints::Redis(_)));
+    /// assert!(Endpoints::parse("ftp://host:21").is_err());
+    /// # Ok::<(), baton::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list, an unknown scheme, schemes mixed in one
+    /// list, more than one Redis URL, or an etcd endpoint without a host or a valid port.
+    pub fn parse(spec: &str) -> Result<Endpoints> {
+        let spec = spec.trim();
+        if spec.is_empty() {
+            return Err(Error::InvalidArgument("no endpoint given"));
+        }
+        if spec.starts_with("zk://") {
+            return Ok(Endpoints::ZooKeeper(spec.to_owned()));
+        }
+        let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+        let redis = |p: &&str| p.starts_with("redis://") || p.starts_with("rediss://");
+        if parts.iter().any(redis) {
+            return match parts.as_slice() {
+                [url] => Ok(Endpoints::Redis((*url).to_owned())),
+                _ if parts.iter().all(redis) => Err(Error::InvalidArgument(
+                    "give one Redis URL: baton runs on a single Redis primary",
+                )),
+                _ => Err(Error::InvalidArgument(
+                    "endpoints mix redis:// with other schemes",
+                )),
+            };
+        }
+        parts.iter().try_for_each(|p| check_etcd(p))?;
+        Ok(Endpoints::Etcd(
+            parts.into_iter().map(str::to_owned).collect(),
+        ))
+    }
+
+    /// The backend's name: `etcd`, `Redis` or `ZooKeeper`.
+    pub fn backend_name(&self) -> &'static str {
+        match self {
+            Endpoints::Etcd(_) => "etcd",
+            Endpoints::Redis(_) => "Redis",
+            Endpoints::ZooKeeper(_) => "ZooKeeper",
+        }
+    }
+}
+
+fn check_etcd(endpoint: &str) -> Result<()> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+        .unwrap_or(endpoint);
+    if rest.contains("://") {
+        return Err(Error::InvalidArgument(
+            "unknown scheme: use host:port or http(s):// (etcd), redis:// or zk://",
+        ));
+    }
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err(Error::InvalidArgument("an etcd endpoint is host:port"));
+    };
+    if host.is_empty() {
+        return Err(Error::InvalidArgument("an endpoint has no host"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(Error::InvalidArgument(
+            "an endpoint's port must be a number in 1..=65535",
+        )),
+    }
+}
+
+/// Options for [`connect_with`], common to every backend.
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ConnectOptions {
+    connect_timeout: Duration,
+    user: Option<(String, String)>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ConnectOptions {
+    /// Defaults: connect timeout 5 s, no credentials.
+    pub fn new() -> Self {
+        ConnectOptions {
+            connect_timeout: Duration::from_secs(5),
+            user: None,
+        }
+    }
+
+    /// How long to wait for the server to answer.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Credentials: etcd's user and password. (Redis takes them in its URL.)
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((user.into(), password.into()));
+        self
+    }
+}
+
+/// Connects to the backend `endpoints` names (see [`Endpoints::parse`]) with default options.
+///
+/// ```no_run
+/// # async fn demo() -> baton::Result<()> {
+/// let backend = baton::connect("redis://127.0.0.1:6379").await?;
+/// let session = baton::Session::from_shared(backend, Default::default()).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`connect_with`].
+///
+/// # Cancel safety
+/// Cancel safe: nothing is created on the server before it returns.
+pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
+    connect_with(endpoints, ConnectOptions::new()).await
+}
+
+/// Connects to the backend `endpoints` names (see [`Endpoints::parse`]).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for endpoints that do not parse, or that name a backend this
+/// build does not include (each network backend is a cargo feature: `etcd`, `redis`); then
+/// the errors of that backend's `connect`.
+///
+/// # Cancel safety
+/// Cancel safe: nothing is created on the server before it returns.
+pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Arc<dyn Backend>> {
+    match Endpoints::parse(endpoints)? {
+        #[cfg(feature = "etcd")]
+        Endpoints::Etcd(endpoints) => {
+            let mut etcd = crate::EtcdOptions::new().with_connect_timeout(options.connect_timeout);
+            if let Some((user, password)) = options.user {
+                etcd = etcd.with_user(user, password);
+            }
+            Ok(Arc::new(
+                crate::EtcdBackend::connect(&endpoints, etcd).await?,
+            ))
+        }
+        #[cfg(not(feature = "etcd"))]
+        Endpoints::Etcd(_) => Err(Error::InvalidArgument(
+            "etcd endpoints need baton's `etcd` feature, which this build does not have",
+        )),
+        #[cfg(feature = "redis")]
+        Endpoints::Redis(url) => {
+            if options.user.is_some() {
+                return Err(Error::InvalidArgument(
+                    "Redis takes its credentials in the URL: redis://user:password@host:port",
+                ));
+            }
+            let redis = crate::RedisOptions::new().with_connect_timeout(options.connect_timeout);
+            Ok(Arc::new(crate::RedisBackend::connect(&url, redis).await?))
+        }
+        #[cfg(not(feature = "redis"))]
+        Endpoints::Redis(_) => Err(Error::InvalidArgument(
+            "redis:// needs baton's `redis` feature, which this build does not have",
+        )),
+        Endpoints::ZooKeeper(_) => Err(Error::InvalidArgument(
+            "zk://: the ZooKeeper backend is not available yet",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_the_backend_and_bad_lists_are_refused() {
+        assert_eq!(
+            Endpoints::parse("a:1, b:2").unwrap(),
+            Endpoints::Etcd(vec!["a:1".into(), "b:2".into()])
+        );
+        assert_eq!(
+            Endpoints::parse("rediss://u:p@h:6380/2").unwrap(),
+            Endpoints::Redis("rediss://u:p@h:6380/2".into())
+        );
+        assert_eq!(
+            Endpoints::parse("zk://a:2181,b:2181/app").unwrap(),
+            Endpoints::ZooKeeper("zk://a:2181,b:2181/app".into())
+        );
+        for bad in [
+            "",
+            "redis://a:1,redis://b:1",
+            "redis://a:1,b:2",
+            "ftp://a:1",
+            "a",
+            ":1",
+            "a:0",
+            "a:70000",
+        ] {
+            assert!(
+                matches!(Endpoints::parse(bad), Err(Error::InvalidArgument(_))),
+                "{bad:?}"
+            );
+        }
+    }
+}

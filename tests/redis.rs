@@ -1,0 +1,366 @@
+//! The conformance suite and Redis-specific tests against a real redis-server, started through
+//! testcontainers (see `baton::testing`). One server is shared by the tests of this binary;
+//! each test uses its own key prefix.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::testing::RedisNode;
+use baton::{
+    Backend, Error, Fence, MemoryFence, Mutex, RedisBackend, RedisOptions, Session, SessionOptions,
+};
+use support::{Rig, eventually, within};
+
+async fn backend() -> RedisBackend {
+    RedisBackend::connect(&RedisNode::shared().url(), RedisOptions::new())
+        .await
+        .expect("connect to the shared redis")
+}
+
+async fn rig(test: &str) -> Rig {
+    Rig {
+        backend: Arc::new(backend().await),
+        // A second connection: "someone else" really is another client.
+        outside: Arc::new(backend().await),
+        prefix: format!("redis-{}/{test}", std::process::id()),
+    }
+}
+
+conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
+
+fn test_name(test: &str) -> String {
+    format!("redis-{}/{test}", std::process::id())
+}
+
+/// A fresh backend on `node`, with a short lease so that loss is quick to see.
+async fn session_on(node: &RedisNode, ttl: Duration) -> (RedisBackend, Session) {
+    let backend = RedisBackend::connect(&node.url(), RedisOptions::new())
+        .await
+        .unwrap();
+    let session = Session::from_shared(
+        Arc::new(backend.clone()),
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .unwrap();
+    (backend, session)
+}
+
+/// Bad URLs, dead ports and servers that could break the promises are refused at connect,
+/// with the cause kept; a `volatile-*` eviction policy (never evicts keys without a TTL) is
+/// accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_checks_the_url_the_port_and_the_eviction_policy() {
+    let err = RedisBackend::connect("not a url", RedisOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let err = RedisBackend::connect(
+        &format!("redis://127.0.0.1:{port}"),
+        RedisOptions::new().with_connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cause is kept"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let evicting = RedisNode::start_with(&["--maxmemory-policy", "allkeys-lru"])
+        .await
+        .unwrap();
+    let err = RedisBackend::connect(&evicting.url(), RedisOptions::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::ServerSetting { setting: "maxmemory-policy", value, .. } if value == "allkeys-lru"),
+        "{err:?}"
+    );
+    let mut admin = redis::Client::open(evicting.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("volatile-lru")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    RedisBackend::connect(&evicting.url(), RedisOptions::new())
+        .await
+        .expect("volatile-lru never evicts keys without a TTL");
+}
+
+/// One release wakes exactly one waiter, whatever the queue's length: the server pushes one
+/// wake-up, to the successor's mailbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_wakes_one_waiter() {
+    const WAITERS: usize = 20;
+    let name = test_name("one-wake");
+    let holder_backend = backend().await;
+    let holder = Session::new(holder_backend.clone()).await.unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let waiters_backend = backend().await;
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        // A session's own tasks take turns locally; each waiter is another session.
+        let waiting = Session::new(waiters_backend.clone()).await.unwrap();
+        let mutex = Mutex::new(&waiting, &name).unwrap();
+        tasks.push(tokio::spawn(async move { mutex.lock().await }));
+        eventually("the waiter is queued", || async {
+            holder_backend.entries(&name).await.unwrap().len() == i + 2
+        })
+        .await;
+    }
+    let before = waiters_backend.wakeups();
+    guard.unlock().await.unwrap();
+    let first = tasks.remove(0);
+    let next = within("the next holder", Duration::from_secs(10), first)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        waiters_backend.wakeups() - before,
+        1,
+        "one wake-up for one release"
+    );
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    next.unlock().await.unwrap();
+    for task in tasks {
+        within("each waiter in turn", Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unlock()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        waiters_backend.wakeups() - before,
+        WAITERS as u64,
+        "one wake-up per release, no more"
+    );
+}
+
+/// A thousand waiters of one process share its connections: one for requests, one for the
+/// mailbox that wakes them all (not one blocked connection per waiter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_two_connections() {
+    const WAITERS: usize = 1_000;
+    let node = RedisNode::start().await.unwrap();
+    let mut admin = redis::Client::open(node.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let clients = |admin: &mut redis::aio::MultiplexedConnection| {
+        let mut admin = admin.clone();
+        async move {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            list.lines().count()
+        }
+    };
+    let alone = clients(&mut admin).await;
+    let (backend, session) = session_on(&node, Duration::from_secs(10)).await;
+    let name = test_name("many-waiters");
+    let guard = Mutex::new(&session, &name).unwrap().lock().await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        // Sessions on one backend (a session's own tasks would take turns locally).
+        let waiting = Session::from_shared(
+            Arc::new(backend.clone()),
+            SessionOptions::new().with_ttl(Duration::from_secs(10)),
+        )
+        .await
+        .unwrap();
+        let mutex = Mutex::new(&waiting, &name).unwrap();
+        tasks.push(tokio::spawn(async move { mutex.lock().await }));
+    }
+    eventually("every waiter is queued", || async {
+        backend.entries(&name).await.unwrap().len() == WAITERS + 1
+    })
+    .await;
+    let used = clients(&mut admin).await - alone;
+    println!("{WAITERS} waiters: {used} connections");
+    assert!(used <= 2, "{used} connections for {WAITERS} waiters");
+    drop(tasks);
+    guard.unlock().await.unwrap();
+}
+
+/// A wait that lasts longer than one blocking read of the mailbox (5 s) is still woken at
+/// once: the blocking read is renewed, never cut by a client-side response timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_wait_is_woken_at_the_release() {
+    let name = test_name("long-wait");
+    let a = Session::new(backend().await).await.unwrap();
+    let b = Session::new(backend().await).await.unwrap();
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let backend = backend().await;
+    let waiter = support::spawn_queued(&backend, &b, &name, 2).await;
+    // The scenario is a long hold: the holder keeps the lock across two blocking reads.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(!waiter.is_finished());
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let next = within("the waiter", Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    println!("handoff after a 7 s wait: {:?}", released.elapsed());
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release, not by a re-check"
+    );
+    next.unlock().await.unwrap();
+}
+
+/// Redis restarted with persistence off, mid-queue: the queue is gone. The holder's session
+/// says it is lost (at its next renewal), the waiter's wait fails, and the next holder's token
+/// is still larger than every token before the restart, so a fence keeps the old holder's
+/// late write out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_increasing_across_a_restart_that_loses_the_data() {
+    let node = RedisNode::start().await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let name = test_name("restart");
+    let (backend, holder) = session_on(&node, ttl).await;
+    let (_, waiting) = session_on(&node, ttl).await;
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let waiter = support::spawn_queued(&backend, &waiting, &name, 2).await;
+    let old = guard.ticket();
+    let fence = MemoryFence::new();
+    fence.write("account", old.clone(), b"old").await.unwrap();
+
+    node.restart().await.unwrap();
+    within("the holder is told", ttl * 3, guard.lost()).await;
+    let waited = within("the waiter is told", ttl * 3, waiter).await.unwrap();
+    support::assert_lost(&waited);
+
+    let (_, next) = session_on(&node, ttl).await;
+    let new = within(
+        "a new grant",
+        Duration::from_secs(10),
+        Mutex::new(&next, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        new.ticket().token() > old.token(),
+        "token {} after the restart, {} before",
+        new.ticket().token(),
+        old.token()
+    );
+    fence.write("account", new.ticket(), b"new").await.unwrap();
+    let late = fence.write("account", old, b"late").await;
+    assert!(matches!(late, Err(Error::StaleToken { .. })), "{late:?}");
+    new.unlock().await.unwrap();
+}
+
+/// A holder cut off from Redis (a black-holed connection) is told it lost the lock before the
+/// server expires its lease, so before any successor can be granted; its late guarded write
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_told_before_its_successor_is_granted() {
+    let ttl = Duration::from_secs(2);
+    let name = test_name("cut-off");
+    let url = RedisNode::shared().url();
+    let proxy = support::proxy::Proxy::start(url.trim_start_matches("redis://")).await;
+    let through = RedisBackend::connect(
+        &proxy.endpoint().replace("http://", "redis://"),
+        RedisOptions::new()
+            .with_request_timeout(Duration::from_millis(300))
+            .with_retry_for(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let holder = Session::from_shared(Arc::new(through), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let b = Session::new(backend().await).await.unwrap();
+    let observer = backend().await;
+    let waiter = tokio::spawn({
+        let mutex = Mutex::new(&b, &name).unwrap();
+        // The instant of the grant, taken where it happens.
+        async move { mutex.lock().await.map(|g| (g, std::time::Instant::now())) }
+    });
+    eventually("the waiter is queued", || async {
+        observer.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let told = tokio::spawn({
+        let lost = guard.lost();
+        async move {
+            lost.await;
+            std::time::Instant::now()
+        }
+    });
+    // The scenario: renewals keep the lock across several TTLs while the connection works.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        !waiter.is_finished() && !told.is_finished(),
+        "held while connected"
+    );
+
+    proxy.black_hole();
+    let told = within("the holder is told", ttl * 2, told).await.unwrap();
+    let (next, granted) = within("the successor", ttl * 3, waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(told <= granted, "told {:?} after the grant", told - granted);
+    assert!(next.ticket().token() > guard.ticket().token());
+    let late = guard
+        .write(&[baton::WriteOp::put(test_name("cut-off-data"), "late")])
+        .await;
+    assert!(late.is_err(), "{late:?}");
+    assert_eq!(
+        observer.read(&test_name("cut-off-data")).await.unwrap(),
+        None
+    );
+    next.unlock().await.unwrap();
+}
+
+/// The fault-injection harness on Redis, sampled as on etcd (see docs/reliability.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_harness_sample() {
+    let harness = support::harness::Harness {
+        make_rig: |case: String| async move {
+            Rig {
+                backend: Arc::new(backend().await),
+                outside: Arc::new(backend().await),
+                prefix: format!("redis-{}/harness/{case}", std::process::id()),
+            }
+        },
+        delay: Duration::from_millis(300),
+        sample: 2,
+        follow_sample: 5,
+        backend: "redis",
+    };
+    let started = std::time::Instant::now();
+    let tally = within("the harness", Duration::from_secs(900), harness.run_all()).await;
+    println!(
+        "HARNESS-TOTAL|redis|{} cases in {:?}",
+        tally.cases,
+        started.elapsed()
+    );
+    assert!(tally.cases >= 50, "{tally:?}");
+}
