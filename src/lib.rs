@@ -64,6 +64,8 @@ mod error;
 mod fence;
 mod guard;
 mod multilock;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 mod mutex;
 mod queue;
 mod rwlock;

@@ -1,0 +1,1 @@
+//! Redlock (feature `redlock`): being written.

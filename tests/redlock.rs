@@ -1,0 +1,1 @@
+//! Redlock on several independent Redis servers: being written.
