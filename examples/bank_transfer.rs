@@ -8,7 +8,8 @@
 //! so a paused holder's late writes are refused (docs/fencing.md).
 //!
 //! `cargo run --example bank_transfer` (in memory), or on etcd:
-//! `cargo run --features etcd --example bank_transfer -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example bank_transfer -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example bank_transfer -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

@@ -4,7 +4,8 @@
 //! before all 4 are done, and a gate whose holder crashes does not stay up.
 //!
 //! `cargo run --example barriers` (in memory), or on etcd:
-//! `cargo run --features etcd --example barriers -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example barriers -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example barriers -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

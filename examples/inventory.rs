@@ -7,7 +7,8 @@
 //! so a paused holder's late writes are refused (docs/fencing.md).
 //!
 //! `cargo run --example inventory` (in memory), or on etcd:
-//! `cargo run --features etcd --example inventory -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example inventory -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example inventory -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

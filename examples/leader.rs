@@ -7,7 +7,8 @@
 //! cargo run --example leader
 //! ```
 //!
-//! On etcd: one instance per process. Start two, kill the first (Ctrl-C resigns at once;
+//! On etcd (or Redis, with `--features redis` and `--endpoints redis://127.0.0.1:6379`): one
+//! instance per process. Start two, kill the first (Ctrl-C resigns at once;
 //! `kill -9` shows failover after the TTL):
 //!
 //! ```sh
@@ -45,25 +46,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match arg("--endpoints") {
         Some(endpoints) => {
             let name = arg("--name").unwrap_or_else(|| format!("instance-{}", std::process::id()));
-            run_on_etcd(&endpoints, &name).await
+            run_on_server(&endpoints, &name).await
         }
         None => run_in_memory().await,
     }
 }
 
-#[cfg(not(feature = "etcd"))]
-async fn run_on_etcd(_: &str, _: &str) -> Result<(), Box<dyn std::error::Error>> {
-    Err(common::NO_ETCD.into())
-}
-
-#[cfg(feature = "etcd")]
-async fn run_on_etcd(endpoints: &str, name: &str) -> Result<(), Box<dyn std::error::Error>> {
-    use baton::{Error, EtcdBackend, EtcdOptions};
-    let endpoints: Vec<&str> = endpoints.split(',').collect();
-    let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
+/// One instance on etcd or Redis (the endpoints' scheme decides; the build needs the feature).
+async fn run_on_server(endpoints: &str, name: &str) -> Result<(), Box<dyn std::error::Error>> {
+    use baton::Error;
+    let backend = baton::connect(endpoints).await?;
     let options = SessionOptions::new().with_ttl(TTL);
     loop {
-        let session = Session::with_options(backend.clone(), options.clone()).await?;
+        let session = Session::from_shared(backend.clone(), options.clone()).await?;
         let election = Election::new(&session, ELECTION)?;
         println!("{name}: campaigning");
         let run = election.run_while_leader(name, |token| async move {

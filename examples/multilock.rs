@@ -4,7 +4,8 @@
 //! finishes, and the balances add up.
 //!
 //! `cargo run --example multilock` (in memory), or on etcd:
-//! `cargo run --features etcd --example multilock -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example multilock -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example multilock -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

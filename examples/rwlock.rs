@@ -4,7 +4,8 @@
 //! starves).
 //!
 //! `cargo run --example rwlock` (in memory), or on etcd:
-//! `cargo run --features etcd --example rwlock -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example rwlock -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example rwlock -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

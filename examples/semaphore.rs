@@ -4,7 +4,8 @@
 //! lease ends.
 //!
 //! `cargo run --example semaphore` (in memory), or on etcd:
-//! `cargo run --features etcd --example semaphore -- --endpoints 127.0.0.1:2379`.
+//! `cargo run --features etcd --example semaphore -- --endpoints 127.0.0.1:2379`, or on
+//! Redis: `cargo run --features redis --example semaphore -- --endpoints redis://127.0.0.1:6379`.
 
 mod common;
 

@@ -64,10 +64,10 @@ mod error;
 mod fence;
 mod guard;
 mod multilock;
-#[cfg(feature = "redlock")]
-pub mod redlock;
 mod mutex;
 mod queue;
+#[cfg(feature = "redlock")]
+pub mod redlock;
 mod rwlock;
 mod semaphore;
 mod session;

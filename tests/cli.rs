@@ -7,8 +7,8 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton::testing::EtcdNode;
-use baton::{Backend, EtcdBackend, Mutex, Session};
+use baton::testing::{EtcdNode, RedisNode};
+use baton::{Backend, EtcdBackend, Mutex, RedisBackend, RedisOptions, Session};
 use support::{eventually, within};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -301,6 +301,46 @@ async fn status_lists_holder_then_waiters_in_order() {
     let table = String::from_utf8(table.stdout).unwrap();
     assert_eq!(table.lines().count(), 4, "header and three rows:\n{table}");
     guard.unlock().await.unwrap();
+}
+
+/// `--endpoints redis://` runs the same commands on Redis: `baton lock` queues behind a Rust
+/// holder, `status` lists both, and the command runs once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_status_on_redis() {
+    let url = RedisNode::shared().url();
+    let backend = RedisBackend::connect(&url, RedisOptions::new())
+        .await
+        .unwrap();
+    let name = name("redis");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let mut waiter = Running::spawn(&[
+        "--endpoints",
+        &url,
+        "lock",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    eventually("baton queues", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let table = baton(&["--endpoints", &url, "status", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&table, 0);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
+    assert!(table.contains(guard.key()), "{table}");
+    guard.unlock().await.unwrap();
+    assert_eq!(waiter.line().await, "ran");
+    let (code, stderr) = waiter.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 
 /// `lock -n N` holds one of N permits: N holders at once, the next waits (`--try` exits 75,

@@ -5,6 +5,10 @@
 #[path = "support/mod.rs"]
 mod support;
 
+#[path = "../examples/common/scenarios.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod scenarios;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -363,4 +367,28 @@ async fn fault_harness_sample() {
         started.elapsed()
     );
     assert!(tally.cases >= 50, "{tally:?}");
+}
+
+/// The fencing scenarios of the `inventory`, `payment` and `bank_transfer` examples on Redis,
+/// with the first holder paused at every point: each checks its own invariant, and the paused
+/// holder's late write is refused by the fence (see tests/examples.rs for memory and etcd).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn example_scenarios_at_every_pause_point() {
+    let backend = backend().await;
+    let run = test_name("examples");
+    for (i, pause) in scenarios::Pause::ALL.into_iter().enumerate() {
+        let world = |what: &str| scenarios::World {
+            backend: Arc::new(backend.clone()),
+            fence: Arc::new(MemoryFence::new()),
+            prefix: format!("{run}/{what}-{i}"),
+        };
+        if scenarios::Pause::INVENTORY.contains(&pause) {
+            let report = scenarios::inventory(&world("inventory"), pause).await;
+            println!("inventory: {}", report.unwrap());
+        }
+        let report = scenarios::payment(&world("payment"), pause).await;
+        println!("payment: {}", report.unwrap());
+        let report = scenarios::bank_transfer(&world("bank"), pause).await;
+        println!("bank_transfer: {}", report.unwrap());
+    }
 }

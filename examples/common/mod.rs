@@ -1,5 +1,6 @@
 //! What the scenario examples share: the backend and fence chosen from the command line
-//! (memory by default, etcd with `--endpoints a,b,c`, when built with `--features etcd`).
+//! (memory by default; etcd with `--endpoints a,b,c` when built with `--features etcd`; Redis
+//! with `--endpoints redis://host:port` when built with `--features redis`).
 #![allow(dead_code)]
 
 pub(crate) mod scenarios;
@@ -48,20 +49,32 @@ pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {
             prefix,
             on: "the in-memory backend",
         },
-        Some(endpoints) => on_etcd(&endpoints, prefix).await?,
+        Some(endpoints) => match baton::Endpoints::parse(&endpoints)? {
+            baton::Endpoints::Etcd(endpoints) => on_etcd(&endpoints, prefix).await?,
+            // The resource's own check, in this process: Redis holds the locks, and the fence
+            // stands for the database or service the example protects.
+            _ => Setup {
+                backend: baton::connect(&endpoints).await?,
+                fence: Arc::new(MemoryFence::new()),
+                prefix,
+                on: "Redis",
+            },
+        },
     })
 }
 
 #[cfg(not(feature = "etcd"))]
-async fn on_etcd(_: &str, _: String) -> Result<Setup, Box<dyn std::error::Error>> {
+async fn on_etcd(_: &[String], _: String) -> Result<Setup, Box<dyn std::error::Error>> {
     Err(NO_ETCD.into())
 }
 
 #[cfg(feature = "etcd")]
-async fn on_etcd(endpoints: &str, prefix: String) -> Result<Setup, Box<dyn std::error::Error>> {
+async fn on_etcd(
+    endpoints: &[String],
+    prefix: String,
+) -> Result<Setup, Box<dyn std::error::Error>> {
     use baton::{EtcdBackend, EtcdFence, EtcdOptions};
-    let endpoints: Vec<&str> = endpoints.split(',').collect();
-    let backend = EtcdBackend::connect(&endpoints, EtcdOptions::new()).await?;
+    let backend = EtcdBackend::connect(endpoints, EtcdOptions::new()).await?;
     Ok(Setup {
         fence: Arc::new(EtcdFence::new(backend.clone(), format!("{prefix}/fence"))?),
         backend: Arc::new(backend),
