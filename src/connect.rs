@@ -104,6 +104,7 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 pub struct ConnectOptions {
     connect_timeout: Duration,
     user: Option<(String, String)>,
+    restart_grace: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
@@ -118,12 +119,20 @@ impl ConnectOptions {
         ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             user: None,
+            restart_grace: None,
         }
     }
 
     /// How long to wait for the server to answer.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Redis's restart grace (see `RedisOptions::with_restart_grace`; its default when not
+    /// set). Other backends do not lose their state on a restart and ignore it.
+    pub fn with_restart_grace(mut self, grace: Duration) -> Self {
+        self.restart_grace = Some(grace);
         self
     }
 
@@ -184,7 +193,11 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
                     "Redis takes its credentials in the URL: redis://user:password@host:port",
                 ));
             }
-            let redis = crate::RedisOptions::new().with_connect_timeout(options.connect_timeout);
+            let mut redis =
+                crate::RedisOptions::new().with_connect_timeout(options.connect_timeout);
+            if let Some(grace) = options.restart_grace {
+                redis = redis.with_restart_grace(grace);
+            }
             Ok(Arc::new(crate::RedisBackend::connect(&url, redis).await?))
         }
         #[cfg(not(feature = "redis"))]

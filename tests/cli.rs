@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use baton::testing::{EtcdNode, RedisNode};
-use baton::{Backend, EtcdBackend, Mutex, RedisBackend, RedisOptions, Session};
+use baton::{Backend, EtcdBackend, Mutex, Session};
 use support::{eventually, within};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -308,15 +308,16 @@ async fn status_lists_holder_then_waiters_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_and_status_on_redis() {
     let url = RedisNode::shared().url();
-    let backend = RedisBackend::connect(&url, RedisOptions::new())
-        .await
-        .unwrap();
+    let backend = RedisNode::shared().backend().await.unwrap();
     let name = name("redis");
     let s = Session::new(backend.clone()).await.unwrap();
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     let mut waiter = Running::spawn(&[
         "--endpoints",
         &url,
+        // A server started for this run: no holder predates it.
+        "--restart-grace",
+        "0",
         "lock",
         &name,
         "--",

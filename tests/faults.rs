@@ -1,6 +1,7 @@
 //! Fault injection against real etcd: members stopped, paused and restarted, a client cut
 //! off by a proxy, a holder killed with SIGKILL, leases revoked from outside, compaction
-//! under waiters, and foreign keys under the lock prefix. Every scenario writes through the
+//! under waiters, and foreign keys under the lock prefix; and against Redis: restarted
+//! without persistence mid-queue, a client cut off, a holder killed. Every scenario writes through the
 //! safety checker and prints a `RELIABILITY|...` line; `just reliability` turns those lines
 //! into docs/reliability.md.
 
@@ -10,9 +11,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::{EtcdCluster, EtcdNode};
+use baton::testing::{EtcdCluster, EtcdNode, RedisNode};
 use baton::{
-    Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, Mutex, MutexGuard, Session, SessionOptions,
+    Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, MemoryFence, Mutex, MutexGuard,
+    RedisBackend, RedisOptions, Session, SessionOptions,
 };
 use support::proxy::Proxy;
 use support::{FencedRegister, eventually, within};
@@ -34,7 +36,7 @@ async fn connect(endpoints: &[String], retry_for: Duration) -> EtcdBackend {
     EtcdBackend::connect(endpoints, options).await.unwrap()
 }
 
-async fn session(backend: &EtcdBackend, ttl: Duration) -> Session {
+async fn session<B: Backend + Clone>(backend: &B, ttl: Duration) -> Session {
     Session::with_options(backend.clone(), SessionOptions::new().with_ttl(ttl))
         .await
         .unwrap()
@@ -859,4 +861,222 @@ async fn a_release_whose_answer_is_lost_is_unknown_not_refused() {
         "{unlocked:?}"
     );
     s.close().await.unwrap();
+}
+
+// ---- Redis -------------------------------------------------------------------------------
+
+/// A Redis backend on `node` with the given restart grace.
+async fn redis_backend(url: &str, grace: Duration) -> RedisBackend {
+    RedisBackend::connect(url, RedisOptions::new().with_restart_grace(grace))
+        .await
+        .unwrap()
+}
+
+/// Redis restarted without persistence while a lock is held and another client waits: the
+/// queue is gone. A new contender that starts at once is held off by the restart grace until
+/// the old holder has been told (at its next renewal), so the two never overlap; its token is
+/// still larger than every token from before the restart, and the old holder's late write is
+/// fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_without_persistence_mid_queue() {
+    let node = RedisNode::start().await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let name = name("redis-restart");
+    let register = Arc::new(FencedRegister::default());
+    let fence = MemoryFence::new();
+    let backend = redis_backend(&node.url(), ttl).await;
+    let holder = session(&backend, ttl).await;
+    let guard = hold(&holder, &name, &register).await;
+    fence
+        .write("data", guard.ticket(), b"before")
+        .await
+        .unwrap();
+    let waiting = session(&backend, ttl).await;
+    let waiter = support::spawn_queued(&backend, &waiting, &name, 2).await;
+    let told = tokio::spawn({
+        let lost = guard.lost();
+        let register = Arc::clone(&register);
+        let token = guard.fencing_token().get();
+        async move {
+            let reason = lost.await;
+            register.exit(token);
+            (reason, Instant::now())
+        }
+    });
+
+    node.restart().await.unwrap();
+    let restarted = Instant::now();
+    // A new client contends at once, as a restarted service would.
+    let newcomer = tokio::spawn({
+        let backend = backend.clone();
+        let name = name.clone();
+        async move {
+            let s = Session::new(backend).await?;
+            let guard = Mutex::new(&s, &name)?.lock().await?;
+            Ok::<_, baton::Error>((s, guard, Instant::now()))
+        }
+    });
+    let (reason, told_at) = within("the holder is told", ttl * 3, told).await.unwrap();
+    support::assert_lost(&within("the waiter is told", ttl * 3, waiter).await.unwrap());
+    let (_s, next, granted_at) = within("the newcomer", ttl * 5, newcomer)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        told_at <= granted_at,
+        "told ({reason:?}) after the new grant"
+    );
+    assert!(register.enter(next.fencing_token().get()));
+    assert!(
+        next.fencing_token() > guard.fencing_token(),
+        "tokens go on increasing: {} after {}",
+        next.fencing_token(),
+        guard.fencing_token()
+    );
+    fence.write("data", next.ticket(), b"after").await.unwrap();
+    let late = fence.write("data", guard.ticket(), b"late").await;
+    assert!(
+        matches!(late, Err(baton::Error::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert!(!register.late_write(guard.fencing_token().get()));
+    println!(
+        "redis restart: holder told after {:?} ({reason:?}), newcomer granted after {:?}",
+        told_at - restarted,
+        granted_at - restarted
+    );
+    register.exit(next.fencing_token().get());
+    next.unlock().await.unwrap();
+    register.assert_safe(
+        "Redis restarted without persistence mid-queue",
+        "no overlap (restart grace); tokens still increase; late write fenced",
+        None,
+    );
+}
+
+/// A holder cut off from Redis by a proxy: it is told before the server expires its lease
+/// (so before any successor is granted), and its late write is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_client_cut_off_by_a_proxy() {
+    let url = RedisNode::shared().url();
+    let proxy = Proxy::start(url.trim_start_matches("redis://")).await;
+    let name = name("redis-proxy");
+    let register = Arc::new(FencedRegister::default());
+    let fence = MemoryFence::new();
+    let behind = RedisBackend::connect(
+        &proxy.endpoint().replace("http://", "redis://"),
+        RedisOptions::new()
+            .with_restart_grace(Duration::ZERO)
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let direct = redis_backend(&url, Duration::ZERO).await;
+    let ttl = Duration::from_secs(3);
+    let cut_off = session(&behind, ttl).await;
+    let guard = hold(&cut_off, &name, &register).await;
+    fence
+        .write("data", guard.ticket(), b"before")
+        .await
+        .unwrap();
+    let successor = session(&direct, Duration::from_secs(30)).await;
+    let waiting = tokio::spawn({
+        let mutex = Mutex::new(&successor, &name).unwrap();
+        // The instant of the grant, taken where it happens.
+        async move { mutex.lock().await.map(|g| (g, Instant::now())) }
+    });
+    eventually("the successor is queued", || async {
+        direct.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+
+    proxy.black_hole();
+    let cut_at = Instant::now();
+    let lost = within("lost() behind the black hole", ttl * 2, guard.lost()).await;
+    let lost_at = Instant::now();
+    register.exit(guard.fencing_token().get());
+    let (next, granted_at) = within("the successor", ttl * 3, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        lost_at <= granted_at,
+        "told {lost:?} only after the successor held"
+    );
+    assert!(
+        lost_at - cut_at <= ttl,
+        "lost() no later than the server's expiry"
+    );
+    assert!(register.enter(next.fencing_token().get()));
+    fence.write("data", next.ticket(), b"after").await.unwrap();
+    let late = fence.write("data", guard.ticket(), b"late").await;
+    assert!(
+        matches!(late, Err(baton::Error::StaleToken { .. })),
+        "{late:?}"
+    );
+    assert!(!register.late_write(guard.fencing_token().get()));
+    register.exit(next.fencing_token().get());
+    next.unlock().await.unwrap();
+    register.assert_safe(
+        "Redis: client cut off by a proxy",
+        "lost() before the server's expiry; successor holds; late write fenced",
+        None,
+    );
+}
+
+/// `baton lock` on Redis killed with SIGKILL: its entry goes with its lease, and the
+/// successor holds within TTL + 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_holder_process_killed() {
+    let url = RedisNode::shared().url();
+    let name = name("redis-sigkill");
+    let register = FencedRegister::default();
+    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .args([
+            "--endpoints",
+            &url,
+            "--restart-grace",
+            "0",
+            "lock",
+            &name,
+            "--ttl",
+            "2",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    within(
+        "the child holds",
+        Duration::from_secs(20),
+        lines.next_line(),
+    )
+    .await
+    .unwrap();
+    let token: u64 = lines.next_line().await.unwrap().unwrap().parse().unwrap();
+    assert!(register.enter(token));
+    holder.start_kill().unwrap(); // SIGKILL
+    holder.wait().await.unwrap();
+    let killed_at = Instant::now();
+    let backend = redis_backend(&url, Duration::ZERO).await;
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let guard = within(
+        "the successor",
+        Duration::from_secs(10),
+        Mutex::new(&s, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(killed_at.elapsed() <= Duration::from_secs(2) + Duration::from_secs(3));
+    register.exit(token);
+    assert!(register.enter(guard.fencing_token().get()));
+    release(guard, &register).await;
+    register.assert_safe(
+        "Redis: holder killed with SIGKILL",
+        "successor holds within TTL + 3 s",
+        None,
+    );
 }

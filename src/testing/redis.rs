@@ -472,12 +472,16 @@ impl RedisNode {
         }
     }
 
-    /// A backend connected to this node.
+    /// A backend connected to this node, without a restart grace: the node was started for
+    /// this test run, so no lock holder can predate its state (see
+    /// [`RedisOptions::with_restart_grace`](crate::RedisOptions::with_restart_grace); a test
+    /// of restarts passes its own options to `RedisBackend::connect`).
     ///
     /// # Errors
     /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
-        crate::RedisBackend::connect(&self.url(), crate::RedisOptions::new()).await
+        let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
+        crate::RedisBackend::connect(&self.url(), options).await
     }
 }
 

@@ -31,8 +31,20 @@ end
 -- in microseconds, so that a Redis restarted without its data (or a promoted replica that
 -- missed writes) still hands out larger values than before, as long as its clock has not
 -- gone back by more than the outage lasted.
+--
+-- The first value of a fresh store (a new server, or one that lost its data: restarted
+-- without persistence) also records since when the server has been up, in P.."since":
+-- clients wait out their restart grace from then before they grant anything, so that a
+-- holder from before the loss, which believes it holds until its lease would have expired,
+-- never overlaps a new one (RedisOptions::with_restart_grace).
 local function next_seq()
-  local n = math.max(tonumber(redis.call('GET', P .. 'seq') or '0') + 1, NOW_US)
+  local cur = redis.call('GET', P .. 'seq')
+  if not cur then
+    local info = redis.call('INFO', 'server')
+    local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+    redis.call('SET', P .. 'since', num(NOW_MS - up * 1000))
+  end
+  local n = math.max(tonumber(cur or '0') + 1, NOW_US)
   redis.call('SET', P .. 'seq', num(n))
   return n
 end

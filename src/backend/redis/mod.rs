@@ -54,6 +54,7 @@ pub struct RedisOptions {
     retry_for: Duration,
     prefix: String,
     recheck: Duration,
+    restart_grace: Duration,
 }
 
 impl Default for RedisOptions {
@@ -64,7 +65,8 @@ impl Default for RedisOptions {
 
 impl RedisOptions {
     /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, key prefix
-    /// `baton:`, waits re-checked at least every 30 s.
+    /// `baton:`, waits re-checked at least every 30 s, restart grace 60 s (the default
+    /// session TTL).
     pub fn new() -> Self {
         RedisOptions {
             connect_timeout: Duration::from_secs(5),
@@ -72,7 +74,27 @@ impl RedisOptions {
             retry_for: Duration::from_secs(10),
             prefix: "baton:".to_owned(),
             recheck: Duration::from_secs(30),
+            restart_grace: crate::SessionOptions::DEFAULT_TTL,
         }
+    }
+
+    /// How long after the server started nothing is granted, when its baton state is fresh
+    /// (default 60 s, the default session TTL).
+    ///
+    /// A Redis restarted without persistence has lost its queues, but the holders from before
+    /// do not know yet: each believes it holds until its lease would have expired (at most
+    /// its session TTL after its last renewal), and learns of the loss at its next renewal.
+    /// Granting nothing until the server has been up for the longest TTL in use keeps a new
+    /// holder from overlapping an old one. Set it to at least the longest session TTL of
+    /// every client of this server. A server that has been up longer than the grace when its
+    /// state is created (a new deployment used later, or data deleted on a running server)
+    /// waits for nothing.
+    ///
+    /// `Duration::ZERO` turns the wait off: right only where no holder can predate the
+    /// state (a test server started for one run).
+    pub fn with_restart_grace(mut self, grace: Duration) -> Self {
+        self.restart_grace = grace;
+        self
     }
 
     /// How long [`RedisBackend::connect`] waits for the server to answer.
@@ -134,8 +156,11 @@ impl RedisOptions {
 /// **What Redis can promise.** Mutual exclusion holds on a single primary. With asynchronous
 /// replication a failover can lose entries and grant a second holder; a server restarted
 /// without persistence loses the queue. In both cases the old holder learns it lost the lock
-/// at its next renewal, and only a fenced resource stays safe in between: tokens keep
-/// increasing, so the fence rejects the old holder's late writes.
+/// at its next renewal. A restart is covered by the restart grace
+/// ([`RedisOptions::with_restart_grace`]): a server whose state is fresh grants nothing until
+/// it has been up for the longest session TTL, so no holder from before overlaps a new one. A
+/// failover is not: only a fenced resource stays safe then, and it does, because tokens keep
+/// increasing (the fence rejects the old holder's late writes).
 ///
 /// `RedisBackend` is a handle: clones share the connections and the mailbox.
 #[derive(Clone)]
@@ -151,6 +176,8 @@ struct Shared {
     endpoint: String,
     mailbox: Mailbox,
     requests: AtomicU64,
+    /// The restart grace was reported (once per backend).
+    grace_told: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -299,6 +326,20 @@ fn unknown(op: &'static str) -> Error {
     }
 }
 
+/// The key of the stand-in entries that hold a fresh server's queues during its restart
+/// grace (under the prefix; never a real entry: real entries are not keyed under it).
+const GRACE_KEY: &str = "restart-grace";
+
+/// The restart grace still to wait, from the `since` and `now` a script answered with.
+fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<u64> {
+    let since = since.and_then(number)?;
+    let now = now.and_then(number)?;
+    let end = since.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+    u64::try_from(end.saturating_sub(now))
+        .ok()
+        .filter(|&left| left > 0)
+}
+
 /// One argument list of a script: the prefix first.
 struct Args(Vec<Vec<u8>>);
 
@@ -383,6 +424,7 @@ impl RedisBackend {
                 endpoint,
                 mailbox,
                 requests: AtomicU64::new(0),
+                grace_told: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -513,7 +555,85 @@ impl RedisBackend {
         }
         let ahead = entries("ahead", answer.next().ok_or_else(|| malformed("ahead"))?)?;
         let value = answer.next().as_ref().and_then(bytes).map(<[u8]>::to_vec);
-        Ok((ahead, value))
+        let (since, now) = (answer.next(), answer.next());
+        Ok((
+            self.with_grace(ahead, limit, since.as_ref(), now.as_ref()),
+            value,
+        ))
+    }
+
+    /// `n` stand-ins for the entries that may still hold this fresh server's queues (see
+    /// [`RedisOptions::with_restart_grace`]), gone once the grace ends (`end`, server ms): a
+    /// contender waits for them like for any entry ahead.
+    fn grace_entries(&self, n: usize, end: i64) -> impl Iterator<Item = Entry> + '_ {
+        (0..n).map(move |i| {
+            Entry::new(
+                format!("{}{GRACE_KEY}/{i}", self.inner.options.prefix),
+                end.to_string(),
+                // Below every real token (those are at least the server clock in µs).
+                Position::new(1),
+                FencingToken::new(1),
+                None,
+            )
+        })
+    }
+
+    fn is_grace_entry(&self, entry: &Entry) -> bool {
+        entry.lease().is_none()
+            && entry.token() == FencingToken::new(1)
+            && entry
+                .key()
+                .strip_prefix(self.inner.options.prefix.as_str())
+                .is_some_and(|k| k.starts_with(GRACE_KEY))
+    }
+
+    /// The server's clock, in ms.
+    async fn server_ms(&self) -> Result<i64> {
+        let ((secs, micros), _) = self
+            .attempts("time", Kind::Read, |mut conn| async move {
+                redis::cmd("TIME")
+                    .query_async::<(i64, i64)>(&mut conn)
+                    .await
+            })
+            .await?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
+    /// Waits until the server's clock passes `end` (ms): the end of a restart grace.
+    async fn wait_grace(&self, end: i64) -> Result<()> {
+        loop {
+            let left = end - self.server_ms().await?;
+            if left <= 0 {
+                return Ok(());
+            }
+            let left = Duration::from_millis(left.unsigned_abs());
+            tokio::time::sleep(left.min(self.inner.options.recheck)).await;
+        }
+    }
+
+    /// Pads `ahead` to `limit` with stand-ins while the server's restart grace lasts.
+    fn with_grace(
+        &self,
+        mut ahead: Vec<Entry>,
+        limit: usize,
+        since: Option<&Value>,
+        now: Option<&Value>,
+    ) -> Vec<Entry> {
+        if ahead.len() < limit
+            && let Some(left) = grace_left(self.inner.options.restart_grace, since, now)
+        {
+            let end = now.and_then(number).unwrap_or(0) + i64::try_from(left).unwrap_or(0);
+            if !self.inner.grace_told.swap(true, Ordering::Relaxed) {
+                tracing::info!(
+                    left_ms = left,
+                    endpoint = %self.inner.endpoint,
+                    "this Redis's baton state is fresh (a new server, or one that lost its data): nothing is granted until its restart grace ends"
+                );
+            }
+            let missing = limit - ahead.len();
+            ahead.extend(self.grace_entries(missing, end));
+        }
+        ahead
     }
 
     async fn oldest(&self, queue: &str, limit: usize) -> Result<Vec<Entry>> {
@@ -645,6 +765,14 @@ impl Backend for RedisBackend {
             .map(|e| entry("enqueue", e))
             .transpose()?
             .flatten();
+        let predecessor = self
+            .with_grace(
+                predecessor.into_iter().collect(),
+                1,
+                answer.get(3),
+                answer.get(4),
+            )
+            .pop();
         Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
     }
 
@@ -676,6 +804,13 @@ impl Backend for RedisBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        if self.is_grace_entry(entry) {
+            let end = std::str::from_utf8(entry.value())
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| malformed("wait_gone"))?;
+            return self.wait_grace(end).await;
+        }
         let topic = mailbox::gone_topic(entry.token().get(), entry.key_bytes());
         let waiter = self.inner.mailbox.waits().join(topic);
         loop {

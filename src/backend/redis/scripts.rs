@@ -77,7 +77,8 @@ end
 return num(d - NOW_MS)
 ",
     ),
-    // ARGV: queue, tag, lease, value. -> {0} if the lease is gone, else {1, entry, predecessor}.
+    // ARGV: queue, tag, lease, value. -> {0} if the lease is gone, else {1, entry, predecessor,
+    // since, now} (since: see next_seq; now: the server's clock, ms).
     enqueue: script(
         r"
 local q, lease = ARGV[2], ARGV[4]
@@ -100,7 +101,7 @@ if not mine then
   end
   mine = { k, ARGV[5], t, lease }
 end
-return { 1, mine, before(q, mine[3], 1)[1] or false }
+return { 1, mine, before(q, mine[3], 1)[1] or false, redis.call('GET', P .. 'since'), num(NOW_MS) }
 ",
     ),
     // ARGV: key. -> the live entry or nil.
@@ -110,7 +111,7 @@ return live(ARGV[2]) or false
 ",
     ),
     // ARGV: queue, mine key, mine token, limit[, plain key]. -> {0} if mine is gone, else
-    // {1, entries newest first, value of the plain key}.
+    // {1, entries newest first, value of the plain key, since, now}.
     ahead: script(
         r"
 if not live(ARGV[3], ARGV[4]) then
@@ -120,7 +121,8 @@ local value = false
 if ARGV[6] then
   value = redis.call('GET', P .. 'k:' .. ARGV[6])
 end
-return { 1, before(ARGV[2], ARGV[4], tonumber(ARGV[5])), value }
+return { 1, before(ARGV[2], ARGV[4], tonumber(ARGV[5])), value, redis.call('GET', P .. 'since'),
+  num(NOW_MS) }
 ",
     ),
     // ARGV: queue, limit. -> up to limit live entries, oldest first.

@@ -96,6 +96,10 @@ struct Cli {
     /// Seconds to wait for an endpoint to answer.
     #[arg(long, default_value = "5", value_parser = seconds, global = true, allow_negative_numbers = true)]
     connect_timeout: Duration,
+    /// Redis only: seconds after a restart that lost its data during which nothing is granted
+    /// (at least the longest --ttl of any client; see docs/redis.md).
+    #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, value_name = "SECONDS")]
+    restart_grace: Duration,
     /// Also print the key and fencing token on standard error when running a command.
     #[arg(short, long, global = true)]
     verbose: bool,
@@ -184,6 +188,14 @@ fn seconds(s: &str) -> Result<Duration, String> {
         return Err(format!("`{s}` must be a positive number of seconds"));
     }
     Duration::try_from_secs_f64(secs).map_err(|e| e.to_string())
+}
+
+/// Seconds, zero allowed (a wait that can be turned off).
+fn seconds_or_zero(s: &str) -> Result<Duration, String> {
+    if s.parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
+    seconds(s)
 }
 
 fn ttl_seconds(s: &str) -> Result<Duration, String> {
@@ -357,7 +369,9 @@ async fn before<T>(
 
 async fn connect(cli: &Cli, deadline: Option<Instant>) -> Result<Arc<dyn Backend>, Failure> {
     let endpoints = cli.endpoints.join(",");
-    let mut options = ConnectOptions::new().with_connect_timeout(cli.connect_timeout);
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(cli.connect_timeout)
+        .with_restart_grace(cli.restart_grace);
     if let (Some(user), Some(password)) = (&cli.user, &cli.password) {
         options = options.with_user(user, password);
     }
@@ -973,6 +987,8 @@ mod tests {
     fn seconds_must_be_positive_numbers() {
         assert_eq!(seconds("1.5"), Ok(Duration::from_millis(1500)));
         assert!(seconds("0").is_err());
+        assert_eq!(seconds_or_zero("0"), Ok(Duration::ZERO));
+        assert!(seconds_or_zero("-1").is_err());
         assert!(seconds("-1").is_err());
         assert!(seconds("soon").is_err());
         assert!(seconds("inf").is_err());
