@@ -559,7 +559,7 @@ pub(crate) fn queue_of(key: &str) -> &str {
 }
 
 /// The queue of an exact key, as bytes.
-#[cfg(any(feature = "etcd", test))]
+#[cfg(any(feature = "etcd", feature = "redis", test))]
 pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
     key.iter()
         .rposition(|&b| b == b'/')

@@ -63,6 +63,20 @@ local function queues_of(k)
   end
 end
 
+-- Registers mailbox `m` in the waiters' set `set`, first dropping the mailboxes of processes
+-- that are gone (no alive mark) once the set has grown, so that sets of long-lived keys (a
+-- semaphore's limit, a long leadership) do not collect every process that ever waited.
+local function register(set, m)
+  if redis.call('SCARD', set) >= 16 then
+    for _, other in ipairs(redis.call('SMEMBERS', set)) do
+      if redis.call('EXISTS', P .. 'mba:' .. other) == 0 then
+        redis.call('SREM', set, other)
+      end
+    end
+  end
+  redis.call('SADD', set, m)
+end
+
 -- Pushes `msg` to every live mailbox in `set`, then forgets the set.
 local function wake(set, msg)
   for _, m in ipairs(redis.call('SMEMBERS', set)) do
@@ -89,12 +103,24 @@ local function log_head(q)
   if redis.call('EXISTS', hl) == 0 then
     return
   end
-  local first = redis.call('ZRANGE', P .. 'q:' .. q, 0, 0)
+  -- The oldest entry whose lease is alive (dead ones are skipped, not removed here: their
+  -- removal logs again once it happens).
   local k, t, v, l = '', '', '', ''
-  if first[1] then
-    k = first[1]
-    local e = redis.call('HMGET', P .. 'e:' .. k, 't', 'v', 'l')
-    t, v, l = e[1] or '', e[2] or '', e[3] or ''
+  local offset = 0
+  while k == '' do
+    local batch = redis.call('ZRANGE', P .. 'q:' .. q, offset, offset + 15)
+    if #batch == 0 then
+      break
+    end
+    for _, member in ipairs(batch) do
+      local e = redis.call('HMGET', P .. 'e:' .. member, 't', 'v', 'l')
+      local d = e[3] and redis.call('ZSCORE', P .. 'leases', e[3])
+      if d and tonumber(d) > NOW_MS then
+        k, t, v, l = member, e[1] or '', e[2] or '', e[3]
+        break
+      end
+    end
+    offset = offset + #batch
   end
   local last = redis.call('HMGET', hl, 'k', 't', 'v', 'id')
   if last[1] == k and last[2] == t and last[3] == v then
@@ -106,8 +132,10 @@ local function log_head(q)
 end
 
 -- Removes entry K (whatever its incarnation): from its hash, from every queue containing it
--- and from its lease's set; wakes its waiters; logs the new heads.
-local function remove_entry(k)
+-- and from its lease's set; wakes its waiters; logs the new heads, unless `changed` is given:
+-- then the queues are added to it, for the caller to log once it is done (a lease's entries
+-- go together: the heads between them never existed).
+local function remove_entry(k, changed)
   local e = redis.call('HMGET', P .. 'e:' .. k, 'l', 't')
   local lease = e[1]
   redis.call('DEL', P .. 'e:' .. k)
@@ -116,7 +144,11 @@ local function remove_entry(k)
   end
   for _, q in ipairs(queues_of(k)) do
     redis.call('ZREM', P .. 'q:' .. q, k)
-    log_head(q)
+    if changed then
+      changed[q] = true
+    else
+      log_head(q)
+    end
   end
   -- The wake-up names the incarnation (see mailbox.rs, gone_topic).
   wake(P .. 'w:' .. k, 'g' .. (e[2] or '') .. ' ' .. k)
@@ -124,8 +156,12 @@ end
 
 -- Ends lease `id`: every entry bound to it goes.
 local function reap(id)
+  local changed = {}
   for _, k in ipairs(redis.call('SMEMBERS', P .. 'lease:' .. id)) do
-    remove_entry(k)
+    remove_entry(k, changed)
+  end
+  for q in pairs(changed) do
+    log_head(q)
   end
   redis.call('DEL', P .. 'lease:' .. id)
   redis.call('ZREM', P .. 'leases', id)

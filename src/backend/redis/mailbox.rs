@@ -208,33 +208,51 @@ struct Reader {
 impl Reader {
     async fn run(self) {
         let mut blocking: Option<MultiplexedConnection> = None;
-        let mut marked = Instant::now();
+        // When the last mark that the server confirmed was sent (the mark lasts ALIVE from
+        // the server's receipt, so from no earlier than this).
+        let mut marked: Option<Instant> = None;
+        // After a reconnect, a blocking read of the old connection may still be pending on the
+        // server and take a wake-up meant for us: every waiter asks again once it has ended.
+        let mut wake_after: Option<Instant> = None;
         let mut backoff = Duration::from_millis(25);
+        let fail = |backoff: &mut Duration| {
+            let pause = *backoff;
+            *backoff = (*backoff * 2).min(Duration::from_secs(1));
+            tokio::time::sleep(pause)
+        };
         loop {
-            if let Err(e) = self.mark_alive().await {
-                tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                continue;
+            // Renew the mark a few times per ALIVE, not per wake-up.
+            if marked.is_none_or(|at| at.elapsed() >= ALIVE / 3) {
+                let sent = Instant::now();
+                if let Err(e) = self.mark_alive().await {
+                    tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
+                    fail(&mut backoff).await;
+                    continue;
+                }
+                if marked.is_some_and(|at| sent.saturating_duration_since(at) >= ALIVE) {
+                    // The mark lapsed: wake-ups sent meanwhile were dropped.
+                    self.waits.wake_all();
+                }
+                marked = Some(sent);
             }
-            if marked.elapsed() >= ALIVE - BLOCK {
-                // The mark may have lapsed: wake-ups sent meanwhile were dropped.
+            if wake_after.is_some_and(|at| Instant::now() >= at) {
+                wake_after = None;
                 self.waits.wake_all();
             }
-            marked = Instant::now();
             let conn = match blocking.as_mut() {
                 Some(conn) => conn,
                 None => match self.connect().await {
                     Ok(conn) => {
                         // Registrations may have been lost with the old connection's server
-                        // (a restart): every waiter asks again.
+                        // (a restart): every waiter asks again, now and once an old blocking
+                        // read must have ended.
                         self.waits.wake_all();
+                        wake_after = Some(Instant::now() + BLOCK + self.request_timeout);
                         blocking.insert(conn)
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "redis mailbox: cannot connect; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        fail(&mut backoff).await;
                         continue;
                     }
                 },
@@ -243,7 +261,7 @@ impl Reader {
             cmd.arg(format!("{}mb:{}", self.prefix, self.id))
                 .arg(BLOCK.as_secs());
             let pop = cmd.query_async::<Value>(conn);
-            match tokio::time::timeout(BLOCK + self.request_timeout, pop).await {
+            match tokio::time::timeout(BLOCK.saturating_add(self.request_timeout), pop).await {
                 Ok(Ok(answer)) => {
                     backoff = Duration::from_millis(25);
                     if let Value::Array(pair) = answer
@@ -256,8 +274,12 @@ impl Reader {
                     tracing::debug!(error = %e, "redis mailbox: read failed; reconnecting");
                     // Never reused: a blocking read may still be pending on the server.
                     blocking = None;
+                    fail(&mut backoff).await;
                 }
-                Err(_) => blocking = None,
+                Err(_) => {
+                    blocking = None;
+                    fail(&mut backoff).await;
+                }
             }
         }
     }

@@ -21,7 +21,8 @@ use tokio::time::Instant;
 use self::mailbox::Mailbox;
 use self::scripts::SCRIPTS;
 use super::{
-    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp, queue_of,
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp,
+    queue_of_bytes,
 };
 use crate::error::{BoxError, Error, LostReason, Result};
 
@@ -129,7 +130,8 @@ impl RedisOptions {
     /// restarted server can delay a waiter. A wait on an entry also looks again when that
     /// entry's lease would expire.
     pub fn with_recheck(mut self, every: Duration) -> Self {
-        self.recheck = every;
+        // Never a busy loop.
+        self.recheck = every.max(Duration::from_millis(100));
         self
     }
 }
@@ -200,7 +202,8 @@ enum Kind {
 /// Whether a failed request may be sent again: the connection broke or timed out, or the
 /// server is not ready yet.
 fn is_transient(e: &RedisError) -> bool {
-    e.is_io_error()
+    is_busy(e)
+        || e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
         || e.is_connection_refusal()
@@ -215,9 +218,15 @@ fn is_transient(e: &RedisError) -> bool {
         )
 }
 
-/// Whether a failed request certainly never reached the server.
+/// Another script runs too long (`BUSY`): ours was not run.
+fn is_busy(e: &RedisError) -> bool {
+    e.code() == Some("BUSY")
+}
+
+/// Whether a failed request certainly never reached the server (or was refused unapplied).
 fn never_sent(e: &RedisError) -> bool {
-    e.is_connection_refusal()
+    is_busy(e)
+        || e.is_connection_refusal()
         || matches!(
             e.kind(),
             ErrorKind::Server(ServerErrorKind::BusyLoading | ServerErrorKind::ReadOnly)
@@ -475,7 +484,9 @@ impl RedisBackend {
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let give_up = Instant::now() + self.inner.options.retry_for;
+        let give_up = Instant::now()
+            .checked_add(self.inner.options.retry_for)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
         let mut backoff = Duration::from_millis(25);
         let mut maybe_applied = false;
         loop {
@@ -534,6 +545,18 @@ impl RedisBackend {
     async fn ahead_impl(
         &self,
         queue: &str,
+        mine: &Entry,
+        limit: usize,
+        key: Option<&str>,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        self.ahead_impl_bytes(queue.as_bytes(), mine, limit, key)
+            .await
+    }
+
+    /// [`ahead_impl`](Self::ahead_impl) for a queue named by exact bytes.
+    async fn ahead_impl_bytes(
+        &self,
+        queue: &[u8],
         mine: &Entry,
         limit: usize,
         key: Option<&str>,
@@ -682,6 +705,13 @@ async fn check_eviction(conn: &mut ConnectionManager) -> Result<()> {
                     needed: "noeviction (or a volatile-* policy): this policy may evict lock entries",
                 })
             }
+            Some(policy) if policy.starts_with("volatile") => {
+                tracing::warn!(
+                    policy = %policy,
+                    "Redis may evict keys with a TTL: baton's queues have none, but its wake-up mailboxes do; an evicted one delays waiters until they look again (RedisOptions::with_recheck). noeviction avoids that"
+                );
+                Ok(())
+            }
             _ => Ok(()),
         },
         Err(e) => {
@@ -785,7 +815,9 @@ impl Backend for RedisBackend {
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
-        let (ahead, _) = self.ahead_impl(queue_of(mine.key()), mine, 1, None).await?;
+        let (ahead, _) = self
+            .ahead_impl_bytes(queue_of_bytes(mine.key_bytes()), mine, 1, None)
+            .await?;
         Ok(ahead.into_iter().next())
     }
 
@@ -1068,7 +1100,7 @@ impl Observer {
             .arg(&self.stream_key)
             .arg(&last_id);
         let read = cmd.query_async::<Value>(conn);
-        let limit = OBSERVE_BLOCK + self.backend.inner.options.request_timeout;
+        let limit = OBSERVE_BLOCK.saturating_add(self.backend.inner.options.request_timeout);
         let answer = tokio::time::timeout(limit, read)
             .await
             .map_err(|elapsed| Error::Backend {

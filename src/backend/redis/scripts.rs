@@ -196,7 +196,7 @@ local e = live(ARGV[2], ARGV[3])
 if not e then
   return -1
 end
-redis.call('SADD', P .. 'w:' .. ARGV[2], ARGV[4])
+register(P .. 'w:' .. ARGV[2], ARGV[4])
 return num(lease_deadline(e[4]) - NOW_MS)
 ",
     ),
@@ -214,7 +214,7 @@ end
 if not same then
   return { 1, cur }
 end
-redis.call('SADD', P .. 'kw:' .. ARGV[2], ARGV[5])
+register(P .. 'kw:' .. ARGV[2], ARGV[5])
 return { 0 }
 ",
     ),
@@ -239,8 +239,10 @@ local hl = P .. 'hl:' .. q
 if ARGV[3] ~= '1' and redis.call('EXISTS', hl) == 0 then
   return {}
 end
+-- A head whose lease expired goes now (and its successor is logged): an observer learns of a
+-- crashed leader without waiting for someone's renewal to end its lease.
+oldest(q, 1)
 if ARGV[3] == '1' then
-  oldest(q, 1)
   if redis.call('EXISTS', hl) == 0 then
     redis.call('HSET', hl, 'k', '\0')
   end
