@@ -1,13 +1,15 @@
-//! Fair distributed locks and leader election on etcd, with fencing tokens.
+//! Fair distributed locks and leader election on etcd or Redis, with fencing tokens.
 //!
 //! - **Queue-fair locks without a herd**: contenders queue by creation order; each waiter
 //!   watches only its predecessor, so one release wakes exactly one waiter.
-//! - **Fencing tokens**: the holder's key create revision, strictly increasing in grant
-//!   order ([`MutexGuard::fencing_token`]).
+//! - **Fencing tokens**: strictly increasing in grant order ([`MutexGuard::fencing_token`]):
+//!   on etcd the holder's key create revision, on Redis a counter that never goes backwards.
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
 //! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
-//!   (`EtcdBackend`, feature `etcd`) and in-process ([`MemoryBackend`], always there).
+//!   (`EtcdBackend`, feature `etcd`), Redis (`RedisBackend`, feature `redis`;
+//!   `docs/redis.md`) and in-process ([`MemoryBackend`], always there). [`connect`] picks
+//!   one by the endpoints' scheme.
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
 //!   Go services and `etcdctl lock` share locks.
 //! - **Recipes on the same queue**: a fair [`Semaphore`] (stored limit, lease-bound
@@ -46,11 +48,14 @@
 //! - `etcd` (not default): `EtcdBackend` and `EtcdFence`; building etcd-client needs
 //!   `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
 //!   toolchain alone.
+//! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
+//! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
+//!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
-//! - `cli`: the `baton` command-line tool.
+//! - `cli`: the `baton` command-line tool, on etcd and Redis.
 //! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
-//!   three-member cluster) started through testcontainers.
+//!   three-member cluster), with `redis`, Redis fixtures, started through testcontainers.
 //!
 //! See `docs/guarantees.md` for what the lock promises and under which assumptions.
 #![cfg_attr(docsrs, feature(doc_cfg))]
