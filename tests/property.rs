@@ -1,10 +1,14 @@
-//! Property tests on the memory backend under paused time: random interleavings of lock,
-//! try_lock, unlock, cancel, lease expiry and session loss never violate mutual exclusion,
-//! never grant out of token order, and leave no keys (checked after every step, while the
-//! sessions live). Plus no-panic properties for everything that parses input from outside.
+//! Property tests: random interleavings of lock, try_lock, unlock, cancel, lease expiry and
+//! session loss never violate mutual exclusion, never grant out of token order, and leave no
+//! keys (checked after every step, while the sessions live); the same for a semaphore and a
+//! read-write lock. They run on the memory backend under paused time (64 cases each) and,
+//! with the `redis` feature, on a real Redis in real time (fewer, shorter cases). Plus
+//! no-panic properties for everything that parses input from outside.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use baton::testing::{Call, Fault, FaultyBackend};
 use baton::{
     Backend, Error, FencingToken, MemoryBackend, Mutex, MutexGuard, Session, SessionOptions,
     decode_token, encode_token,
@@ -12,8 +16,77 @@ use baton::{
 use proptest::prelude::*;
 use tokio::task::JoinHandle;
 
-const TTL: Duration = Duration::from_secs(3);
-const LOCK: &str = "prop/lock";
+/// Where a case runs: a backend, and the clock it runs on.
+#[derive(Clone)]
+struct World {
+    backend: Arc<dyn Backend>,
+    /// The in-memory store, when that is the backend (it can count every key).
+    memory: Option<MemoryBackend>,
+    /// A prefix for the names of this case (cases on one server must not meet).
+    prefix: String,
+    ttl: Duration,
+    /// Real time (a real server): waits are shortened, settling takes longer.
+    real_time: bool,
+}
+
+impl World {
+    fn memory() -> World {
+        let backend = MemoryBackend::new();
+        World {
+            backend: Arc::new(backend.clone()),
+            memory: Some(backend),
+            prefix: "prop".to_owned(),
+            ttl: Duration::from_secs(3),
+            real_time: false,
+        }
+    }
+
+    fn name(&self, what: &str) -> String {
+        format!("{}/{what}", self.prefix)
+    }
+
+    /// A session whose renewals can be made to fail, so that its lease expires on the server
+    /// after its TTL, as for a paused or cut-off owner.
+    async fn session(&self) -> (Session, Arc<FaultyBackend>) {
+        let faulty = FaultyBackend::wrap(Arc::clone(&self.backend));
+        let session =
+            Session::from_shared(faulty.clone(), SessionOptions::new().with_ttl(self.ttl))
+                .await
+                .unwrap();
+        (session, faulty)
+    }
+
+    /// Lets spawned tasks run.
+    async fn settle(&self) {
+        let pause = if self.real_time { 20 } else { 1 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+
+    /// Time passes (a hundredth of it in real time).
+    async fn wait(&self, ms: u64) {
+        let ms = if self.real_time { ms / 100 } else { ms };
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// Waits until the server has ended `session`'s lease (the session says it is lost
+    /// no later than that).
+    async fn gone(&self, session: &Session) {
+        let lease = session.lease_id();
+        let deadline = tokio::time::Instant::now() + self.ttl * 2;
+        while self.backend.lease_ttl(lease).await.unwrap().is_some() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the lease never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Makes `faulty`'s renewals fail from now on: its lease expires after its TTL.
+fn expire(faulty: &FaultyBackend) {
+    faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -50,11 +123,13 @@ enum State {
 
 struct Slot {
     session: Session,
+    faulty: Arc<FaultyBackend>,
     state: State,
 }
 
 struct Model {
-    backend: MemoryBackend,
+    world: World,
+    lock: String,
     slots: Vec<Slot>,
     /// Guards whose session was lost: they must no longer own anything.
     zombies: Vec<MutexGuard>,
@@ -62,12 +137,6 @@ struct Model {
 }
 
 impl Model {
-    async fn session(backend: &MemoryBackend) -> Session {
-        Session::with_options(backend.clone(), SessionOptions::new().with_ttl(TTL))
-            .await
-            .unwrap()
-    }
-
     fn granted(&mut self, guard: &MutexGuard) {
         let token = guard.fencing_token().get();
         assert!(
@@ -80,7 +149,7 @@ impl Model {
 
     /// Lets spawned tasks run, then collects finished waits.
     async fn settle(&mut self) {
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        self.world.settle().await;
         for i in 0..self.slots.len() {
             let finished = matches!(&self.slots[i].state, State::Waiting(h) if h.is_finished());
             if !finished {
@@ -112,8 +181,8 @@ impl Model {
         for slot in &self.slots {
             if matches!(slot.state, State::Idle) && !slot.session.is_lost() {
                 slot.session.settled().await;
-                let key = format!("{LOCK}/{}", slot.session.lease_id());
-                let left = self.backend.entries(LOCK).await.unwrap();
+                let key = format!("{}/{}", self.lock, slot.session.lease_id());
+                let left = self.world.backend.entries(&self.lock).await.unwrap();
                 assert!(
                     left.iter().all(|e| e.key() != key),
                     "an idle live session left its key behind"
@@ -145,9 +214,11 @@ impl Model {
     /// Replaces slot `i`'s session after it was lost; a waiter must end with an error.
     async fn lose(&mut self, i: usize) {
         let lost = self.slots[i].session.lost();
-        tokio::time::timeout(TTL * 2, lost)
+        tokio::time::timeout(self.world.ttl * 2, lost)
             .await
             .expect("the session notices");
+        // It says so before the server ends its lease: from then on it owns nothing.
+        self.world.gone(&self.slots[i].session).await;
         match std::mem::replace(&mut self.slots[i].state, State::Idle) {
             State::Holding(g) => self.zombies.push(g),
             State::Waiting(handle) => {
@@ -156,21 +227,21 @@ impl Model {
             }
             State::Idle => {}
         }
-        self.slots[i].session = Self::session(&self.backend).await;
+        (self.slots[i].session, self.slots[i].faulty) = self.world.session().await;
     }
 
     async fn apply(&mut self, op: Op) {
         match op {
             Op::Lock(i) => {
                 if matches!(self.slots[i].state, State::Idle) {
-                    let mutex = Mutex::new(&self.slots[i].session, LOCK).unwrap();
+                    let mutex = Mutex::new(&self.slots[i].session, &self.lock).unwrap();
                     self.slots[i].state =
                         State::Waiting(tokio::spawn(async move { mutex.lock().await }));
                 }
             }
             Op::TryLock(i) => {
                 if matches!(self.slots[i].state, State::Idle) {
-                    match Mutex::new(&self.slots[i].session, LOCK)
+                    match Mutex::new(&self.slots[i].session, &self.lock)
                         .unwrap()
                         .try_lock()
                         .await
@@ -202,18 +273,18 @@ impl Model {
                 }
             }
             Op::Expire(i) => {
-                self.backend
-                    .partition_lease(self.slots[i].session.lease_id(), true);
+                expire(&self.slots[i].faulty);
                 self.lose(i).await;
             }
             Op::Revoke(i) => {
-                self.backend
+                self.world
+                    .backend
                     .revoke_lease(self.slots[i].session.lease_id())
                     .await
                     .unwrap();
                 self.lose(i).await;
             }
-            Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Op::Wait(ms) => self.world.wait(ms).await,
         }
     }
 }
@@ -227,52 +298,63 @@ fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-fn run(ops: Vec<Op>) {
-    let rt = paused_runtime();
-    rt.block_on(async move {
-        let backend = MemoryBackend::new();
-        let mut slots = Vec::new();
-        for _ in 0..3 {
-            slots.push(Slot {
-                session: Model::session(&backend).await,
-                state: State::Idle,
-            });
-        }
-        let mut model = Model {
-            backend,
-            slots,
-            zombies: Vec::new(),
-            last_token: 0,
-        };
-        for op in ops {
-            model.apply(op).await;
-            model.settle().await;
-            model.check().await;
-            model.check_nothing_left().await;
-        }
-        // Everyone leaves: nothing may remain, checked while every session still lives.
-        for slot in &mut model.slots {
-            match std::mem::replace(&mut slot.state, State::Idle) {
-                State::Holding(g) => g.unlock().await.unwrap(),
-                State::Waiting(h) => {
-                    h.abort();
-                    let _ = h.await;
-                }
-                State::Idle => {}
+async fn run(world: World, ops: Vec<Op>) {
+    let mut slots = Vec::new();
+    for _ in 0..3 {
+        let (session, faulty) = world.session().await;
+        slots.push(Slot {
+            session,
+            faulty,
+            state: State::Idle,
+        });
+    }
+    let mut model = Model {
+        lock: world.name("lock"),
+        world,
+        slots,
+        zombies: Vec::new(),
+        last_token: 0,
+    };
+    for op in ops {
+        model.apply(op).await;
+        model.settle().await;
+        model.check().await;
+        model.check_nothing_left().await;
+    }
+    // Everyone leaves: nothing may remain, checked while every session still lives.
+    for slot in &mut model.slots {
+        match std::mem::replace(&mut slot.state, State::Idle) {
+            State::Holding(g) => g.unlock().await.unwrap(),
+            State::Waiting(h) => {
+                h.abort();
+                let _ = h.await;
             }
+            State::Idle => {}
         }
-        // Lost sessions' keys end with their leases, on the server's clock.
-        model.zombies.clear();
-        tokio::time::sleep(TTL).await;
-        for slot in &model.slots {
-            slot.session.settled().await;
-            assert!(!slot.session.is_lost());
-        }
-        assert_eq!(model.backend.key_count(), 0, "keys left behind");
-        for slot in &model.slots {
-            slot.session.close().await.unwrap();
-        }
-    });
+    }
+    // Lost sessions' keys end with their leases, on the server's clock.
+    model.zombies.clear();
+    for slot in &model.slots {
+        slot.session.settled().await;
+        assert!(!slot.session.is_lost());
+    }
+    assert!(
+        model
+            .world
+            .backend
+            .entries(&model.lock)
+            .await
+            .unwrap()
+            .is_empty(),
+        "entries left behind"
+    );
+    if let Some(memory) = &model.world.memory {
+        tokio::time::sleep(model.world.ttl).await;
+        assert_eq!(memory.key_count(), 0, "keys left behind");
+    }
+    for slot in &model.slots {
+        slot.session.close().await.unwrap();
+    }
 }
 
 proptest! {
@@ -280,7 +362,7 @@ proptest! {
 
     #[test]
     fn random_interleavings_keep_mutual_exclusion(ops in proptest::collection::vec(op(), 1..40)) {
-        run(ops);
+        paused_runtime().block_on(run(World::memory(), ops));
     }
 
     #[test]
@@ -324,8 +406,6 @@ mod recipes {
     use std::future::Future;
     use std::pin::Pin;
 
-    const SEM: &str = "prop/sem";
-    const RW: &str = "prop/rw";
     const PERMITS: u32 = 2;
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -375,11 +455,14 @@ mod recipes {
 
     fn take(
         session: &Session,
+        names: &(String, String),
         kind: Kind,
         try_only: bool,
     ) -> impl Future<Output = baton::Result<Grant>> + Send + 'static {
         let session = session.clone();
+        let (sem, rw) = names.clone();
         async move {
+            let (sem, rw) = (sem.as_str(), rw.as_str());
             macro_rules! grant {
                 ($guard:expr) => {{
                     let g = $guard;
@@ -393,24 +476,27 @@ mod recipes {
             }
             Ok(match (kind, try_only) {
                 (Kind::Permit, false) => {
-                    grant!(Semaphore::new(&session, SEM, PERMITS)?.acquire().await?)
+                    grant!(Semaphore::new(&session, sem, PERMITS)?.acquire().await?)
                 }
                 (Kind::Permit, true) => grant!(
-                    Semaphore::new(&session, SEM, PERMITS)?
+                    Semaphore::new(&session, sem, PERMITS)?
                         .try_acquire()
                         .await?
                 ),
-                (Kind::Read, false) => grant!(RwLock::new(&session, RW)?.read().await?),
-                (Kind::Read, true) => grant!(RwLock::new(&session, RW)?.try_read().await?),
-                (Kind::Write, false) => grant!(RwLock::new(&session, RW)?.write().await?),
-                (Kind::Write, true) => grant!(RwLock::new(&session, RW)?.try_write().await?),
+                (Kind::Read, false) => grant!(RwLock::new(&session, rw)?.read().await?),
+                (Kind::Read, true) => grant!(RwLock::new(&session, rw)?.try_read().await?),
+                (Kind::Write, false) => grant!(RwLock::new(&session, rw)?.write().await?),
+                (Kind::Write, true) => grant!(RwLock::new(&session, rw)?.try_write().await?),
             })
         }
     }
 
     struct Model {
-        backend: MemoryBackend,
+        world: World,
+        /// The semaphore's and the read-write lock's names.
+        names: (String, String),
         sessions: Vec<Session>,
+        faulties: Vec<Arc<FaultyBackend>>,
         states: Vec<State>,
         last_sem: u64,
         last_rw: u64,
@@ -435,7 +521,7 @@ mod recipes {
         }
 
         async fn settle(&mut self) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            self.world.settle().await;
             let mut tokens = Vec::new();
             for i in 0..self.states.len() {
                 if !matches!(&self.states[i], State::Waiting(h) if h.is_finished()) {
@@ -463,7 +549,7 @@ mod recipes {
             let (mut permits, mut readers, mut writers) = (0, 0, 0);
             for (i, state) in self.states.iter().enumerate() {
                 let State::Holding(g) = state else { continue };
-                let owns = self.backend.guarded(&g.entry, &[]).await.unwrap();
+                let owns = self.world.backend.guarded(&g.entry, &[]).await.unwrap();
                 if !self.sessions[i].is_lost() {
                     assert!(owns, "a live holder lost its entry");
                 }
@@ -488,8 +574,8 @@ mod recipes {
                 if matches!(state, State::Idle) && !self.sessions[i].is_lost() {
                     self.sessions[i].settled().await;
                     let tag = format!("{}_", self.sessions[i].lease_id());
-                    for queue in [SEM, RW] {
-                        let left = self.backend.entries(queue).await.unwrap();
+                    for queue in [&self.names.0, &self.names.1] {
+                        let left = self.world.backend.entries(queue).await.unwrap();
                         assert!(
                             left.iter().all(|e| !e
                                 .key()
@@ -507,11 +593,15 @@ mod recipes {
         async fn apply(&mut self, op: Op) {
             match op {
                 Op::Acquire(i, kind) if matches!(self.states[i], State::Idle) => {
-                    self.states[i] =
-                        State::Waiting(tokio::spawn(take(&self.sessions[i], kind, false)));
+                    self.states[i] = State::Waiting(tokio::spawn(take(
+                        &self.sessions[i],
+                        &self.names,
+                        kind,
+                        false,
+                    )));
                 }
                 Op::Try(i, kind) if matches!(self.states[i], State::Idle) => {
-                    match take(&self.sessions[i], kind, true).await {
+                    match take(&self.sessions[i], &self.names, kind, true).await {
                         Ok(g) => {
                             self.granted(vec![(g.kind, g.entry.token().get())]);
                             self.states[i] = State::Holding(g);
@@ -532,11 +622,13 @@ mod recipes {
                     other => self.states[i] = other,
                 },
                 Op::Expire(i) => {
-                    self.backend
-                        .partition_lease(self.sessions[i].lease_id(), true);
-                    tokio::time::timeout(TTL * 2, self.sessions[i].lost())
+                    expire(&self.faulties[i]);
+                    tokio::time::timeout(self.world.ttl * 2, self.sessions[i].lost())
                         .await
                         .expect("the session notices");
+                    // It says so before the server ends its lease: from then on it owns
+                    // nothing.
+                    self.world.gone(&self.sessions[i]).await;
                     // Let waiters see it, then forget this slot's session.
                     self.settle().await;
                     match std::mem::replace(&mut self.states[i], State::Idle) {
@@ -549,70 +641,63 @@ mod recipes {
                         // Owns nothing any more (`check` saw to it): forgotten.
                         State::Holding(_) | State::Idle => {}
                     }
-                    self.sessions[i] = Session::with_options(
-                        self.backend.clone(),
-                        SessionOptions::new().with_ttl(TTL),
-                    )
-                    .await
-                    .unwrap();
+                    (self.sessions[i], self.faulties[i]) = self.world.session().await;
                 }
-                Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Op::Wait(ms) => self.world.wait(ms).await,
                 Op::Acquire(..) | Op::Try(..) => {}
             }
         }
     }
 
-    pub(super) fn run(ops: Vec<Op>) {
-        let rt = paused_runtime();
-        rt.block_on(async move {
-            let backend = MemoryBackend::new();
-            let mut sessions = Vec::new();
-            for _ in 0..5 {
-                sessions.push(
-                    Session::with_options(backend.clone(), SessionOptions::new().with_ttl(TTL))
-                        .await
-                        .unwrap(),
-                );
-            }
-            let states = (0..5).map(|_| State::Idle).collect();
-            let mut model = Model {
-                backend,
-                sessions,
-                states,
-                last_sem: 0,
-                last_rw: 0,
-            };
-            for op in ops {
-                model.apply(op).await;
-                model.settle().await;
-                model.check().await;
-            }
-            for state in &mut model.states {
-                match std::mem::replace(state, State::Idle) {
-                    State::Holding(g) => {
-                        // A holder of a lost session owns nothing any more.
-                        let _ = g.release.await;
-                    }
-                    State::Waiting(h) => {
-                        h.abort();
-                        let _ = h.await;
-                    }
-                    State::Idle => {}
+    pub(super) async fn run(world: World, ops: Vec<Op>) {
+        let (mut sessions, mut faulties) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            let (session, faulty) = world.session().await;
+            sessions.push(session);
+            faulties.push(faulty);
+        }
+        let states = (0..5).map(|_| State::Idle).collect();
+        let mut model = Model {
+            names: (world.name("sem"), world.name("rw")),
+            world,
+            sessions,
+            faulties,
+            states,
+            last_sem: 0,
+            last_rw: 0,
+        };
+        for op in ops {
+            model.apply(op).await;
+            model.settle().await;
+            model.check().await;
+        }
+        for state in &mut model.states {
+            match std::mem::replace(state, State::Idle) {
+                State::Holding(g) => {
+                    // A holder of a lost session owns nothing any more.
+                    let _ = g.release.await;
                 }
+                State::Waiting(h) => {
+                    h.abort();
+                    let _ = h.await;
+                }
+                State::Idle => {}
             }
-            tokio::time::sleep(TTL).await;
-            for s in &model.sessions {
-                s.settled().await;
-            }
-            for queue in [SEM, RW] {
-                assert!(
-                    model.backend.entries(queue).await.unwrap().is_empty(),
-                    "entries left in {queue}"
-                );
-            }
+        }
+        for s in &model.sessions {
+            s.settled().await;
+        }
+        for queue in [&model.names.0, &model.names.1] {
+            assert!(
+                model.world.backend.entries(queue).await.unwrap().is_empty(),
+                "entries left in {queue}"
+            );
+        }
+        if let Some(memory) = &model.world.memory {
+            tokio::time::sleep(model.world.ttl).await;
             // Only the semaphore's stored limit may remain.
-            assert!(model.backend.key_count() <= 1, "keys left behind");
-        });
+            assert!(memory.key_count() <= 1, "keys left behind");
+        }
     }
 }
 
@@ -621,6 +706,50 @@ proptest! {
 
     #[test]
     fn recipes_keep_their_limits_and_queue_order(ops in proptest::collection::vec(recipes::op(), 1..40)) {
-        recipes::run(ops);
+        paused_runtime().block_on(recipes::run(World::memory(), ops));
+    }
+}
+
+/// The same properties on a real Redis, in real time: fewer and shorter cases (a lease expiry
+/// takes its TTL, 1 s here), each under names of its own.
+#[cfg(feature = "redis")]
+mod on_redis {
+    use super::*;
+    use baton::testing::RedisNode;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn world() -> (tokio::runtime::Runtime, World) {
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let backend = rt.block_on(RedisNode::shared().backend()).unwrap();
+        let case = CASE.fetch_add(1, Ordering::Relaxed);
+        let world = World {
+            backend: Arc::new(backend),
+            memory: None,
+            prefix: format!("prop-{}/{case}", std::process::id()),
+            ttl: Duration::from_secs(1),
+            real_time: true,
+        };
+        (rt, world)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_interleavings_keep_mutual_exclusion(ops in proptest::collection::vec(op(), 1..20)) {
+            let (rt, world) = world();
+            rt.block_on(run(world, ops));
+        }
+
+        #[test]
+        fn recipes_keep_their_limits_and_queue_order(ops in proptest::collection::vec(recipes::op(), 1..20)) {
+            let (rt, world) = world();
+            rt.block_on(recipes::run(world, ops));
+        }
     }
 }
