@@ -332,3 +332,101 @@ async fn observers_report_only_heads_that_existed() {
         backend.revoke_lease(last).await.unwrap();
     }
 }
+
+/// The next head an observer reports, skipping the errors it reports while cut off.
+async fn next_head(
+    events: &mut futures::stream::BoxStream<'static, baton::Result<baton::HeadEvent>>,
+) -> baton::HeadEvent {
+    use futures::StreamExt;
+    loop {
+        match within("a head", Duration::from_secs(30), events.next()).await {
+            Some(Ok(event)) => return event,
+            Some(Err(e)) => println!("observer: {e}"),
+            None => panic!("the stream ended"),
+        }
+    }
+}
+
+fn is_head_with(event: &baton::HeadEvent, value: &[u8]) -> bool {
+    matches!(event, baton::HeadEvent::Head(Some(e)) if e.value() == value)
+}
+
+/// An observer cut off from Redis resumes from the last head it read once it can reach Redis
+/// again, and reports every leader change it missed, in order (the heads' stream kept them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_resumes_after_a_broken_connection() {
+    use baton::{Election, HeadEvent};
+    let url = RedisNode::shared().url();
+    let proxy = support::proxy::Proxy::start(url.trim_start_matches("redis://")).await;
+    let name = test_name("observe-resume");
+    let behind = RedisBackend::connect(
+        &proxy.endpoint().replace("http://", "redis://"),
+        RedisOptions::new()
+            .with_restart_grace(Duration::ZERO)
+            .with_request_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let mut events = behind.observe_head(&name);
+    assert_eq!(next_head(&mut events).await, HeadEvent::Head(None));
+    let a = Session::new(direct.clone()).await.unwrap();
+    let leader_a = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(is_head_with(&next_head(&mut events).await, b"a"));
+
+    proxy.black_hole();
+    leader_a.resign().await.unwrap();
+    let b = Session::new(direct.clone()).await.unwrap();
+    let leader_b = Election::new(&b, &name)
+        .unwrap()
+        .campaign("b")
+        .await
+        .unwrap();
+    proxy.heal();
+
+    assert_eq!(
+        next_head(&mut events).await,
+        HeadEvent::Head(None),
+        "the missed vacancy"
+    );
+    let next = next_head(&mut events).await;
+    assert!(is_head_with(&next, b"b"), "{next:?}");
+    leader_b.resign().await.unwrap();
+}
+
+/// An observer of a Redis restarted without its data cannot be told what it missed: it says
+/// so (`Skipped`), then reports the current head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_of_a_restarted_server_reports_the_gap() {
+    use baton::{Election, HeadEvent};
+    let node = RedisNode::start().await.unwrap();
+    let backend = node.backend().await.unwrap();
+    let name = test_name("observe-restart");
+    let mut events = backend.observe_head(&name);
+    assert_eq!(next_head(&mut events).await, HeadEvent::Head(None));
+    let a = Session::new(backend.clone()).await.unwrap();
+    let _leader_a = Election::new(&a, &name)
+        .unwrap()
+        .campaign("a")
+        .await
+        .unwrap();
+    assert!(is_head_with(&next_head(&mut events).await, b"a"));
+
+    node.restart().await.unwrap();
+    let b = Session::new(backend.clone()).await.unwrap();
+    let leader_b = within(
+        "b leads on the restarted server",
+        Duration::from_secs(20),
+        Election::new(&b, &name).unwrap().campaign("b"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next_head(&mut events).await, HeadEvent::Skipped);
+    let next = next_head(&mut events).await;
+    assert!(is_head_with(&next, b"b"), "{next:?}");
+    leader_b.resign().await.unwrap();
+}
