@@ -1103,15 +1103,7 @@ async fn redis_cmd<T: redis::FromRedisValue>(url: &str, args: &[&str]) -> T {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_replica_promoted_after_missing_writes() {
     let primary = RedisNode::start().await.unwrap();
-    let port = primary.port().to_string();
-    let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &port])
-        .await
-        .unwrap();
-    eventually("the replica is in sync", || async {
-        let info: String = redis_cmd(&replica.url(), &["INFO", "replication"]).await;
-        info.contains("master_link_status:up")
-    })
-    .await;
+    let replica = primary.start_replica().await.unwrap();
     let ttl = Duration::from_secs(3);
     let name = name("redis-failover");
     let register = Arc::new(FencedRegister::default());
@@ -1133,13 +1125,7 @@ async fn redis_replica_promoted_after_missing_writes() {
     });
 
     // The replica stops receiving writes (a partition between the two servers)...
-    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
-    let _: () = redis_cmd(&replica.url(), &["REPLICAOF", "127.0.0.1", &nowhere]).await;
+    replica.detach().await.unwrap();
     // ...while the holder goes on renewing on the primary.
     let lease = holder.lease_id().get().to_string();
     let deadline = |url: String| {
@@ -1155,7 +1141,7 @@ async fn redis_replica_promoted_after_missing_writes() {
     .await;
     // The primary dies; the replica is promoted; clients move to it.
     primary.stop().await.unwrap();
-    let _: () = redis_cmd(&replica.url(), &["REPLICAOF", "NO", "ONE"]).await;
+    replica.promote().await.unwrap();
     let promoted_at = Instant::now();
     let on_replica = redis_backend(&replica.url(), Duration::ZERO).await;
     let newcomer = session(&on_replica, ttl).await;

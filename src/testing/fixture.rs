@@ -66,6 +66,17 @@ pub enum FixtureError {
         /// Why this fixture cannot do it.
         reason: &'static str,
     },
+    /// An administrative command to a test server failed (promoting a Redis replica).
+    #[error("{server}: `{command}` failed")]
+    Command {
+        /// The server: `etcd`, `redis`.
+        server: &'static str,
+        /// The command.
+        command: &'static str,
+        /// The server's or the client's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// Operating-system error (free port lookup, pipes, files).
     #[error("i/o error while starting a test server")]
     Io(#[from] std::io::Error),

@@ -54,7 +54,9 @@
 //! accepts connections and are removed when dropped (or, for [`RedisNode::shared`], when the
 //! test process exits). For fault tests a node can be stopped and started again on the same
 //! port ([`RedisNode::restart`]; its data is lost) and, in a container, paused
-//! ([`RedisNode::pause`]). Containers carry the [`LABEL`] too.
+//! ([`RedisNode::pause`]). A primary with a replica: [`RedisNode::start_replica`] (returns
+//! once it is in sync), then [`RedisNode::detach`] (it misses writes from then on) and
+//! [`RedisNode::promote`] (a failover). Containers carry the [`LABEL`] too.
 //!
 //! Environment:
 //! - `BATON_REDIS_URL`: the URL of a Redis you run yourself; [`RedisNode`] starts no server

@@ -428,6 +428,76 @@ impl RedisNode {
         self.start_again().await
     }
 
+    /// Starts a replica of this server (`--replicaof`, asynchronous replication, in its own
+    /// container or process) and returns once it has synchronised with this one.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`FixtureError::NotReady`] if it does not synchronise within
+    /// 30 s.
+    pub async fn start_replica(&self) -> Result<RedisNode, FixtureError> {
+        let port = self.port.to_string();
+        let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let info: Result<String, _> = replica.command("INFO", &["replication"]).await;
+            if info.is_ok_and(|i| i.contains("master_link_status:up")) {
+                return Ok(replica);
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: REDIS.name,
+                    address: format!("127.0.0.1:{} (replica in sync)", replica.port),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Makes this replica a primary (`REPLICAOF NO ONE`): what a failover does. It keeps what
+    /// it had replicated, no more.
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if the server refuses or cannot be reached.
+    pub async fn promote(&self) -> Result<(), FixtureError> {
+        self.command::<()>("REPLICAOF", &["NO", "ONE"]).await
+    }
+
+    /// Stops replicating from anyone while staying a replica (`REPLICAOF` to a port nobody
+    /// listens on): the replica misses every write from now on, as when a partition separates
+    /// it from its primary.
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if the server refuses or cannot be reached;
+    /// [`FixtureError::Io`] if no free port can be found.
+    pub async fn detach(&self) -> Result<(), FixtureError> {
+        let nowhere = free_port()?.to_string();
+        self.command::<()>("REPLICAOF", &["127.0.0.1", &nowhere])
+            .await
+    }
+
+    /// Sends one command to the server.
+    async fn command<T: redis::FromRedisValue>(
+        &self,
+        command: &'static str,
+        args: &[&str],
+    ) -> Result<T, FixtureError> {
+        let failed = |source: redis::RedisError| FixtureError::Command {
+            server: REDIS.name,
+            command,
+            source: Box::new(source),
+        };
+        let client = redis::Client::open(self.url()).map_err(failed)?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(failed)?;
+        let mut cmd = redis::cmd(command);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut conn).await.map_err(failed)
+    }
+
     /// Freezes the server (`docker pause`): connections stay open and requests hang until
     /// [`unpause`](Self::unpause). Containers only.
     ///
