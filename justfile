@@ -16,9 +16,10 @@ examples:
       cargo run --quiet --all-features --example "$example"
     done
 
-# Benchmarks against a fixture etcd, beside etcd's own Lock API; rewrites docs/performance.md.
+# Benchmarks against a fixture etcd (beside etcd's own Lock API) and a fixture Redis (beside the
+# hand-written SET NX PX pattern and rslock); rewrites docs/performance.md.
 bench:
-    cargo run --quiet --release --features testing --example bench
+    cargo run --quiet --release --features testing,etcd,redis --example bench
     cargo bench --bench memory
 
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).
