@@ -171,6 +171,9 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 /// # Cancel safety
 /// Cancel safe: nothing is created on the server before it returns.
 pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Arc<dyn Backend>> {
+    // Without a network backend, the options have nothing to configure.
+    #[cfg(not(any(feature = "etcd", feature = "redis")))]
+    let _ = options;
     match Endpoints::parse(endpoints)? {
         #[cfg(feature = "etcd")]
         Endpoints::Etcd(endpoints) => {

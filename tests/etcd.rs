@@ -662,25 +662,12 @@ fn lost_after_the_runtime_that_renewed_it_ended() {
 /// cases the memory suite runs in full, against a real server (see docs/reliability.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_harness_sample() {
-    let harness = support::harness::Harness {
-        make_rig: |case: String| async move {
-            Rig {
-                backend: Arc::new(backend().await),
-                outside: Arc::new(backend().await),
-                prefix: format!("etcd-{}/harness/{case}", std::process::id()),
-            }
-        },
-        delay: Duration::from_millis(300),
-        sample: 2,
-        follow_sample: 5,
-        backend: "etcd",
-    };
-    let started = std::time::Instant::now();
-    let tally = within("the harness", Duration::from_secs(900), harness.run_all()).await;
-    println!(
-        "HARNESS-TOTAL|etcd|{} cases in {:?}",
-        tally.cases,
-        started.elapsed()
-    );
-    assert!(tally.cases >= 50, "{tally:?}");
+    support::harness::run_sample("etcd", |case: String| async move {
+        Rig {
+            backend: Arc::new(backend().await),
+            outside: Arc::new(backend().await),
+            prefix: format!("etcd-{}/harness/{case}", std::process::id()),
+        }
+    })
+    .await;
 }

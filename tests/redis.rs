@@ -238,27 +238,14 @@ async fn a_long_wait_is_woken_at_the_release() {
 /// The fault-injection harness on Redis, sampled as on etcd (see docs/reliability.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fault_harness_sample() {
-    let harness = support::harness::Harness {
-        make_rig: |case: String| async move {
-            Rig {
-                backend: Arc::new(backend().await),
-                outside: Arc::new(backend().await),
-                prefix: format!("redis-{}/harness/{case}", std::process::id()),
-            }
-        },
-        delay: Duration::from_millis(300),
-        sample: 2,
-        follow_sample: 5,
-        backend: "redis",
-    };
-    let started = std::time::Instant::now();
-    let tally = within("the harness", Duration::from_secs(900), harness.run_all()).await;
-    println!(
-        "HARNESS-TOTAL|redis|{} cases in {:?}",
-        tally.cases,
-        started.elapsed()
-    );
-    assert!(tally.cases >= 50, "{tally:?}");
+    support::harness::run_sample("redis", |case: String| async move {
+        Rig {
+            backend: Arc::new(backend().await),
+            outside: Arc::new(backend().await),
+            prefix: format!("redis-{}/harness/{case}", std::process::id()),
+        }
+    })
+    .await;
 }
 
 /// The fencing scenarios of the `inventory`, `payment` and `bank_transfer` examples on Redis,

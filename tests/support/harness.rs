@@ -169,6 +169,31 @@ pub struct Harness<F> {
     pub backend: &'static str,
 }
 
+/// The harness against a real server, sampled (a part of the cases the memory suite runs in
+/// full): `rig` builds each case's world under names of its own. Prints the total and checks
+/// that enough cases ran.
+pub async fn run_sample<F, Fut>(backend: &'static str, rig: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Rig>,
+{
+    let harness = Harness {
+        make_rig: rig,
+        delay: Duration::from_millis(300),
+        sample: 2,
+        follow_sample: 5,
+        backend,
+    };
+    let started = std::time::Instant::now();
+    let tally = within("the harness", Duration::from_secs(900), harness.run_all()).await;
+    println!(
+        "HARNESS-TOTAL|{backend}|{} cases in {:?}",
+        tally.cases,
+        started.elapsed()
+    );
+    assert!(tally.cases >= 50, "{tally:?}");
+}
+
 /// The faults every step is tried with.
 pub fn faults(delay: Duration) -> [Fault; 6] {
     [

@@ -193,13 +193,16 @@ local function live(k, t)
   return { k, e[1], e[2], e[3] }
 end
 
--- Up to `limit` live entries of Q with a token below `below` (nil: any), newest first.
-local function before(q, below, limit)
+-- Up to `limit` live entries of Q, walking from `from` (an exclusive score bound, or '-inf' /
+-- '+inf') towards `to` with the sorted-set command `range` (ZRANGEBYSCORE: oldest first;
+-- ZREVRANGEBYSCORE: newest first). Entries of dead leases met on the way are removed (with
+-- their leases) and skipped.
+local function walk(q, range, from, to, limit)
   local out = {}
-  local bound = below and ('(' .. below) or '+inf'
+  local bound = from
   while #out < limit do
-    local batch = redis.call('ZREVRANGEBYSCORE', P .. 'q:' .. q, bound, '-inf', 'WITHSCORES',
-      'LIMIT', 0, limit - #out)
+    local batch = redis.call(range, P .. 'q:' .. q, bound, to, 'WITHSCORES', 'LIMIT', 0,
+      limit - #out)
     if #batch == 0 then
       return out
     end
@@ -208,7 +211,7 @@ local function before(q, below, limit)
       if e then
         out[#out + 1] = e
       else
-        -- A member without its hash (should not happen): drop it.
+        -- Gone with its lease (or a member without its hash, which should not happen).
         redis.call('ZREM', P .. 'q:' .. q, batch[i])
       end
       bound = '(' .. batch[i + 1]
@@ -217,27 +220,14 @@ local function before(q, below, limit)
   return out
 end
 
+-- Up to `limit` live entries of Q with a token below `below`, newest first.
+local function before(q, below, limit)
+  return walk(q, 'ZREVRANGEBYSCORE', '(' .. below, '-inf', limit)
+end
+
 -- Up to `limit` live entries of Q, oldest first.
 local function oldest(q, limit)
-  local out = {}
-  local bound = '-inf'
-  while #out < limit do
-    local batch = redis.call('ZRANGEBYSCORE', P .. 'q:' .. q, bound, '+inf', 'WITHSCORES',
-      'LIMIT', 0, limit - #out)
-    if #batch == 0 then
-      return out
-    end
-    for i = 1, #batch, 2 do
-      local e = live(batch[i])
-      if e then
-        out[#out + 1] = e
-      else
-        redis.call('ZREM', P .. 'q:' .. q, batch[i])
-      end
-      bound = '(' .. batch[i + 1]
-    end
-  end
-  return out
+  return walk(q, 'ZRANGEBYSCORE', '-inf', '+inf', limit)
 end
 
 -- Sets plain key `key` (nil: deletes it) and wakes whoever waits for it to change.
