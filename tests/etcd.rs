@@ -671,3 +671,40 @@ async fn fault_harness_sample() {
     })
     .await;
 }
+
+/// A backend built on the application's own etcd client locks like one baton connected
+/// itself; a client whose endpoint answers nothing is refused with `Connect` within the
+/// connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_client() {
+    let endpoints = EtcdNode::shared().endpoints().to_vec();
+    let client = baton::etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let backend = EtcdBackend::from_client(client, EtcdOptions::new())
+        .await
+        .unwrap();
+    let s = Session::new(backend.clone()).await.unwrap();
+    let name = test_name("from-client");
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    assert_eq!(backend.entries(&name).await.unwrap().len(), 1);
+    guard.unlock().await.unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead = baton::etcd_client::Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = EtcdBackend::from_client(
+        dead,
+        EtcdOptions::new().with_connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

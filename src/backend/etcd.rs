@@ -293,7 +293,52 @@ impl EtcdBackend {
                 Client::connect(&endpoints, Some(opts.clone()))
             })
             .await?;
-        // The channel is lazy: prove that a member answers (and accepts our token).
+        Self::checked(client, options, endpoints.clone(), retry).await
+    }
+
+    /// Builds the backend on an etcd-client `Client` the application already has (its
+    /// endpoints, TLS and credentials as it configured them), after the same checks as
+    /// [`connect`](Self::connect): a member answers within `options`' connect timeout, and it
+    /// runs etcd 3.4 or later. `options`' user is not used (the client authenticates itself).
+    ///
+    /// Keep-alive pings: baton's own connections ping every 5 s while idle, so that a waiter
+    /// parked on a watch learns of a dead connection; configure your client likewise
+    /// (`ConnectOptions::with_keep_alive`) if you rely on that.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> baton::Result<()> {
+    /// use baton::{EtcdBackend, EtcdOptions, etcd_client::Client};
+    /// let client = Client::connect(["127.0.0.1:2379"], None).await.map_err(|e| {
+    ///     baton::Error::Connect { endpoints: vec!["127.0.0.1:2379".into()], source: e.into() }
+    /// })?;
+    /// let backend = EtcdBackend::from_client(client, EtcdOptions::new()).await?;
+    /// # let _ = backend; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Connect`] if no member answers in time, [`Error::Auth`] if the client's
+    /// credentials are refused, [`Error::UnsupportedVersion`] for an etcd older than 3.4.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server.
+    pub async fn from_client(client: Client, options: EtcdOptions) -> Result<Self> {
+        let endpoints = vec!["(an application's etcd client)".to_owned()];
+        let retry = ConnectRetry {
+            give_up: Instant::now() + options.connect_timeout,
+            backoff: Duration::from_millis(25),
+            endpoints: &endpoints,
+        };
+        Self::checked(client, options, endpoints.clone(), retry).await
+    }
+
+    /// Proves that a member answers (the channel is lazy) and accepts the client's token, and
+    /// that it runs a version baton supports; then builds the backend.
+    async fn checked(
+        client: Client,
+        options: EtcdOptions,
+        endpoints: Vec<String>,
+        mut retry: ConnectRetry<'_>,
+    ) -> Result<Self> {
         retry
             .until_answered("probing", || {
                 let mut probe = client.clone();
