@@ -169,10 +169,12 @@ pub enum Error {
     /// server (a timeout, a broken connection), and no later attempt could tell. Read the state
     /// to learn what happened. Never returned for a request known not to have been applied;
     /// every other error of a write means it was not.
-    #[error("the outcome of `{op}` is unknown: it may have been applied")]
+    #[error("the outcome of `{op}`{at} is unknown: it may have been applied")]
     OutcomeUnknown {
         /// The operation.
         op: &'static str,
+        /// The lock and the server concerned, where known.
+        at: Where,
         /// The last failure seen.
         #[source]
         source: BoxError,
@@ -220,10 +222,12 @@ pub enum Error {
     },
 
     /// A request failed after its retries were exhausted.
-    #[error("backend request `{op}` failed")]
+    #[error("backend request `{op}`{at} failed")]
     Backend {
         /// The operation that failed.
         op: &'static str,
+        /// The lock and the server concerned, where known.
+        at: Where,
         /// The backend's error.
         #[source]
         source: BoxError,
@@ -234,5 +238,89 @@ pub enum Error {
     Unavailable,
 }
 
+/// Which lock and which server an [`Error::Backend`] or [`Error::OutcomeUnknown`] concerns,
+/// where known: shown in the error's message, e.g. "backend request `enqueue` (lock
+/// `orders/42`, Redis at redis://10.0.0.5:6379) failed".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Where {
+    /// The lock (or election, or recipe) name.
+    pub lock: Option<String>,
+    /// The server: the backend's name and its endpoints, without credentials.
+    pub endpoint: Option<String>,
+}
+
+impl fmt::Display for Where {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.lock, &self.endpoint) {
+            (None, None) => Ok(()),
+            (Some(lock), None) => write!(f, " (lock `{lock}`)"),
+            (None, Some(endpoint)) => write!(f, " ({endpoint})"),
+            (Some(lock), Some(endpoint)) => write!(f, " (lock `{lock}`, {endpoint})"),
+        }
+    }
+}
+
+impl Error {
+    /// Names the server a backend error concerns (kept if already named).
+    pub(crate) fn at_endpoint(mut self, endpoint: &str) -> Self {
+        if let Error::Backend { at, .. } | Error::OutcomeUnknown { at, .. } = &mut self
+            && at.endpoint.is_none()
+        {
+            at.endpoint = Some(endpoint.to_owned());
+        }
+        self
+    }
+
+    /// Names the lock a backend error concerns (kept if already named).
+    pub(crate) fn in_lock(mut self, lock: &str) -> Self {
+        if let Error::Backend { at, .. } | Error::OutcomeUnknown { at, .. } = &mut self
+            && at.lock.is_none()
+        {
+            at.lock = Some(lock.to_owned());
+        }
+        self
+    }
+}
+
 /// Shorthand for `Result<T, baton::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_errors_name_the_lock_and_the_server_once() {
+        let err = Error::Backend {
+            op: "enqueue",
+            at: Where::default(),
+            source: "connection reset".into(),
+        };
+        assert_eq!(err.to_string(), "backend request `enqueue` failed");
+        let err = err
+            .at_endpoint("etcd at http://127.0.0.1:2379")
+            .in_lock("orders/42")
+            .at_endpoint("elsewhere")
+            .in_lock("other");
+        assert_eq!(
+            err.to_string(),
+            "backend request `enqueue` (lock `orders/42`, etcd at http://127.0.0.1:2379) failed"
+        );
+        let unknown = Error::OutcomeUnknown {
+            op: "delete",
+            at: Where::default(),
+            source: "timeout".into(),
+        }
+        .in_lock("jobs");
+        assert_eq!(
+            unknown.to_string(),
+            "the outcome of `delete` (lock `jobs`) is unknown: it may have been applied"
+        );
+        // Other errors are left as they are.
+        assert!(matches!(
+            Error::Unavailable.in_lock("x"),
+            Error::Unavailable
+        ));
+    }
+}

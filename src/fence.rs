@@ -454,7 +454,8 @@ mod etcd {
             Err(Error::OutcomeUnknown {
                 op,
                 source: "an attempt failed after it may have been applied, and the resource has changed since".into(),
-            })
+at: Default::default(),
+})
         }
     }
 

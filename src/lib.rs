@@ -90,7 +90,7 @@ pub use backend::{RedisBackend, RedisOptions};
 pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
 pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
-pub use error::{BoxError, Error, LostReason, Result};
+pub use error::{BoxError, Error, LostReason, Result, Where};
 /// The etcd client baton is built on, re-exported so that code using
 /// [`EtcdBackend::client`] names the same version.
 #[cfg(feature = "etcd")]

@@ -867,9 +867,11 @@ impl Redlock {
                     Verdict::Unreachable => Error::Backend {
                         op: "redlock lock",
                         source: self.inner.failures(round.failures),
+                        at: Default::default(),
                     },
                     Verdict::TooSlow => Error::Backend {
                         op: "redlock lock",
+                        at: Default::default(),
                         source: format!(
                             "the round took {elapsed:?}: no validity left of a {ttl:?} TTL"
                         )
@@ -1110,9 +1112,11 @@ impl RedlockGuard {
             Verdict::Unreachable => Error::Backend {
                 op: "redlock extend",
                 source: self.claim.inner.failures(round.failures),
+                at: Default::default(),
             },
             Verdict::TooSlow => Error::Backend {
                 op: "redlock extend",
+                at: Default::default(),
                 source: format!("the round took {elapsed:?}: no validity left of a {ttl:?} TTL")
                     .into(),
             },
@@ -1173,6 +1177,7 @@ impl RedlockGuard {
                     Released::Unknown => Err(Error::Backend {
                         op: "redlock unlock",
                         source: self.claim.inner.failures(round.failures),
+                        at: Default::default(),
                     }),
                 }
             }

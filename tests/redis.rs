@@ -417,3 +417,32 @@ async fn observer_of_a_restarted_server_reports_the_gap() {
     assert!(is_head_with(&next, b"b"), "{next:?}");
     leader_b.resign().await.unwrap();
 }
+
+/// A request that fails for good names the server in its message (and keeps the cause).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_server() {
+    let url = RedisNode::shared().url();
+    let proxy = support::proxy::Proxy::start(url.trim_start_matches("redis://")).await;
+    let through = proxy.endpoint().replace("http://", "redis://");
+    let behind = RedisBackend::connect(
+        &through,
+        RedisOptions::new()
+            .with_restart_grace(Duration::ZERO)
+            .with_request_timeout(Duration::from_millis(200))
+            .with_retry_for(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    proxy.black_hole();
+    let err = behind.read("anything").await.unwrap_err();
+    let message = err.to_string();
+    assert!(matches!(err, Error::Backend { op: "read", .. }), "{err:?}");
+    assert!(
+        message.contains(&format!("Redis at {through}")),
+        "{message}"
+    );
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cause is kept"
+    );
+}

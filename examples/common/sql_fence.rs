@@ -73,6 +73,7 @@ fn sql_error(op: &'static str, e: rusqlite::Error) -> Error {
     Error::Backend {
         op,
         source: e.into(),
+        at: Default::default(),
     }
 }
 
@@ -164,6 +165,7 @@ impl SqliteFence {
                 Err(Error::Backend {
                     op: "fenced write",
                     source: "the row was neither written nor refused".into(),
+                    at: Default::default(),
                 })
             }
         }

@@ -163,6 +163,7 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
     Error::Backend {
         op,
         source: e.into(),
+        at: Default::default(),
     }
 }
 
@@ -414,6 +415,27 @@ impl EtcdBackend {
         op: &'static str,
         retry_for: Duration,
         kind: Kind,
+        f: F,
+    ) -> Result<(T, bool)>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.attempts_here(op, retry_for, kind, f)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))
+    }
+
+    /// The server, for errors: `etcd at <endpoints>`.
+    fn label(&self) -> String {
+        format!("etcd at {}", self.inner.endpoints.join(","))
+    }
+
+    async fn attempts_here<T, F, Fut>(
+        &self,
+        op: &'static str,
+        retry_for: Duration,
+        kind: Kind,
         mut f: F,
     ) -> Result<(T, bool)>
     where
@@ -423,7 +445,11 @@ impl EtcdBackend {
         let give_up = Instant::now() + retry_for;
         let mut backoff = Duration::from_millis(25);
         let mut maybe_applied = false;
-        let unknown = |source: BoxError| Error::OutcomeUnknown { op, source };
+        let unknown = |source: BoxError| Error::OutcomeUnknown {
+            op,
+            source,
+            at: Default::default(),
+        };
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
@@ -456,7 +482,11 @@ impl EtcdBackend {
                 return Err(if maybe_applied {
                     unknown(error)
                 } else {
-                    Error::Backend { op, source: error }
+                    Error::Backend {
+                        op,
+                        source: error,
+                        at: Default::default(),
+                    }
                 });
             }
             tracing::debug!(op, error = %error, ?backoff, "etcd request failed; retrying");
@@ -522,7 +552,9 @@ impl EtcdBackend {
             Err(Error::OutcomeUnknown {
                 op,
                 source: "an attempt failed after it may have been applied, and the retry found the entry gone".into(),
-            })
+                at: Default::default(),
+            }
+            .at_endpoint(&self.label()))
         } else {
             Ok(false)
         }
@@ -644,6 +676,7 @@ fn malformed(op: &'static str) -> Error {
     Error::Backend {
         op,
         source: "etcd answered a transaction without the expected responses".into(),
+        at: Default::default(),
     }
 }
 
@@ -924,7 +957,9 @@ impl Backend for EtcdBackend {
             Err(Error::OutcomeUnknown {
                 op: "swap",
                 source: "an attempt failed after it may have been applied, and the retry found the value changed".into(),
-            })
+                at: Default::default(),
+            }
+            .at_endpoint(&self.label()))
         } else {
             Ok(false)
         }

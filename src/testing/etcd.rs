@@ -330,6 +330,7 @@ impl EtcdCluster {
                     .map_err(|e| crate::Error::Backend {
                         op: "member_list",
                         source: e.into(),
+                        at: Default::default(),
                     })?;
                 let name = members
                     .members()

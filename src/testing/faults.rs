@@ -333,6 +333,7 @@ impl FaultyBackend {
                 Err(Error::OutcomeUnknown {
                     op: "injected",
                     source: "the answer was lost (FaultyBackend::FailAfter)".into(),
+                    at: Default::default(),
                 })
             }
             Some(Fault::HangBefore) => {

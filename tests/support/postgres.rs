@@ -156,6 +156,7 @@ fn pg_error(op: &'static str, e: tokio_postgres::Error) -> Error {
     Error::Backend {
         op,
         source: e.into(),
+        at: Default::default(),
     }
 }
 
@@ -226,6 +227,7 @@ impl PgFence {
         Err(Error::Backend {
             op: "fenced write",
             source: "the row was neither written nor refused".into(),
+            at: Default::default(),
         })
     }
 }

@@ -160,6 +160,7 @@ impl Mailbox {
         .map_err(|elapsed| Error::Backend {
             op: "connect",
             source: Box::new(elapsed),
+            at: Default::default(),
         })?
         .map_err(|e| super::redis_err("connect", e))?;
         let waits = Arc::new(Waits::default());

@@ -243,6 +243,7 @@ fn redis_err(op: &'static str, e: RedisError) -> Error {
         _ => Error::Backend {
             op,
             source: Box::new(e),
+            at: Default::default(),
         },
     }
 }
@@ -261,6 +262,7 @@ fn malformed(op: &'static str) -> Error {
     Error::Backend {
         op,
         source: "Redis answered a script with an unexpected shape".into(),
+        at: Default::default(),
     }
 }
 
@@ -332,6 +334,7 @@ fn unknown(op: &'static str) -> Error {
         source:
             "an attempt failed after it may have been applied, and the retry found the entry gone"
                 .into(),
+        at: Default::default(),
     }
 }
 
@@ -479,7 +482,27 @@ impl RedisBackend {
         Ok(self.eval(op, Kind::Read, script, args).await?.0)
     }
 
-    async fn attempts<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<(T, bool)>
+    async fn attempts<T, F, Fut>(&self, op: &'static str, kind: Kind, f: F) -> Result<(T, bool)>
+    where
+        F: FnMut(ConnectionManager) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.attempts_here(op, kind, f)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))
+    }
+
+    /// The server, for errors: `Redis at <url without password>`.
+    fn label(&self) -> String {
+        format!("Redis at {}", self.inner.endpoint)
+    }
+
+    async fn attempts_here<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        mut f: F,
+    ) -> Result<(T, bool)>
     where
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
@@ -502,6 +525,7 @@ impl RedisBackend {
                         Error::OutcomeUnknown {
                             op,
                             source: Box::new(e),
+                            at: Default::default(),
                         }
                     } else {
                         redis_err(op, e)
@@ -518,9 +542,17 @@ impl RedisBackend {
             };
             if Instant::now() + backoff >= give_up {
                 return Err(if maybe_applied {
-                    Error::OutcomeUnknown { op, source: error }
+                    Error::OutcomeUnknown {
+                        op,
+                        source: error,
+                        at: Default::default(),
+                    }
                 } else {
-                    Error::Backend { op, source: error }
+                    Error::Backend {
+                        op,
+                        source: error,
+                        at: Default::default(),
+                    }
                 });
             }
             tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.endpoint, "redis request failed; retrying");
@@ -536,7 +568,7 @@ impl RedisBackend {
         let (answer, maybe_applied) = self.eval(op, Kind::Write, script, args).await?;
         match number(&answer) {
             Some(1) => Ok(true),
-            Some(0) if maybe_applied => Err(unknown(op)),
+            Some(0) if maybe_applied => Err(unknown(op).at_endpoint(&self.label())),
             Some(0) => Ok(false),
             _ => Err(malformed(op)),
         }
@@ -1106,6 +1138,7 @@ impl Observer {
             .map_err(|elapsed| Error::Backend {
                 op: "observe",
                 source: Box::new(elapsed),
+                at: Default::default(),
             })?
             .map_err(|e| redis_err("observe", e))?;
         self.backoff = Duration::from_millis(25);
