@@ -708,3 +708,40 @@ async fn a_backend_on_the_applications_client() {
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// With authentication on, a session and its lock outlive the auth token: an expired token is
+/// refreshed, not reported as a failed renewal (which would end the session). etcd's simple
+/// tokens live 1 s here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_auth_token_is_refreshed() {
+    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
+        eprintln!("external etcd: not enabling authentication on it; skipping");
+        return;
+    }
+    let node = EtcdNode::start_with(&["--auth-token", "simple", "--auth-token-ttl", "1"])
+        .await
+        .expect("a node of its own");
+    let mut client = node.backend().await.unwrap().client().clone();
+    client.user_add("root", "pw", None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+    let backend =
+        EtcdBackend::connect(node.endpoints(), EtcdOptions::new().with_user("root", "pw"))
+            .await
+            .unwrap();
+    let s = Session::with_options(
+        backend.clone(),
+        SessionOptions::new().with_ttl(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap();
+    let guard = Mutex::new(&s, "auth/expiry").unwrap().lock().await.unwrap();
+    // The scenario is time passing: the token expires (1 s) several times over, while the
+    // session renews (every second).
+    let lost = tokio::time::timeout(Duration::from_secs(5), s.lost()).await;
+    assert!(lost.is_err(), "the session was lost: {lost:?}");
+    assert!(guard.is_owner().await.unwrap());
+    guard.unlock().await.unwrap();
+    let again = Mutex::new(&s, "auth/expiry").unwrap().lock().await.unwrap();
+    again.unlock().await.unwrap();
+}

@@ -275,9 +275,18 @@ impl EtcdBackend {
         }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
-            // HTTP/2 pings notice a dead connection under a long-lived watch.
+            // HTTP/2 pings notice a dead connection under a long-lived watch. Only while a
+            // stream is open: etcd refuses pings without a stream more often than every 5 s
+            // (GOAWAY "too_many_pings"), and with no stream there is nothing to notice.
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(false)
+            // A token that expires (simple tokens after `--auth-token-ttl`, JWTs, every token
+            // after a member restart) is fetched again, not reported as a refused request.
+            .with_auto_token_refresh(true)
+            // A member cut off from the quorum fails requests and cancels watches ("no
+            // leader") instead of holding waits and observers silently for the whole
+            // partition: both are retried, reaching a member that has a leader.
+            .with_require_leader(true);
         if let Some((user, password)) = &options.user {
             opts = opts.with_user(user.clone(), password.clone());
         }

@@ -29,6 +29,8 @@ struct MemberSpec {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Extra `etcd` arguments, after the fixture's own.
+    extra: Vec<String>,
 }
 
 impl MemberSpec {
@@ -37,6 +39,7 @@ impl MemberSpec {
             name: name.to_owned(),
             client_port: free_port()?,
             peer_port: free_port()?,
+            extra: Vec::new(),
         })
     }
 
@@ -73,6 +76,7 @@ impl MemberSpec {
         ]
         .iter()
         .map(|s| (*s).to_owned())
+        .chain(self.extra.iter().cloned())
         .collect()
     }
 }
@@ -172,13 +176,30 @@ impl EtcdNode {
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts.
     pub async fn start() -> Result<EtcdNode, FixtureError> {
+        EtcdNode::start_with(&[]).await
+    }
+
+    /// As [`start`](Self::start), with extra `etcd` arguments after the fixture's own, e.g.
+    /// `&["--auth-token-ttl", "1"]`. A node named by `BATON_ETCD_ENDPOINTS` is used as it is
+    /// (the arguments are ignored, with a warning).
+    ///
+    /// # Errors
+    /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts.
+    pub async fn start_with(args: &[&str]) -> Result<EtcdNode, FixtureError> {
         if let Ok(endpoints) = std::env::var("BATON_ETCD_ENDPOINTS") {
+            if !args.is_empty() {
+                tracing::warn!(
+                    ?args,
+                    "BATON_ETCD_ENDPOINTS is set: extra arguments ignored"
+                );
+            }
             return Ok(EtcdNode {
                 endpoints: endpoints.split(',').map(str::to_owned).collect(),
                 running: Running::External,
             });
         }
-        let spec = MemberSpec::new("n0")?;
+        let mut spec = MemberSpec::new("n0")?;
+        spec.extra = args.iter().map(|a| (*a).to_owned()).collect();
         let running =
             match start_container(&spec, &initial_cluster(std::slice::from_ref(&spec))).await {
                 Ok(container) => Running::Container(Box::new(container)),
