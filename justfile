@@ -11,7 +11,7 @@ test: _clean-containers
 examples:
     #!/usr/bin/env bash
     set -euo pipefail
-    for example in fair_lock leader payment inventory bank_transfer sql_fence semaphore rwlock barriers multilock; do
+    for example in fair_lock leader payment inventory bank_transfer sql_fence semaphore rwlock barriers multilock prometheus; do
       echo "== example $example"
       cargo run --quiet --all-features --example "$example"
     done

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::backend::{Backend, Entry};
 use crate::error::{Error, LostReason, Result};
+use crate::metrics::Meter;
 use crate::queue::{self, Backoff, Held, Mode, Turn};
 use crate::session::Session;
 
@@ -112,8 +113,11 @@ impl Barrier {
 
 /// Creates an entry in `queue` that counts at once.
 async fn enter(session: &Session, queue: &Arc<str>, value: Vec<u8>) -> Result<Held> {
+    // Not in the lock metrics: a barrier's waits (for the count, for the last holder) are not
+    // this entry's, and the entry is granted at once.
+    let meter = Meter::unmetered(queue);
     let ask = queue::Ask {
-        name: queue,
+        meter: &meter,
         queue,
         value,
         mode: Mode::Wait,

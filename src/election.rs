@@ -11,6 +11,7 @@ use tracing::Instrument;
 use crate::backend::{Entry, FencingToken, HeadEvent, WriteOp};
 use crate::error::{Error, LostReason, Result};
 use crate::fence::Ticket;
+use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Held, Mode, Turn};
 use crate::session::Session;
 
@@ -56,6 +57,7 @@ pub struct Election {
     session: Session,
     /// Shared with the session's in-process queue for this name.
     name: Arc<str>,
+    meter: Arc<Meter>,
 }
 
 /// The current leader of an election.
@@ -123,6 +125,7 @@ impl Election {
         let name: Arc<str> = name.into();
         Ok(Election {
             session: session.clone(),
+            meter: Meter::new(Recipe::Election, &name),
             name,
         })
     }
@@ -156,7 +159,7 @@ impl Election {
             let held = queue::acquire(
                 &self.session,
                 queue::Ask {
-                    name: &self.name,
+                    meter: &self.meter,
                     queue: &self.name,
                     value,
                     mode: Mode::Wait,

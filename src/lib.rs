@@ -57,6 +57,10 @@
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
 //!   three-member cluster), with `redis`, Redis fixtures, started through testcontainers.
 //!
+//! Metrics (wait and hold times, handoffs, sessions, keep-alives) go through the `metrics`
+//! facade to whatever recorder the application installs: see [`metrics`] and
+//! `docs/metrics.md`.
+//!
 //! See `docs/guarantees.md` for what the lock promises and under which assumptions.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -68,6 +72,7 @@ mod election;
 mod error;
 mod fence;
 mod guard;
+pub mod metrics;
 mod multilock;
 mod mutex;
 mod queue;

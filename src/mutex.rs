@@ -8,6 +8,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::fence::Ticket;
+use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Held, Mode, Turn};
 use crate::session::Session;
 
@@ -64,6 +65,7 @@ pub struct Mutex {
     session: Session,
     /// Shared with the session's in-process queue for this name.
     name: Arc<str>,
+    meter: Arc<Meter>,
     owner: Vec<u8>,
 }
 
@@ -77,9 +79,11 @@ impl Mutex {
         if name.is_empty() {
             return Err(Error::InvalidArgument("lock name must not be empty"));
         }
+        let name: Arc<str> = name.into();
         Ok(Mutex {
             session: session.clone(),
-            name: name.into(),
+            meter: Meter::new(Recipe::Mutex, &name),
+            name,
             owner: queue::default_owner(),
         })
     }
@@ -137,7 +141,7 @@ impl Mutex {
         let held = queue::acquire(
             &self.session,
             queue::Ask {
-                name: &self.name,
+                meter: &self.meter,
                 queue: &self.name,
                 value: self.owner.clone(),
                 mode,

@@ -13,11 +13,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
 
 use crate::backend::{Backend, Enqueued, Entry};
 use crate::error::{Error, LostReason, Result};
+use crate::metrics::Meter;
 use crate::session::Session;
 
 /// Whether [`acquire`] waits for its turn or gives up at once.
@@ -63,14 +66,18 @@ impl Backoff {
 #[derive(Debug)]
 pub(crate) struct Held {
     session: Session,
-    /// The name of the lock, election or recipe: the queue, or (read-write lock) the queue
-    /// that holds the entry's own.
-    name: Arc<str>,
+    /// The lock, election or recipe: its name (the queue, or for a read-write lock the queue
+    /// that holds the entry's own) and where the hold time is reported.
+    meter: Arc<Meter>,
     entry: Entry,
     /// Kept until the entry is deleted, so the next local task cannot reuse the key early.
     local: Option<OwnedMutexGuard<()>>,
+    /// When the entry was granted, for the hold time.
+    granted: Instant,
     /// Set once the release was done or handed to a cleanup task: `Drop` has nothing to do.
     released: bool,
+    /// Set once the hold time was reported: at the release's start, or at the drop.
+    hold_reported: bool,
 }
 
 /// Where an acquisition puts its entry: the key `<queue>/<tag>` (tags have no `/`). One
@@ -260,11 +267,11 @@ pub(crate) enum Limit<'a> {
     },
 }
 
-/// One acquisition: its entry goes to `<queue>/<tag>` holding `value`; `name` is the lock
-/// the entry belongs to (the queue itself, or the queue that contains it).
+/// One acquisition: its entry goes to `<queue>/<tag>` holding `value`; `meter` names the lock
+/// the entry belongs to (the queue itself, or the queue that contains it) and times it.
 #[derive(Debug)]
 pub(crate) struct Ask<'a> {
-    pub(crate) name: &'a Arc<str>,
+    pub(crate) meter: &'a Arc<Meter>,
     pub(crate) queue: &'a Arc<str>,
     pub(crate) value: Vec<u8>,
     pub(crate) mode: Mode,
@@ -272,7 +279,34 @@ pub(crate) struct Ask<'a> {
 }
 
 /// Takes a turn in a queue for `session`, as `ask` says: for [`Turn::Head`], in process
-/// first, then in the backend.
+/// first, then in the backend. The wait is reported to the meter with its outcome, or as
+/// cancelled if the future is dropped first.
+pub(crate) fn acquire<'a>(
+    session: &'a Session,
+    ask: Ask<'a>,
+) -> impl Future<Output = Result<Held>> + Send + 'a {
+    let meter: &'a Meter = ask.meter;
+    let waiting = meter.waiting();
+    // `map` rather than an `async` block, which would keep a second copy of the acquisition
+    // in its state (see `take_turn`).
+    take_turn(session, ask).map(move |result| {
+        // A backend error names the lock it concerns.
+        waiting.finish(result.map_err(|e| e.in_lock(meter.name())))
+    })
+}
+
+/// How a contender's turn came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turned {
+    /// Granted without waiting for anyone to leave.
+    Free,
+    /// Granted after waiting for entries ahead to leave: the lock was handed over.
+    Handoff,
+    /// Not granted at once, and the call does not wait ([`Mode::Try`]).
+    Busy,
+}
+
+/// The acquisition itself, untimed: see [`acquire`].
 ///
 /// (Written as a function returning an `async move` block rather than an `async fn`: an
 /// `async fn` keeps a second copy of its arguments in its state, and this state is kept by
@@ -283,12 +317,12 @@ pub(crate) struct Ask<'a> {
 // its `Drop` reads the change (the cleanup), which this lint does not see for captured
 // values. `failed_lock_leaves_nothing` fails if the change is lost.
 #[allow(unused_assignments)]
-pub(crate) fn acquire<'a>(
+fn take_turn<'a>(
     session: &'a Session,
     ask: Ask<'a>,
 ) -> impl Future<Output = Result<Held>> + Send + 'a {
     let Ask {
-        name,
+        meter,
         queue,
         value,
         mode,
@@ -329,7 +363,7 @@ pub(crate) fn acquire<'a>(
             (Turn::Head, Mode::Try) => {
                 let guard = session.local_queue(queue).try_lock_owned();
                 pending.local = Some(guard.map_err(|_| Error::Locked {
-                    name: name.to_string(),
+                    name: meter.name().to_string(),
                 })?);
             }
             (Turn::Fewer(_) | Turn::Enter, _) => {}
@@ -368,10 +402,10 @@ pub(crate) fn acquire<'a>(
         };
         tracing::debug!(key = %mine.key(), token = %mine.token(), head = is_head, "enqueued");
 
-        let granted = match turn {
+        let turned = match turn {
             Turn::Head if !is_head && mode == Mode::Wait => {
                 wait_for_turn(session, mine, predecessor, &mut lost).await?;
-                true
+                Turned::Handoff
             }
             _ => {
                 // Only the mutex's wait uses the predecessor read with the create. Let go of
@@ -379,10 +413,11 @@ pub(crate) fn acquire<'a>(
                 // waiter's state (here, an `Entry` in every mutex waiter).
                 drop(predecessor);
                 match turn {
-                    Turn::Enter => true,
-                    Turn::Head => is_head,
+                    Turn::Enter => Turned::Free,
+                    Turn::Head if is_head => Turned::Free,
+                    Turn::Head => Turned::Busy,
                     // The head of the queue counted is ahead of no one.
-                    Turn::Fewer(rule) if is_head && rule.of == &**queue => true,
+                    Turn::Fewer(rule) if is_head && rule.of == &**queue => Turned::Free,
                     // Boxed: its state is larger than the head wait's, and a mutex waiter
                     // would carry that size for as long as it waits.
                     Turn::Fewer(rule) => {
@@ -393,14 +428,14 @@ pub(crate) fn acquire<'a>(
                 }
             }
         };
-        if !granted {
+        if turned == Turned::Busy {
             // Leave nothing behind before reporting "busy"; on failure the drop guard
             // retries.
             if session.backend().delete_entry(mine).await.is_ok() {
                 pending.trace = Trace::Nothing;
             }
             return Err(Error::Locked {
-                name: name.to_string(),
+                name: meter.name().to_string(),
             });
         }
         // Nothing is granted to a lost session, even one whose loss nothing has recorded yet
@@ -415,6 +450,9 @@ pub(crate) fn acquire<'a>(
         span.record("key", mine.key());
         span.record("token", mine.token().get());
         tracing::debug!("granted");
+        if turned == Turned::Handoff {
+            meter.handoff();
+        }
         let Trace::Created(entry) = std::mem::replace(&mut pending.trace, Trace::Nothing) else {
             unreachable!(
                 "the entry was stored above and only taken on the `try` path, which returned"
@@ -422,10 +460,12 @@ pub(crate) fn acquire<'a>(
         };
         Ok(Held {
             session: session.clone(),
-            name: Arc::clone(name),
+            meter: Arc::clone(meter),
             entry,
             local: pending.local.take(),
+            granted: Instant::now(),
             released: false,
+            hold_reported: false,
         })
     }
 }
@@ -508,7 +548,7 @@ async fn look(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -
 }
 
 /// Waits until fewer than `limit` entries of `of` are ahead of `mine` ([`Turn::Fewer`]);
-/// `Ok(false)` if it is not so at once and `mode` is [`Mode::Try`].
+/// [`Turned::Busy`] if it is not so at once and `mode` is [`Mode::Try`].
 ///
 /// It watches the entries just ahead, as many as the limit: while all of them remain, at
 /// least that many are ahead, so no other change can make `mine` a holder. A departure among
@@ -522,9 +562,11 @@ async fn wait_for_fewer(
     limit: Limit<'_>,
     mode: Mode,
     lost: &mut (impl Future<Output = LostReason> + Unpin + Send),
-) -> Result<bool> {
+) -> Result<Turned> {
     let backend = session.backend();
     let mut failures = 0u32;
+    // Whether an entry ahead has left (or the limit changed) since the first look.
+    let mut waited = false;
     loop {
         if failures > 0 {
             tokio::select! {
@@ -537,8 +579,9 @@ async fn wait_for_fewer(
             reason = &mut *lost => return Err(Error::SessionLost(reason)),
         };
         let (window, seen) = match looked {
-            Ok(Look::Granted) => return Ok(true),
-            Ok(Look::Wait(..)) if mode == Mode::Try => return Ok(false),
+            Ok(Look::Granted) if waited => return Ok(Turned::Handoff),
+            Ok(Look::Granted) => return Ok(Turned::Free),
+            Ok(Look::Wait(..)) if mode == Mode::Try => return Ok(Turned::Busy),
             Ok(Look::Wait(window, seen)) => (window, seen),
             // Our own entry vanished: most likely our lease ended.
             Err(Error::EntryGone { .. }) if session.is_lost() => {
@@ -574,7 +617,10 @@ async fn wait_for_fewer(
             reason = &mut *lost => return Err(Error::SessionLost(reason)),
         };
         match woken {
-            Ok(()) => failures = 0,
+            Ok(()) => {
+                failures = 0;
+                waited = true;
+            }
             Err(e) => {
                 tracing::debug!(key = %mine.key(), error = %e, "waiting failed; retrying");
                 failures = failures.saturating_add(1);
@@ -695,7 +741,7 @@ impl Held {
 
     /// The name of the lock, election or recipe our entry belongs to.
     pub(crate) fn queue(&self) -> &str {
-        &self.name
+        self.meter.name()
     }
 
     /// Applies `ops` only while our entry exists; [`Error::NotOwner`] otherwise. A write to
@@ -718,7 +764,8 @@ impl Held {
                 });
             }
         }
-        if self.session.backend().guarded(&self.entry, ops).await? {
+        let applied = self.session.backend().guarded(&self.entry, ops).await;
+        if applied.map_err(|e| e.in_lock(queue))? {
             Ok(())
         } else {
             Err(self.not_owner())
@@ -759,6 +806,8 @@ impl Held {
     /// (An `async` block, not an `async fn`, which would keep `self` twice in its state.)
     #[allow(clippy::manual_async_fn)] // On purpose: see above.
     pub(crate) fn release(mut self) -> impl Future<Output = Result<()>> + Send + 'static {
+        // The hold ends when the holder lets go, however long the delete takes.
+        self.end_hold();
         async move {
             // `released` is set only once the delete answered: if this future is dropped
             // before, `Drop` hands the (idempotent, revision-conditioned) delete to a task.
@@ -776,7 +825,7 @@ impl Held {
                     // The local queue stays taken until the cleanup confirms, so no local
                     // task reuses the key (and its token) meanwhile.
                     self.cleanup_in_background("release failed");
-                    Err(e)
+                    Err(e.in_lock(self.queue()))
                 }
             }
         }
@@ -811,6 +860,13 @@ impl Held {
         }
     }
 
+    /// Reports the hold time, once.
+    fn end_hold(&mut self) {
+        if !std::mem::replace(&mut self.hold_reported, true) {
+            self.meter.held_since(self.granted);
+        }
+    }
+
     /// Nothing left for `Drop` to do.
     fn disarm(&mut self) {
         self.released = true;
@@ -830,6 +886,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
+        self.end_hold();
         if !self.released {
             self.cleanup_in_background("guard dropped");
         }

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::fence::Ticket;
+use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Fewer, Held, Limit, Mode, Turn};
 use crate::session::Session;
 
@@ -74,6 +75,8 @@ pub struct RwLock {
     name: Arc<str>,
     readers: Arc<str>,
     writers: Arc<str>,
+    read_meter: Arc<Meter>,
+    write_meter: Arc<Meter>,
     owner: Vec<u8>,
     /// Read guards of this handle still alive: a write asked for meanwhile is an upgrade.
     reading: Arc<AtomicUsize>,
@@ -88,6 +91,8 @@ impl Clone for RwLock {
             name: Arc::clone(&self.name),
             readers: Arc::clone(&self.readers),
             writers: Arc::clone(&self.writers),
+            read_meter: Arc::clone(&self.read_meter),
+            write_meter: Arc::clone(&self.write_meter),
             owner: self.owner.clone(),
             reading: Arc::default(),
         }
@@ -105,6 +110,8 @@ impl RwLock {
             session: session.clone(),
             readers: format!("{name}/read").into(),
             writers: format!("{name}/write").into(),
+            read_meter: Meter::new(Recipe::Read, &name),
+            write_meter: Meter::new(Recipe::Write, &name),
             name,
             owner: queue::default_owner(),
             reading: Arc::default(),
@@ -175,7 +182,7 @@ impl RwLock {
         // too: it would queue behind this read.
         let reading = Reading::new(&self.reading);
         let held = self
-            .take(&self.readers, &self.writers, "read", mode)
+            .take(&self.readers, &self.writers, "read", &self.read_meter, mode)
             .await?;
         Ok(RwLockReadGuard {
             held,
@@ -189,16 +196,19 @@ impl RwLock {
                 name: self.name.to_string(),
             });
         }
-        let held = self.take(&self.writers, &self.name, "write", mode).await?;
+        let held = self
+            .take(&self.writers, &self.name, "write", &self.write_meter, mode)
+            .await?;
         Ok(RwLockWriteGuard { held })
     }
 
-    /// Queues in `queue` and holds once no entry of `blockers` is ahead.
+    /// Queues in `queue` and holds once no entry of `blockers` is ahead; timed by `meter`.
     async fn take(
         &self,
         queue: &Arc<str>,
         blockers: &str,
         kind: &'static str,
+        meter: &Arc<Meter>,
         mode: Mode,
     ) -> Result<Held> {
         let span = tracing::debug_span!(
@@ -214,7 +224,7 @@ impl RwLock {
             limit: Limit::Fixed(1),
         };
         let ask = queue::Ask {
-            name: &self.name,
+            meter,
             queue,
             value: self.owner.clone(),
             mode,

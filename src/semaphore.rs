@@ -9,6 +9,7 @@ use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
+use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Backoff, Fewer, Held, Limit, Mode, Turn};
 use crate::session::Session;
 
@@ -75,6 +76,7 @@ use crate::session::Session;
 pub struct Semaphore {
     session: Session,
     name: Arc<str>,
+    meter: Arc<Meter>,
     permits: u32,
     owner: Vec<u8>,
     /// Set once this handle (or a clone) found the stored limit equal to its own: later
@@ -101,6 +103,7 @@ impl Semaphore {
         }
         Ok(Semaphore {
             session: session.clone(),
+            meter: Meter::new(Recipe::Semaphore, &name),
             name,
             permits,
             owner: queue::default_owner(),
@@ -176,7 +179,7 @@ impl Semaphore {
                 },
             };
             let ask = queue::Ask {
-                name: &self.name,
+                meter: &self.meter,
                 queue: &self.name,
                 value: self.owner.clone(),
                 mode,

@@ -363,6 +363,7 @@ pub(crate) struct LostSignal {
 
 impl LostSignal {
     fn new(lease: LeaseId, deadline: Instant) -> Self {
+        crate::metrics::session_started();
         LostSignal {
             lease,
             reason: AtomicU8::new(0),
@@ -420,6 +421,7 @@ impl LostSignal {
             .compare_exchange(0, Self::code(reason), Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
+            crate::metrics::session_ended(reason);
             self.notify.notify_waiters();
             if reason != LostReason::Closed {
                 tracing::warn!(lease = %self.lease, %reason, "session lost");

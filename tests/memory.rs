@@ -523,3 +523,27 @@ async fn fault_harness_session_loss() {
     }
     println!("HARNESS-TOTAL|memory-session|{cases}");
 }
+
+/// Backend errors out of a lock's operations name the lock: a write, a release and an
+/// acquisition whose backend call failed each say which lock.
+#[tokio::test(start_paused = true)]
+async fn backend_errors_name_the_lock() {
+    let faulty = FaultyBackend::new(MemoryBackend::new());
+    let s = Session::from_shared(faulty.clone(), SessionOptions::new())
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, "orders/42").unwrap().lock().await.unwrap();
+    faulty.inject(Call::Guarded, 1, Fault::FailAfter);
+    let write = guard.write(&[baton::WriteOp::put("data", "v")]).await;
+    let message = write.unwrap_err().to_string();
+    assert!(message.contains("lock `orders/42`"), "{message}");
+    faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
+    let release = guard.unlock().await;
+    let message = release.unwrap_err().to_string();
+    assert!(message.contains("lock `orders/42`"), "{message}");
+    s.settled().await;
+    faulty.inject_every(Call::Enqueue, Fault::FailAfter);
+    let lock = Mutex::new(&s, "orders/43").unwrap().try_lock().await;
+    let message = lock.unwrap_err().to_string();
+    assert!(message.contains("lock `orders/43`"), "{message}");
+}

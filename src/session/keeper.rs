@@ -137,6 +137,7 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
                 None => return,
             },
             Some((key, sent, answer)) = renewals.next(), if !renewals.is_empty() => {
+                crate::metrics::keepalive_answered(sent, answer.is_err());
                 if let Some(kept) = sessions.remove(&key) {
                     renewed(sessions, key.1, kept, sent, answer);
                 }
