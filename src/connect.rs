@@ -99,12 +99,32 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 }
 
 /// Options for [`connect_with`], common to every backend.
-#[derive(Debug, Clone)]
+///
+/// TLS (a CA, a client certificate, a server name) is for etcd, as
+/// [`EtcdOptions`](crate::EtcdOptions) takes it; a Redis URL with TLS options is refused.
+#[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
     connect_timeout: Duration,
     user: Option<(String, String)>,
     restart_grace: Option<Duration>,
+    ca_cert: Option<Vec<u8>>,
+    client_cert: Option<(Vec<u8>, Vec<u8>)>,
+    tls_server_name: Option<String>,
+}
+
+impl std::fmt::Debug for ConnectOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectOptions")
+            .field("connect_timeout", &self.connect_timeout)
+            // Never print the password, nor the client's private key.
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("restart_grace", &self.restart_grace)
+            .field("ca_cert", &self.ca_cert.is_some())
+            .field("client_cert", &self.client_cert.is_some())
+            .field("tls_server_name", &self.tls_server_name)
+            .finish()
+    }
 }
 
 impl Default for ConnectOptions {
@@ -120,6 +140,9 @@ impl ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             user: None,
             restart_grace: None,
+            ca_cert: None,
+            client_cert: None,
+            tls_server_name: None,
         }
     }
 
@@ -140,6 +163,36 @@ impl ConnectOptions {
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((user.into(), password.into()));
         self
+    }
+
+    /// etcd over TLS: trust the CA certificates in `pem` (PEM) for the servers' certificates
+    /// (see [`EtcdOptions::with_ca_cert`](crate::EtcdOptions::with_ca_cert)).
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_cert = Some(pem.into());
+        self
+    }
+
+    /// etcd over TLS: present this client certificate and key (PEM; see
+    /// [`EtcdOptions::with_client_cert`](crate::EtcdOptions::with_client_cert)).
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_cert = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// etcd over TLS: check the servers' certificates against `name` (see
+    /// [`EtcdOptions::with_tls_server_name`](crate::EtcdOptions::with_tls_server_name)).
+    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls_server_name = Some(name.into());
+        self
+    }
+
+    #[cfg(feature = "redis")]
+    fn has_tls(&self) -> bool {
+        self.ca_cert.is_some() || self.client_cert.is_some() || self.tls_server_name.is_some()
     }
 }
 
@@ -165,8 +218,8 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for endpoints that do not parse, or that name a backend this
-/// build does not include (each network backend is a cargo feature: `etcd`, `redis`); then
-/// the errors of that backend's `connect`.
+/// build does not include (each network backend is a cargo feature: `etcd`, `redis`), or TLS
+/// options with a Redis URL; then the errors of that backend's `connect`.
 ///
 /// # Cancel safety
 /// Cancel safe: nothing is created on the server before it returns.
@@ -181,6 +234,15 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             if let Some((user, password)) = options.user {
                 etcd = etcd.with_user(user, password);
             }
+            if let Some(ca) = options.ca_cert {
+                etcd = etcd.with_ca_cert(ca);
+            }
+            if let Some((cert, key)) = options.client_cert {
+                etcd = etcd.with_client_cert(cert, key);
+            }
+            if let Some(name) = options.tls_server_name {
+                etcd = etcd.with_tls_server_name(name);
+            }
             Ok(Arc::new(
                 crate::EtcdBackend::connect(&endpoints, etcd).await?,
             ))
@@ -194,6 +256,12 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             if options.user.is_some() {
                 return Err(Error::InvalidArgument(
                     "Redis takes its credentials in the URL: redis://user:password@host:port",
+                ));
+            }
+            if options.has_tls() {
+                return Err(Error::InvalidArgument(
+                    "TLS options (a CA, a client certificate) are for etcd; baton's Redis \
+                     backend does not take them",
                 ));
             }
             let mut redis =
@@ -216,6 +284,22 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nothing is sent: the options are refused before connecting.
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn tls_options_are_refused_for_redis() {
+        let refused = connect_with(
+            "redis://127.0.0.1:1",
+            ConnectOptions::new().with_ca_cert("-----BEGIN CERTIFICATE-----"),
+        )
+        .await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("for etcd")),
+            "{:?}",
+            refused.err()
+        );
+    }
 
     #[test]
     fn schemes_pick_the_backend_and_bad_lists_are_refused() {

@@ -263,6 +263,7 @@ impl fmt::Display for Where {
 
 impl Error {
     /// Names the server a backend error concerns (kept if already named).
+    #[cfg_attr(not(any(feature = "etcd", feature = "redis")), allow(dead_code))]
     pub(crate) fn at_endpoint(mut self, endpoint: &str) -> Self {
         if let Error::Backend { at, .. } | Error::OutcomeUnknown { at, .. } = &mut self
             && at.endpoint.is_none()

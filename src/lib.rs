@@ -45,8 +45,8 @@
 //! ```
 //!
 //! # Features
-//! - `etcd` (not default): `EtcdBackend` and `EtcdFence`; building etcd-client needs
-//!   `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
+//! - `etcd` (not default): `EtcdBackend` and `EtcdFence`, with TLS (rustls); building
+//!   etcd-client needs `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
 //!   toolchain alone.
 //! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
 //! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an

@@ -23,6 +23,9 @@ use super::{
 };
 use crate::error::{BoxError, Error, LostReason, Result};
 
+mod tls;
+use tls::{HandshakeCheck, TlsConfig, TlsRefused};
+
 /// Connection options for [`EtcdBackend::connect`].
 ///
 /// ```
@@ -31,6 +34,33 @@ use crate::error::{BoxError, Error, LostReason, Result};
 ///     .with_connect_timeout(Duration::from_secs(2))
 ///     .with_user("app", "secret");
 /// ```
+///
+/// # TLS
+/// An etcd that serves TLS is reached at `https://host:port` endpoints (or bare `host:port`
+/// once a TLS option is set), with the CA that signed its certificate
+/// ([`with_ca_cert`](Self::with_ca_cert), etcdctl's `--cacert`) and, when it asks for one
+/// (`--client-cert-auth`), a client certificate ([`with_client_cert`](Self::with_client_cert),
+/// `--cert`/`--key`). Without a CA, the system's trusted roots are used. The certificates are
+/// PEM, as etcd and etcdctl take them; they are read and checked at connect.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::{EtcdBackend, EtcdOptions};
+/// let options = EtcdOptions::new()
+///     .with_ca_cert(std::fs::read("/etc/etcd/ca.pem")?)
+///     .with_client_cert(
+///         std::fs::read("/etc/etcd/client.pem")?,
+///         std::fs::read("/etc/etcd/client-key.pem")?,
+///     );
+/// let backend = EtcdBackend::connect(&["https://10.0.0.1:2379"], options).await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+///
+/// A certificate refused during the handshake fails [`EtcdBackend::connect`] at once, not
+/// after the connect timeout: retrying cannot fix it. [`Error::Connect`] when baton does not
+/// trust the server's certificate (its source says why: an unknown CA, expired, issued for
+/// another name), [`Error::Auth`] when the server refuses the client certificate (missing,
+/// expired, or signed by a CA it does not trust; etcd does not say which).
 #[derive(Clone)]
 #[must_use]
 pub struct EtcdOptions {
@@ -38,6 +68,7 @@ pub struct EtcdOptions {
     request_timeout: Duration,
     retry_for: Duration,
     user: Option<(String, String)>,
+    tls: TlsConfig,
 }
 
 impl std::fmt::Debug for EtcdOptions {
@@ -46,8 +77,11 @@ impl std::fmt::Debug for EtcdOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("retry_for", &self.retry_for)
-            // Never print the password.
+            // Never print the password, nor the client's private key.
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("ca_cert", &self.tls.ca.is_some())
+            .field("client_cert", &self.tls.identity.is_some())
+            .field("tls_server_name", &self.tls.server_name)
             .finish()
     }
 }
@@ -67,6 +101,7 @@ impl EtcdOptions {
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(10),
             user: None,
+            tls: TlsConfig::default(),
         }
     }
 
@@ -96,6 +131,46 @@ impl EtcdOptions {
     /// Authenticates as `user` with `password`.
     pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more, PEM-encoded: etcdctl's `--cacert`
+    /// file) for the servers' certificates, instead of the system's roots. Turns TLS on:
+    /// endpoints must be `https://` or bare `host:port`.
+    ///
+    /// Checked at connect: a bundle with no certificate, or one that does not parse, is
+    /// [`Error::InvalidArgument`].
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` (a PEM certificate, or a chain with the
+    /// client's certificate first) with its private key `key_pem` (PEM, PKCS#8, PKCS#1 or
+    /// SEC1), for an etcd started with `--client-cert-auth` (etcdctl's `--cert` and `--key`).
+    /// Turns TLS on. When etcd's authentication is on too, the certificate's common name is
+    /// the etcd user unless a user is given ([`with_user`](Self::with_user)).
+    ///
+    /// Checked at connect: a certificate or key that does not parse, or a key that is not the
+    /// certificate's, is [`Error::InvalidArgument`].
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Verifies the servers' certificates against `name` (a DNS name or an IP address)
+    /// instead of each endpoint's host, and sends it as the TLS server name: for endpoints
+    /// given by address whose certificate names a host. Turns TLS on.
+    ///
+    /// ## Warning
+    /// Every endpoint is then checked against this one name: a certificate for `name` is
+    /// accepted from any of them.
+    pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.tls.server_name = Some(name.into());
         self
     }
 }
@@ -140,6 +215,13 @@ impl std::fmt::Debug for EtcdBackend {
 
 fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
+    if let Some(refused) = TlsRefused::of(&e) {
+        return refused.into_error(|source| Error::Backend {
+            op,
+            source,
+            at: Default::default(),
+        });
+    }
     if let E::GRpcStatus(status) = &e {
         let msg = status.message();
         let code = status.code() as i32;
@@ -167,7 +249,6 @@ fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
     }
 }
 
-/// gRPC status codes, by number, so that no tonic type leaks into our signatures.
 /// The oldest etcd baton supports: its watch driver chooses the ids of the watches it adds to
 /// a stream (etcd 3.4 and later).
 const MINIMUM_VERSION: (u64, u64) = (3, 4);
@@ -193,6 +274,7 @@ fn check_version(version: &str) -> Result<()> {
     Ok(())
 }
 
+/// gRPC status codes, by number, so that no tonic type leaks into our signatures.
 mod tonic_code {
     use etcd_client::Error as E;
     pub(super) type Code = i32;
@@ -221,6 +303,10 @@ mod tonic_code {
             }
             false
         };
+        // A refused handshake: the server received none of the request.
+        if super::TlsRefused::of(e).is_some() {
+            return true;
+        }
         match e {
             E::GRpcStatus(s) => {
                 s.code() as i32 == UNAVAILABLE
@@ -235,6 +321,11 @@ mod tonic_code {
 
     /// Whether a failed request may succeed when sent again (possibly to another member).
     pub(super) fn is_transient(e: &E) -> bool {
+        // A certificate refused is refused again: failing at once says what is wrong, where
+        // retrying until the timeout would only hide it.
+        if super::TlsRefused::of(e).is_some() {
+            return false;
+        }
         match e {
             E::GRpcStatus(s) => {
                 let code = s.code() as i32;
@@ -256,15 +347,19 @@ mod tonic_code {
 }
 
 impl EtcdBackend {
-    /// Connects to the cluster at `endpoints` (`host:port` or `http://host:port`) and checks
-    /// that at least one answers within the connect timeout, and that the credentials, if
-    /// any, are accepted.
+    /// Connects to the cluster at `endpoints` (`host:port`, `http://host:port` or
+    /// `https://host:port`) and checks that at least one answers within the connect timeout,
+    /// and that the credentials, if any, are accepted. Bare `host:port` is plain text, or TLS
+    /// once a TLS option is set (see [`EtcdOptions`], "TLS").
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty endpoint list, [`Error::Connect`] if no
-    /// endpoint answers in time, [`Error::Auth`] for rejected credentials,
+    /// [`Error::InvalidArgument`] for an empty endpoint list, `http://` mixed with `https://`
+    /// or with TLS options, or a CA, client certificate or key that does not parse (or a key
+    /// that is not the certificate's); [`Error::Connect`] if no endpoint answers in time, or
+    /// at once if baton refuses the server's TLS certificate (or the server does not speak
+    /// TLS); [`Error::Auth`] for rejected credentials, a client certificate included (at once);
     /// [`Error::UnsupportedVersion`] for an etcd older than 3.4 (baton's waits name their
-    /// watches, which etcd supports from 3.4).
+    /// watches, which etcd supports from 3.4). The TLS errors' sources say what was refused.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is created on the server.
@@ -290,6 +385,13 @@ impl EtcdBackend {
         if let Some((user, password)) = &options.user {
             opts = opts.with_user(user.clone(), password.clone());
         }
+        let tls_check = match options.tls.options(&endpoints, options.connect_timeout)? {
+            Some(tls) => {
+                opts = opts.with_tls(tls.options);
+                tls.check
+            }
+            None => HandshakeCheck::plain(&endpoints),
+        };
         // The channel balances over the endpoints, so a dead one may take the first request
         // (the authentication at connect, or the probe below): try again (another endpoint
         // gets its turn) until the connect timeout, as etcdctl does.
@@ -297,11 +399,20 @@ impl EtcdBackend {
             give_up: Instant::now() + options.connect_timeout,
             backoff: Duration::from_millis(25),
             endpoints: &endpoints,
+            tls_check: Some(tls_check),
         };
+        // `Client::connect` reports its own setup (endpoints, TLS options) as transport
+        // errors, before any I/O: those do not pass. What fails on the wire comes back as a
+        // gRPC status.
         let client = retry
-            .until_answered("connecting", || {
-                Client::connect(&endpoints, Some(opts.clone()))
-            })
+            .until_answered_if(
+                "connecting",
+                || Client::connect(&endpoints, Some(opts.clone())),
+                |e| {
+                    !matches!(e, etcd_client::Error::TransportError(_))
+                        && tonic_code::is_transient(e)
+                },
+            )
             .await?;
         Self::checked(client, options, endpoints.clone(), retry).await
     }
@@ -337,6 +448,7 @@ impl EtcdBackend {
             give_up: Instant::now() + options.connect_timeout,
             backoff: Duration::from_millis(25),
             endpoints: &endpoints,
+            tls_check: None,
         };
         Self::checked(client, options, endpoints.clone(), retry).await
     }
@@ -570,6 +682,11 @@ impl EtcdBackend {
     }
 }
 
+/// The longest [`HandshakeCheck`] waits for a server's verdict: a server that accepts the
+/// client sends its session tickets at once, and one that refuses it its alert; a server that
+/// sends neither leaves the check undecided after this.
+const TLS_CHECK_LIMIT: Duration = Duration::from_secs(1);
+
 /// Retries of the requests `connect` makes, until the connect timeout: the channel balances
 /// over the endpoints, so a dead one may take a request while a live one would answer.
 struct ConnectRetry<'a> {
@@ -578,6 +695,9 @@ struct ConnectRetry<'a> {
     /// requests of one `connect`.
     backoff: Duration,
     endpoints: &'a [String],
+    /// Run once, at the first failure after a connection was made: it may hide a refused
+    /// client certificate, or a TLS server reached in plain text.
+    tls_check: Option<HandshakeCheck>,
 }
 
 impl ConnectRetry<'_> {
@@ -586,7 +706,22 @@ impl ConnectRetry<'_> {
     async fn until_answered<T, F>(
         &mut self,
         what: &'static str,
+        request: impl FnMut() -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.until_answered_if(what, request, tonic_code::is_transient)
+            .await
+    }
+
+    /// [`until_answered`](Self::until_answered), trying again only after errors for which
+    /// `transient` holds.
+    async fn until_answered_if<T, F>(
+        &mut self,
+        what: &'static str,
         mut request: impl FnMut() -> F,
+        transient: impl Fn(&etcd_client::Error) -> bool,
     ) -> Result<T>
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
@@ -596,10 +731,22 @@ impl ConnectRetry<'_> {
             match tokio::time::timeout(left, request()).await {
                 Err(elapsed) => return Err(self.failed(elapsed.into())),
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e))
-                    if tonic_code::is_transient(&e)
-                        && Instant::now() + self.backoff < self.give_up =>
-                {
+                Ok(Err(e)) if transient(&e) && Instant::now() + self.backoff < self.give_up => {
+                    // A connection that was made and then failed may be a server refusing
+                    // the client certificate, or a TLS server spoken to in plain text: ask
+                    // with a handshake of our own (once).
+                    if !tonic_code::never_sent(&e)
+                        && let Some(check) = self.tls_check.take()
+                        && let Some(found) = check
+                            .run(
+                                self.give_up
+                                    .saturating_duration_since(Instant::now())
+                                    .min(TLS_CHECK_LIMIT),
+                            )
+                            .await
+                    {
+                        return Err(found.into_error(|source| self.failed(source)));
+                    }
                     tracing::debug!(error = %e, "connect: an endpoint did not answer; {what} again");
                     tokio::time::sleep(self.backoff).await;
                     self.backoff = (self.backoff * 2).min(Duration::from_millis(250));

@@ -1,7 +1,10 @@
-//! etcd fixtures: one member ([`EtcdNode`]) or three ([`EtcdCluster`]), in containers.
+//! etcd fixtures: one member ([`EtcdNode`]) or three ([`EtcdCluster`]), in containers; one
+//! member may serve TLS ([`EtcdTls`]).
 
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use testcontainers::{ContainerAsync, GenericImage};
@@ -9,6 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::fixture::{FixtureError, Server, Watchdog, docker_required, free_port};
+use super::tls::{CertPem, TestCa};
 use crate::{EtcdBackend, EtcdOptions};
 
 /// The image used when `BATON_ETCD_IMAGE` is not set: the etcd project's official image.
@@ -24,6 +28,141 @@ const ETCD: Server = Server {
     ready: READY,
 };
 
+/// The certificates of an etcd that serves TLS to its clients, PEM-encoded, and whether it
+/// asks them for a client certificate (etcd's `--client-cert-auth`), for
+/// [`EtcdNode::start_tls`]; with the client certificate the fixture's own clients present.
+///
+/// [`generate`](Self::generate) makes the whole set for tests: a CA, a server certificate for
+/// `127.0.0.1` and `localhost`, and a client certificate. Peer traffic stays plain text (one
+/// member, on 127.0.0.1).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::testing::{EtcdNode, EtcdTls};
+/// let tls = EtcdTls::generate()?;
+/// let etcd = EtcdNode::start_tls(&tls).await?; // https://127.0.0.1:<port>
+/// // Your client: the node's endpoints, the CA, the client certificate.
+/// let options = tls.client_options();
+/// let backend = baton::EtcdBackend::connect(etcd.endpoints(), options).await?;
+/// // A certificate the server refuses: an expired one, from the same CA.
+/// let ca = tls.ca().ok_or("generated, so the CA is known")?;
+/// let long_ago = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+/// let expired = ca.client_cert_valid("old", long_ago, long_ago)?;
+/// # let _ = (backend, expired); Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    ca_pem: String,
+    server: CertPem,
+    client: Option<CertPem>,
+    client_cert_auth: bool,
+    /// The CA that made these certificates, when they were generated.
+    ca: Option<Arc<TestCa>>,
+}
+
+impl EtcdTls {
+    /// The server presents `server` (its certificate and key), signed by the CA `ca_pem`.
+    /// Client certificates are not asked for until
+    /// [`with_client_cert_auth`](Self::with_client_cert_auth); then they must be signed by
+    /// the same CA.
+    pub fn new(ca_pem: impl Into<String>, server: CertPem) -> Self {
+        EtcdTls {
+            ca_pem: ca_pem.into(),
+            server,
+            client: None,
+            client_cert_auth: false,
+            ca: None,
+        }
+    }
+
+    /// A new CA (`baton test CA`), a server certificate for `127.0.0.1` and `localhost`, and a
+    /// client certificate (common name `baton-test`) that the fixture's clients present;
+    /// client certificates required.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if a key or certificate cannot be made.
+    pub fn generate() -> Result<Self, FixtureError> {
+        let ca = TestCa::generate("baton test CA")?;
+        let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
+        let client = ca.client_cert("baton-test")?;
+        Ok(EtcdTls {
+            ca_pem: ca.cert_pem(),
+            server,
+            client: Some(client),
+            client_cert_auth: true,
+            ca: Some(Arc::new(ca)),
+        })
+    }
+
+    /// Whether etcd requires a client certificate signed by the CA (`--client-cert-auth`, with
+    /// the CA as `--trusted-ca-file`; etcd asks for client certificates whenever it has a
+    /// trusted CA, so without this it gets none).
+    #[must_use]
+    pub fn with_client_cert_auth(mut self, required: bool) -> Self {
+        self.client_cert_auth = required;
+        self
+    }
+
+    /// The client certificate [`client_options`](Self::client_options) (and so
+    /// [`EtcdNode::backend`]) presents.
+    #[must_use]
+    pub fn with_client_cert(mut self, client: CertPem) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server's certificate and key.
+    pub fn server_cert(&self) -> &CertPem {
+        &self.server
+    }
+
+    /// The client certificate the fixture's clients present, if any.
+    pub fn client_cert(&self) -> Option<&CertPem> {
+        self.client.as_ref()
+    }
+
+    /// Whether etcd requires client certificates.
+    pub fn client_cert_auth(&self) -> bool {
+        self.client_cert_auth
+    }
+
+    /// The CA that made the certificates, when they were [generated](Self::generate): to
+    /// issue more (another client, an expired certificate).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.ca.as_deref()
+    }
+
+    /// Options for a client of this server: the CA and, if there is one, the client
+    /// certificate.
+    pub fn client_options(&self) -> EtcdOptions {
+        let options = EtcdOptions::new().with_ca_cert(self.ca_pem.clone());
+        match &self.client {
+            Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
+            None => options,
+        }
+    }
+
+    /// The files etcd reads, by name in its TLS directory.
+    fn files(&self) -> [(&'static str, &str); 3] {
+        [
+            (TLS_CA, &self.ca_pem),
+            (TLS_CERT, self.server.cert_pem()),
+            (TLS_KEY, self.server.key_pem()),
+        ]
+    }
+}
+
+const TLS_CA: &str = "ca.pem";
+const TLS_CERT: &str = "server.pem";
+const TLS_KEY: &str = "server-key.pem";
+/// Where a container finds the TLS files.
+const CONTAINER_TLS_DIR: &str = "/baton-tls";
+
 #[derive(Debug, Clone)]
 struct MemberSpec {
     name: String,
@@ -31,6 +170,9 @@ struct MemberSpec {
     peer_port: u16,
     /// Extra `etcd` arguments, after the fixture's own.
     extra: Vec<String>,
+    /// TLS for clients: whether client certificates are required. The files are in the
+    /// directory given to [`args`](Self::args).
+    tls: Option<bool>,
 }
 
 impl MemberSpec {
@@ -40,15 +182,39 @@ impl MemberSpec {
             client_port: free_port()?,
             peer_port: free_port()?,
             extra: Vec::new(),
+            tls: None,
         })
     }
 
     fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
-    fn args(&self, initial_cluster: &str, data_dir: &str) -> Vec<String> {
+    fn args(&self, initial_cluster: &str, data_dir: &str, tls_dir: &str) -> Vec<String> {
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let tls: Vec<String> = match self.tls {
+            None => Vec::new(),
+            Some(client_cert_auth) => {
+                let file = |name: &str| format!("{tls_dir}/{name}");
+                let mut args = vec![
+                    "--cert-file".to_owned(),
+                    file(TLS_CERT),
+                    "--key-file".to_owned(),
+                    file(TLS_KEY),
+                ];
+                // etcd asks every client for a certificate as soon as it has a CA to check
+                // them with: the CA only when they are required.
+                if client_cert_auth {
+                    args.extend([
+                        "--trusted-ca-file".to_owned(),
+                        file(TLS_CA),
+                        "--client-cert-auth".to_owned(),
+                    ]);
+                }
+                args
+            }
+        };
         [
             "--name",
             &self.name,
@@ -76,6 +242,7 @@ impl MemberSpec {
         ]
         .iter()
         .map(|s| (*s).to_owned())
+        .chain(tls)
         .chain(self.extra.iter().cloned())
         .collect()
     }
@@ -93,28 +260,61 @@ async fn start_container(
     spec: &MemberSpec,
     initial: &str,
 ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
-    ETCD.start_container(spec.args(initial, "/tmp/etcd-data"))
-        .await
+    start_container_tls(spec, initial, None).await
+}
+
+async fn start_container_tls(
+    spec: &MemberSpec,
+    initial: &str,
+    tls: Option<&EtcdTls>,
+) -> Result<ContainerAsync<GenericImage>, FixtureError> {
+    let files = tls.map_or_else(Vec::new, |tls| {
+        tls.files()
+            .iter()
+            .map(|(name, pem)| {
+                (
+                    format!("{CONTAINER_TLS_DIR}/{name}"),
+                    pem.as_bytes().to_vec(),
+                )
+            })
+            .collect()
+    });
+    ETCD.start_container_with_files(
+        spec.args(initial, "/tmp/etcd-data", CONTAINER_TLS_DIR),
+        files,
+    )
+    .await
 }
 
 /// An etcd started as a child process (the fallback when Docker is unavailable).
 #[derive(Debug)]
 struct EtcdProcess {
     child: Child,
-    data_dir: std::path::PathBuf,
+    data_dir: PathBuf,
+    /// The TLS files, if any: removed with the process.
+    tls_dir: Option<PathBuf>,
 }
 
 impl EtcdProcess {
-    async fn start(spec: &MemberSpec) -> Result<Self, FixtureError> {
-        let data_dir = std::env::temp_dir().join(format!(
-            "baton-etcd-{}-{}",
-            std::process::id(),
-            spec.client_port
-        ));
+    async fn start(spec: &MemberSpec, tls: Option<&EtcdTls>) -> Result<Self, FixtureError> {
+        let dir = |what: &str| {
+            std::env::temp_dir().join(format!(
+                "baton-etcd-{what}{}-{}",
+                std::process::id(),
+                spec.client_port
+            ))
+        };
+        let data_dir = dir("");
+        let tls_dir = match tls {
+            Some(tls) => Some(write_tls_files(&dir("tls-"), tls)?),
+            None => None,
+        };
+        let tls_path = tls_dir.as_deref().map(Path::to_string_lossy);
         let mut child = Command::new("etcd")
             .args(spec.args(
                 &initial_cluster(std::slice::from_ref(spec)),
                 &data_dir.to_string_lossy(),
+                tls_path.as_deref().unwrap_or(""),
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -144,8 +344,28 @@ impl EtcdProcess {
         }
         // Keep draining stderr so etcd never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(EtcdProcess { child, data_dir })
+        Ok(EtcdProcess {
+            child,
+            data_dir,
+            tls_dir,
+        })
     }
+}
+
+/// Writes the files etcd reads for TLS into `dir` (created; the key readable by its owner
+/// only), and returns `dir`.
+fn write_tls_files(dir: &Path, tls: &EtcdTls) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+    for (name, pem) in tls.files() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(name))
+            .and_then(|mut file| std::io::Write::write_all(&mut file, pem.as_bytes()))?;
+    }
+    Ok(dir.to_owned())
 }
 
 impl Drop for EtcdProcess {
@@ -153,6 +373,9 @@ impl Drop for EtcdProcess {
         // Stopped by its own PID (kill_on_drop would too, but only once the Child drops).
         let _ = self.child.start_kill();
         let _ = std::fs::remove_dir_all(&self.data_dir);
+        if let Some(dir) = &self.tls_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -168,6 +391,9 @@ enum Running {
 pub struct EtcdNode {
     endpoints: Vec<String>,
     running: Running,
+    /// What [`backend`](Self::backend) connects with (TLS for a TLS node).
+    options: EtcdOptions,
+    tls: Option<EtcdTls>,
 }
 
 impl EtcdNode {
@@ -196,22 +422,48 @@ impl EtcdNode {
             return Ok(EtcdNode {
                 endpoints: endpoints.split(',').map(str::to_owned).collect(),
                 running: Running::External,
+                options: EtcdOptions::new(),
+                tls: None,
             });
         }
         let mut spec = MemberSpec::new("n0")?;
         spec.extra = args.iter().map(|a| (*a).to_owned()).collect();
-        let running =
-            match start_container(&spec, &initial_cluster(std::slice::from_ref(&spec))).await {
-                Ok(container) => Running::Container(Box::new(container)),
-                Err(e) if docker_required() => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no container; falling back to `etcd` on PATH");
-                    Running::Process(Box::new(EtcdProcess::start(&spec).await?))
-                }
-            };
+        EtcdNode::start_spec(spec, None).await
+    }
+
+    /// Starts a single-member etcd that serves its clients over TLS with `tls`'s
+    /// certificates, at `https://127.0.0.1:<port>`, asking for client certificates if `tls`
+    /// says so. [`backend`](Self::backend) connects with [`EtcdTls::client_options`].
+    /// `BATON_ETCD_ENDPOINTS` is not used: that etcd does not have these certificates.
+    ///
+    /// In a container the certificates are copied in; an `etcd` on `PATH` (the fallback)
+    /// reads them from a directory under the system's temporary directory, removed with the
+    /// node.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts, or
+    /// the certificates cannot be written.
+    pub async fn start_tls(tls: &EtcdTls) -> Result<EtcdNode, FixtureError> {
+        let mut spec = MemberSpec::new("n0")?;
+        spec.tls = Some(tls.client_cert_auth);
+        EtcdNode::start_spec(spec, Some(tls)).await
+    }
+
+    async fn start_spec(spec: MemberSpec, tls: Option<&EtcdTls>) -> Result<EtcdNode, FixtureError> {
+        let initial = initial_cluster(std::slice::from_ref(&spec));
+        let running = match start_container_tls(&spec, &initial, tls).await {
+            Ok(container) => Running::Container(Box::new(container)),
+            Err(e) if docker_required() => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, "no container; falling back to `etcd` on PATH");
+                Running::Process(Box::new(EtcdProcess::start(&spec, tls).await?))
+            }
+        };
         Ok(EtcdNode {
             endpoints: vec![spec.endpoint()],
             running,
+            options: tls.map_or_else(EtcdOptions::new, EtcdTls::client_options),
+            tls: tls.cloned(),
         })
     }
 
@@ -222,29 +474,23 @@ impl EtcdNode {
     ///
     /// # Panics
     /// If the node cannot be started: a test cannot run without it.
-    #[allow(clippy::expect_used)]
     pub fn shared() -> &'static EtcdNode {
         static SHARED: OnceLock<EtcdNode> = OnceLock::new();
+        SHARED.get_or_init(|| start_shared("etcd", EtcdNode::start))
+    }
+
+    /// As [`shared`](Self::shared), a node that serves TLS with [generated](EtcdTls::generate)
+    /// certificates and requires client certificates: [`tls`](Self::tls) has them, and its
+    /// CA issues more.
+    ///
+    /// # Panics
+    /// If the certificates cannot be made or the node cannot be started.
+    pub fn shared_tls() -> &'static EtcdNode {
+        static SHARED: OnceLock<EtcdNode> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime for the shared etcd fixture");
-                rt.block_on(async move {
-                    let node = EtcdNode::start().await;
-                    if let Ok(node) = &node {
-                        node.remove_on_exit();
-                    }
-                    let _ = tx.send(node);
-                    // Keep this runtime (and so the container's client) alive.
-                    std::future::pending::<()>().await;
-                });
-            });
-            rx.recv()
-                .expect("the fixture thread answers")
-                .expect("start the shared etcd fixture")
+            start_shared("TLS etcd", || async {
+                EtcdNode::start_tls(&EtcdTls::generate()?).await
+            })
         })
     }
 
@@ -264,9 +510,15 @@ impl EtcdNode {
         }
     }
 
-    /// Client endpoints, `http://127.0.0.1:<port>`.
+    /// Client endpoints, `http://127.0.0.1:<port>` (`https://` for a TLS node).
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// The certificates of a node started with [`start_tls`](Self::start_tls) (or
+    /// [`shared_tls`](Self::shared_tls)).
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_ref()
     }
 
     /// Whether this node runs in a container (not the `etcd`-on-PATH fallback).
@@ -274,12 +526,43 @@ impl EtcdNode {
         matches!(self.running, Running::Container(_))
     }
 
-    /// A backend connected to this node.
+    /// A backend connected to this node (over TLS, with the client certificate, for a TLS
+    /// node).
     ///
     /// # Errors
     /// As [`EtcdBackend::connect`].
     pub async fn backend(&self) -> crate::Result<EtcdBackend> {
-        EtcdBackend::connect(&self.endpoints, EtcdOptions::new()).await
+        EtcdBackend::connect(&self.endpoints, self.options.clone()).await
+    }
+}
+
+/// Starts a node with `start` on a thread and runtime of their own, which live as long as the
+/// process, and has it removed when the process exits.
+#[allow(clippy::expect_used)]
+fn start_shared<F, Fut>(what: &str, start: F) -> EtcdNode
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<EtcdNode, FixtureError>>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the shared etcd fixture");
+        rt.block_on(async move {
+            let node = start().await;
+            if let Ok(node) = &node {
+                node.remove_on_exit();
+            }
+            let _ = tx.send(node);
+            // Keep this runtime (and so the container's client) alive.
+            std::future::pending::<()>().await;
+        });
+    });
+    match rx.recv().expect("the fixture thread answers") {
+        Ok(node) => node,
+        Err(e) => panic!("could not start the shared {what} fixture: {e:?}"),
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use testcontainers::core::WaitFor;
 use testcontainers::runners::AsyncRunner;
-use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+use testcontainers::{ContainerAsync, CopyDataSource, GenericImage, ImageExt};
 
 /// The label every fixture container carries, so that leftovers of a killed run can be
 /// removed: `docker rm -f $(docker ps -aq --filter label=baton.fixture)`.
@@ -80,6 +80,15 @@ pub enum FixtureError {
     /// Operating-system error (free port lookup, pipes, files).
     #[error("i/o error while starting a test server")]
     Io(#[from] std::io::Error),
+    /// A test certificate could not be made ([`TestCa`](crate::testing::TestCa)).
+    #[error("could not make the test certificate `{name}`")]
+    Certificate {
+        /// The certificate's common name.
+        name: String,
+        /// The certificate library's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A member index out of range.
     #[error("no member {index}: the fixture has {members}")]
     NoSuchMember {
@@ -141,19 +150,34 @@ impl Server {
 
     /// Starts the server in a container with host networking and waits until it logs
     /// [`ready`](Self::ready).
+    #[cfg(feature = "redis")]
     pub(crate) async fn start_container(
         &self,
         args: Vec<String>,
     ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
+        self.start_container_with_files(args, Vec::new()).await
+    }
+
+    /// [`start_container`](Self::start_container), with `files` (path in the container,
+    /// contents) copied in before the server starts.
+    pub(crate) async fn start_container_with_files(
+        &self,
+        args: Vec<String>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
         let (name, tag) = self.image();
-        GenericImage::new(name, tag)
+        let mut request = GenericImage::new(name, tag)
             .with_entrypoint(self.entrypoint)
             .with_wait_for(WaitFor::message_on_either_std(self.ready))
             .with_cmd(args)
             // Host networking: no bridge, no private-range address; we connect to 127.0.0.1.
             .with_network("host")
             .with_label(LABEL, std::process::id().to_string())
-            .with_startup_timeout(Duration::from_secs(60))
+            .with_startup_timeout(Duration::from_secs(60));
+        for (path, contents) in files {
+            request = request.with_copy_to(path, CopyDataSource::Data(contents));
+        }
+        request
             .start()
             .await
             .map_err(|source| self.container_error(source))

@@ -46,6 +46,12 @@
 //! # let _ = backend; Ok(()) }
 //! ```
 //!
+//! An etcd that serves TLS: [`EtcdNode::start_tls`] with the certificates of an [`EtcdTls`]
+//! (or [`EtcdNode::shared_tls`]). [`EtcdTls::generate`] makes them at test time: a CA
+//! ([`TestCa`]), a server certificate for `127.0.0.1` and `localhost`, a client certificate;
+//! the CA issues more, e.g. an expired client certificate, and a second `TestCa` is one the
+//! server does not trust.
+//!
 //! # Redis fixtures
 //! [`RedisNode`] is one `redis-server`, [`RedisNodes`] several independent ones (for
 //! algorithms that lock on a majority of servers). Like the etcd fixtures they run in
@@ -83,11 +89,15 @@ mod faults;
 mod fixture;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod tls;
 
 #[cfg(feature = "etcd")]
-pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode};
+pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
 #[cfg(any(feature = "etcd", feature = "redis"))]
 pub use fixture::{FixtureError, LABEL};
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};
+#[cfg(any(feature = "etcd", feature = "redis"))]
+pub use tls::{CertPem, TestCa};

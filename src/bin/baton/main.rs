@@ -6,6 +6,7 @@
 mod supervise;
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,10 +27,10 @@ Exit codes:
   0    success; with a command, the command's own exit code (128+N if signal N ended it)
   1    unexpected error
   64   bad arguments
-  69   etcd unreachable, or a request failed after retries
+  69   etcd unreachable, or a request failed after retries; or its TLS certificate not trusted
   74   standard output could not be written
   75   --timeout elapsed, or --try found the lock held
-  77   authentication failed
+  77   authentication failed (user and password, or a client certificate refused)
   79   the lock or leadership was lost (its key deleted, or its session lost); the command,
        if any, was stopped
   126  the command is not executable (checked before the lock is taken)
@@ -93,6 +94,17 @@ struct Cli {
     /// Password for etcd authentication (with --user). Not passed on to the command.
     #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true)]
     password: Option<String>,
+    /// etcd over TLS: the CA bundle (PEM) that signed the servers' certificates, instead of
+    /// the system's roots. Turns TLS on for host:port endpoints (https:// is TLS anyway).
+    #[arg(long, env = "BATON_CACERT", global = true, value_name = "FILE")]
+    cacert: Option<PathBuf>,
+    /// etcd over TLS: the client certificate (PEM) for an etcd that asks for one
+    /// (--client-cert-auth); with --key.
+    #[arg(long, env = "BATON_CERT", global = true, value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// etcd over TLS: the private key (PEM) of the --cert certificate.
+    #[arg(long, env = "BATON_KEY", global = true, value_name = "FILE")]
+    key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.
     #[arg(long, default_value = "5", value_parser = seconds, global = true, allow_negative_numbers = true)]
     connect_timeout: Duration,
@@ -307,8 +319,65 @@ fn main() -> ExitCode {
     }
 }
 
+/// What [`validate`] found good: the command to supervise, if any, and the TLS files read.
+struct Checked {
+    spec: Option<Spec>,
+    tls: TlsFiles,
+}
+
+/// The contents of --cacert, --cert and --key (no `Debug`: the key is a secret).
+struct TlsFiles {
+    ca: Option<Vec<u8>>,
+    client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Reads the file given with `flag` (the certificates are checked when connecting, before
+/// anything is sent).
+fn read_tls_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
+    std::fs::read(path).map_err(|e| {
+        Failure::new(
+            exit::USAGE,
+            format!("{flag} {}: cannot read it: {e}", path.display()),
+        )
+    })
+}
+
+/// --cacert, --cert and --key: for etcd, cert and key together, the files readable.
+fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
+    let any = cli.cacert.is_some() || cli.cert.is_some() || cli.key.is_some();
+    if any && !matches!(endpoints, Endpoints::Etcd(_)) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--cacert, --cert and --key are for etcd; baton's Redis backend does not take them",
+        ));
+    }
+    let client = match (&cli.cert, &cli.key) {
+        (Some(cert), Some(key)) => {
+            Some((read_tls_file("--cert", cert)?, read_tls_file("--key", key)?))
+        }
+        (Some(_), None) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--cert needs --key (or BATON_KEY): the certificate's private key",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--key needs --cert (or BATON_CERT): the certificate it belongs to",
+            ));
+        }
+        (None, None) => None,
+    };
+    let ca = match &cli.cacert {
+        Some(path) => Some(read_tls_file("--cacert", path)?),
+        None => None,
+    };
+    Ok(TlsFiles { ca, client })
+}
+
 /// Checks what can be checked before connecting: nothing is sent for bad input.
-fn validate(cli: &Cli) -> Result<Option<Spec>, Failure> {
+fn validate(cli: &Cli) -> Result<Checked, Failure> {
     let endpoints = Endpoints::parse(&cli.endpoints.join(","))
         .map_err(|e| Failure::new(exit::USAGE, format!("--endpoints: {e}")))?;
     if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
@@ -317,6 +386,7 @@ fn validate(cli: &Cli) -> Result<Option<Spec>, Failure> {
             "--user and --password are for etcd; Redis takes credentials in its URL (redis://user:password@host:port)",
         ));
     }
+    let tls = tls_files(cli, &endpoints)?;
     match (&cli.user, &cli.password) {
         (Some(_), None) => {
             return Err(Failure::new(
@@ -342,14 +412,17 @@ fn validate(cli: &Cli) -> Result<Option<Spec>, Failure> {
         return Err(Failure::new(exit::USAGE, "the name must not be empty"));
     }
     let Some((program, args)) = command.split_first() else {
-        return Ok(None);
+        return Ok(Checked { spec: None, tls });
     };
     supervise::check_runnable(program)?;
-    Ok(Some(Spec {
-        program: program.clone(),
-        args: args.to_vec(),
-        env: Vec::new(),
-    }))
+    Ok(Checked {
+        spec: Some(Spec {
+            program: program.clone(),
+            args: args.to_vec(),
+            env: Vec::new(),
+        }),
+        tls,
+    })
 }
 
 /// `host:port`, `http://host:port` or `https://host:port`, with a port in 1..=65535.
@@ -367,13 +440,23 @@ async fn before<T>(
     }
 }
 
-async fn connect(cli: &Cli, deadline: Option<Instant>) -> Result<Arc<dyn Backend>, Failure> {
+async fn connect(
+    cli: &Cli,
+    tls: TlsFiles,
+    deadline: Option<Instant>,
+) -> Result<Arc<dyn Backend>, Failure> {
     let endpoints = cli.endpoints.join(",");
     let mut options = ConnectOptions::new()
         .with_connect_timeout(cli.connect_timeout)
         .with_restart_grace(cli.restart_grace);
     if let (Some(user), Some(password)) = (&cli.user, &cli.password) {
         options = options.with_user(user, password);
+    }
+    if let Some(ca) = tls.ca {
+        options = options.with_ca_cert(ca);
+    }
+    if let Some((cert, key)) = tls.client {
+        options = options.with_client_cert(cert, key);
     }
     let what = match Endpoints::parse(&endpoints) {
         Ok(parsed) => format!("connecting to {}", parsed.backend_name()),
@@ -386,7 +469,7 @@ async fn connect(cli: &Cli, deadline: Option<Instant>) -> Result<Arc<dyn Backend
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
-    let spec = validate(&cli)?;
+    let Checked { spec, tls } = validate(&cli)?;
     let mut signals = Signals::new()?;
     let deadline = match &cli.command {
         Command::Lock { timeout, .. } | Command::Elect { timeout, .. } => {
@@ -395,7 +478,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Status { .. } => None,
     };
     let backend = tokio::select! {
-        backend = connect(&cli, deadline) => backend?,
+        backend = connect(&cli, tls, deadline) => backend?,
         sig = signals.recv() => return Err(interrupted(sig, "connecting")),
     };
     let verbose = cli.verbose;
@@ -1024,6 +1107,9 @@ mod fuzz {
             Just("--json".to_owned()),
             Just("--endpoints".to_owned()),
             Just("--connect-timeout".to_owned()),
+            Just("--cacert".to_owned()),
+            Just("--cert".to_owned()),
+            Just("--key".to_owned()),
             "-?[0-9]{0,3}(\\.[0-9]{0,2})?",
             ".{0,12}",
         ]

@@ -1,0 +1,201 @@
+//! Test certificates: a certificate authority made at test time ([`TestCa`]) that issues
+//! server and client certificates ([`CertPem`]), for servers started with TLS.
+
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+use super::fixture::FixtureError;
+
+/// How long before "now" a certificate becomes valid: clocks of a test machine and a container
+/// may differ a little.
+const BACKDATE: Duration = Duration::from_secs(60 * 60);
+
+/// How long a certificate stays valid: longer than any test run.
+const VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// A certificate and its private key, PEM-encoded, as servers and clients read them
+/// (etcd's `--cert-file`/`--key-file`, etcdctl's `--cert`/`--key`,
+/// [`EtcdOptions::with_client_cert`](crate::EtcdOptions::with_client_cert)).
+#[derive(Clone)]
+pub struct CertPem {
+    cert: String,
+    key: String,
+}
+
+impl std::fmt::Debug for CertPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // A test key is no secret, but a log full of PEM helps nobody.
+        f.debug_struct("CertPem")
+            .field("cert", &format_args!("{} bytes of PEM", self.cert.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertPem {
+    /// A certificate (or a chain, the certificate first) and its private key, both PEM.
+    pub fn new(cert_pem: impl Into<String>, key_pem: impl Into<String>) -> Self {
+        CertPem {
+            cert: cert_pem.into(),
+            key: key_pem.into(),
+        }
+    }
+
+    /// The certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert
+    }
+
+    /// The private key, PEM (PKCS#8).
+    pub fn key_pem(&self) -> &str {
+        &self.key
+    }
+}
+
+/// A certificate authority made at test time: a self-signed CA certificate with an ECDSA
+/// P-256 key, kept in memory, that issues server and client certificates.
+///
+/// Use it for tests of TLS setups, good and bad: a second `TestCa` is a CA the server does not
+/// trust, and [`client_cert_valid`](Self::client_cert_valid) issues an expired certificate.
+///
+/// ```
+/// # fn main() -> Result<(), baton::testing::FixtureError> {
+/// use baton::testing::TestCa;
+/// let ca = TestCa::generate("my test CA")?;
+/// let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
+/// let client = ca.client_cert("app")?;
+/// assert!(ca.cert_pem().starts_with("-----BEGIN CERTIFICATE-----"));
+/// # let _ = (server, client); Ok(()) }
+/// ```
+pub struct TestCa {
+    name: String,
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for TestCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCa")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestCa {
+    /// A new CA whose certificate has the common name `name`, valid from an hour ago for a
+    /// year.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if the key or the certificate cannot be made.
+    pub fn generate(name: &str) -> Result<TestCa, FixtureError> {
+        let failed = |source: rcgen::Error| FixtureError::Certificate {
+            name: name.to_owned(),
+            source: Box::new(source),
+        };
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let now = SystemTime::now();
+        params.not_before = (now - BACKDATE).into();
+        params.not_after = (now + VALIDITY).into();
+        let key = KeyPair::generate().map_err(failed)?;
+        let issuer = CertifiedIssuer::self_signed(params, key).map_err(failed)?;
+        Ok(TestCa {
+            name: name.to_owned(),
+            issuer,
+        })
+    }
+
+    /// The CA's certificate, PEM: what clients trust (etcd's `--trusted-ca-file`, etcdctl's
+    /// `--cacert`, [`EtcdOptions::with_ca_cert`](crate::EtcdOptions::with_ca_cert)).
+    pub fn cert_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A server certificate for `names` (IP addresses or DNS names, e.g. `["127.0.0.1",
+    /// "localhost"]`), valid from an hour ago for a year. It may also serve as a client
+    /// certificate: etcd's gateway connects to etcd itself with it.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] for a name that is neither an IP address nor a DNS name,
+    /// or if the certificate cannot be made.
+    pub fn server_cert(&self, names: &[&str]) -> Result<CertPem, FixtureError> {
+        let label = names.first().copied().unwrap_or("server");
+        let now = SystemTime::now();
+        self.issue(
+            label,
+            names,
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+            (now - BACKDATE, now + VALIDITY),
+        )
+    }
+
+    /// A client certificate with the common name `name` (etcd takes it as the user when its
+    /// authentication is on), valid from an hour ago for a year.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if the certificate cannot be made.
+    pub fn client_cert(&self, name: &str) -> Result<CertPem, FixtureError> {
+        let now = SystemTime::now();
+        self.client_cert_valid(name, now - BACKDATE, now + VALIDITY)
+    }
+
+    /// A client certificate with the common name `name`, valid from `not_before` to
+    /// `not_after`: in the past for an expired certificate, in the future for one not valid
+    /// yet.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if the certificate cannot be made.
+    pub fn client_cert_valid(
+        &self,
+        name: &str,
+        not_before: SystemTime,
+        not_after: SystemTime,
+    ) -> Result<CertPem, FixtureError> {
+        self.issue(
+            name,
+            &[],
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+            (not_before, not_after),
+        )
+    }
+
+    fn issue(
+        &self,
+        common_name: &str,
+        names: &[&str],
+        usages: &[ExtendedKeyUsagePurpose],
+        (not_before, not_after): (SystemTime, SystemTime),
+    ) -> Result<CertPem, FixtureError> {
+        let failed = |source: rcgen::Error| FixtureError::Certificate {
+            name: common_name.to_owned(),
+            source: Box::new(source),
+        };
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        let mut params = CertificateParams::new(names).map_err(failed)?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = usages.to_vec();
+        params.use_authority_key_identifier_extension = true;
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        let key = KeyPair::generate().map_err(failed)?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(failed)?;
+        Ok(CertPem::new(cert.pem(), key.serialize_pem()))
+    }
+}
