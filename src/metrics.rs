@@ -23,7 +23,8 @@
 //! # metrics::set_lock_label(LockLabel::Name);
 //! ```
 
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError, RwLock as StdRwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, PoisonError, RwLock as StdRwLock, Weak};
 use std::time::Duration;
 
 use ::metrics::{Key, Label, Level, Metadata, SharedString, Unit};
@@ -259,14 +260,33 @@ impl Meter {
             LockLabel::Omit => None,
             LockLabel::Map(map) => Some(SharedString::from_owned(map(name))),
         };
-        Arc::new(Meter {
+        // One meter per recipe, name and label, shared by the handles that use them: 10,000
+        // waiters on one lock, each with a handle of its own, hold one meter (and one set of
+        // series keys), not 10,000. Entries whose handles are all gone are dropped as the map
+        // grows.
+        type Meters = HashMap<(&'static str, Arc<str>, Option<SharedString>), Weak<Meter>>;
+        static METERS: OnceLock<StdMutex<Meters>> = OnceLock::new();
+        let mut meters = METERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let id = (recipe.label(), Arc::clone(name), lock.clone());
+        if let Some(meter) = meters.get(&id).and_then(Weak::upgrade) {
+            return meter;
+        }
+        let meter = Arc::new(Meter {
             name: Arc::clone(name),
             labels: Some(Labels {
                 recipe: recipe.label(),
                 lock,
             }),
             keys: OnceLock::new(),
-        })
+        });
+        if meters.len() >= 64 && meters.len().is_power_of_two() {
+            meters.retain(|_, meter| meter.strong_count() > 0);
+        }
+        meters.insert(id, Arc::downgrade(&meter));
+        meter
     }
 
     /// A meter that emits nothing, for the recipes that keep entries without being locks.
