@@ -289,10 +289,7 @@ pub(crate) fn acquire<'a>(
     let waiting = meter.waiting();
     // `map` rather than an `async` block, which would keep a second copy of the acquisition
     // in its state (see `take_turn`).
-    take_turn(session, ask).map(move |result| {
-        // A backend error names the lock it concerns.
-        waiting.finish(result.map_err(|e| e.in_lock(meter.name())))
-    })
+    take_turn(session, ask).map(move |result| waiting.finish(result))
 }
 
 /// How a contender's turn came.
