@@ -101,7 +101,7 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 /// Options for [`connect_with`], common to every backend.
 ///
 /// TLS (a CA, a client certificate, a server name) is for etcd, as
-/// [`EtcdOptions`](crate::EtcdOptions) takes it; a Redis URL with TLS options is refused.
+/// `EtcdOptions` takes it; a Redis URL with TLS options is refused.
 #[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
@@ -166,14 +166,14 @@ impl ConnectOptions {
     }
 
     /// etcd over TLS: trust the CA certificates in `pem` (PEM) for the servers' certificates
-    /// (see [`EtcdOptions::with_ca_cert`](crate::EtcdOptions::with_ca_cert)).
+    /// (see `EtcdOptions::with_ca_cert`).
     pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_cert = Some(pem.into());
         self
     }
 
     /// etcd over TLS: present this client certificate and key (PEM; see
-    /// [`EtcdOptions::with_client_cert`](crate::EtcdOptions::with_client_cert)).
+    /// `EtcdOptions::with_client_cert`).
     pub fn with_client_cert(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -184,7 +184,7 @@ impl ConnectOptions {
     }
 
     /// etcd over TLS: check the servers' certificates against `name` (see
-    /// [`EtcdOptions::with_tls_server_name`](crate::EtcdOptions::with_tls_server_name)).
+    /// `EtcdOptions::with_tls_server_name`).
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
         self.tls_server_name = Some(name.into());
         self
