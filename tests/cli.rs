@@ -849,6 +849,35 @@ async fn elect_runs_a_command_while_leading() {
     );
 }
 
+/// `elect` on Redis: a command runs while leading, with the fencing token in its
+/// environment, and the leadership ends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_a_command_on_redis() {
+    let url = RedisNode::shared().url();
+    let name = name("elect-redis");
+    let out = baton(&[
+        "--endpoints",
+        &url,
+        "--restart-grace",
+        "0",
+        "elect",
+        &name,
+        "node-a",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$BATON_FENCING_TOKEN\"; exit 5",
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_exit(&out, 5);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(stdout.trim().parse::<u64>().is_ok(), "{stdout}");
+    let backend = RedisNode::shared().backend().await.unwrap();
+    assert!(backend.entries(&name).await.unwrap().is_empty(), "resigned");
+}
+
 /// One dead endpoint listed first does not fail the connect (as with etcdctl). (Before: 10 of
 /// 10 runs failed.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
