@@ -17,12 +17,16 @@ use testcontainers::{ContainerAsync, CopyDataSource, GenericImage, ImageExt};
 pub const LABEL: &str = "baton.fixture";
 
 /// Why a fixture could not start (or could not be stopped, restarted or paused).
+///
+/// Each message includes its cause (Docker's answer, the operating system's error): a test
+/// that prints the error with `{}` shows why, not only what failed. The cause is also the
+/// error's `source()`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FixtureError {
     /// Docker could not start the container (and the fallback was not allowed or failed), or
     /// could not stop, start or pause it later.
-    #[error("could not start {server} in a container (image {image})")]
+    #[error("could not start {server} in a container (image {image}): {source}")]
     Container {
         /// The server: `etcd`, `redis`.
         server: &'static str,
@@ -33,7 +37,7 @@ pub enum FixtureError {
         source: Box<testcontainers::TestcontainersError>,
     },
     /// The server binary of the fallback could not be spawned from `PATH`.
-    #[error("could not spawn the {server} binary from PATH")]
+    #[error("could not spawn the {server} binary from PATH: {source}")]
     Spawn {
         /// The server: `etcd`, `redis`.
         server: &'static str,
@@ -67,7 +71,7 @@ pub enum FixtureError {
         reason: &'static str,
     },
     /// An administrative command to a test server failed (promoting a Redis replica).
-    #[error("{server}: `{command}` failed")]
+    #[error("{server}: `{command}` failed: {source}")]
     Command {
         /// The server: `etcd`, `redis`.
         server: &'static str,
@@ -78,10 +82,10 @@ pub enum FixtureError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Operating-system error (free port lookup, pipes, files).
-    #[error("i/o error while starting a test server")]
+    #[error("i/o error while starting a test server: {0}")]
     Io(#[from] std::io::Error),
     /// A test certificate could not be made ([`TestCa`](crate::testing::TestCa)).
-    #[error("could not make the test certificate `{name}`")]
+    #[error("could not make the test certificate `{name}`: {source}")]
     Certificate {
         /// The certificate's common name.
         name: String,
@@ -249,5 +253,23 @@ impl Watchdog {
     #[cfg(feature = "etcd")]
     pub(crate) fn keep_until_exit(self) {
         std::mem::forget(self);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_include_their_cause() {
+        let spawn = FixtureError::Spawn {
+            server: "etcd",
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory"),
+        };
+        assert_eq!(
+            spawn.to_string(),
+            "could not spawn the etcd binary from PATH: No such file or directory"
+        );
+        assert!(std::error::Error::source(&spawn).is_some());
     }
 }
