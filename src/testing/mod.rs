@@ -24,6 +24,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # A partition proxy
+//! [`Proxy`] sits between a client and a server on 127.0.0.1 and can cut the client off
+//! (`black_hole`), lose only the server's answers (`drop_answers`) and heal: how baton's own
+//! fault tests cut a holder off from etcd or Redis.
+//!
+//! # Test dependencies
+//! ```toml
+//! [dev-dependencies]
+//! baton = { version = "0.1", features = ["testing", "etcd"] }   # or "redis"
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
+//! ```
+//!
 //! # etcd fixtures
 //! [`EtcdNode`] is one etcd member, [`EtcdCluster`] three. By default they run in containers
 //! started through testcontainers, with **host networking**, each member listening on free
@@ -87,6 +99,7 @@ mod etcd;
 mod faults;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod fixture;
+mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "etcd", feature = "redis"))]
@@ -97,6 +110,7 @@ pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
 #[cfg(any(feature = "etcd", feature = "redis"))]
 pub use fixture::{FixtureError, LABEL};
+pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};
 #[cfg(any(feature = "etcd", feature = "redis"))]
