@@ -691,6 +691,25 @@ impl RedisBackend {
         ahead
     }
 
+    /// Runs a script that takes `lease` and answers a number of milliseconds (a TTL), or nil
+    /// when the lease is gone.
+    async fn lease_ms(
+        &self,
+        op: &'static str,
+        script: &Script,
+        lease: LeaseId,
+    ) -> Result<Option<Duration>> {
+        let args = Args::new(self).arg(lease.get().to_string());
+        Ok(match self.read_eval(op, script, args).await? {
+            Value::Nil => None,
+            other => Some(Duration::from_millis(
+                number(&other)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .ok_or_else(|| malformed(op))?,
+            )),
+        })
+    }
+
     async fn oldest(&self, queue: &str, limit: usize) -> Result<Vec<Entry>> {
         let args = Args::new(self).arg(queue).arg(limit.to_string());
         entries(
@@ -773,18 +792,8 @@ impl Backend for RedisBackend {
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
         // Idempotent: renewing twice is renewing.
-        let args = Args::new(self).arg(lease.get().to_string());
-        let answer = self
-            .read_eval("keep_alive", &SCRIPTS.keep_alive, args)
-            .await?;
-        Ok(match answer {
-            Value::Nil => None,
-            other => Some(Duration::from_millis(
-                number(&other)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(|| malformed("keep_alive"))?,
-            )),
-        })
+        self.lease_ms("keep_alive", &SCRIPTS.keep_alive, lease)
+            .await
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
@@ -991,18 +1000,7 @@ impl Backend for RedisBackend {
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
-        let args = Args::new(self).arg(lease.get().to_string());
-        let answer = self
-            .read_eval("lease_ttl", &SCRIPTS.lease_ttl, args)
-            .await?;
-        Ok(match answer {
-            Value::Nil => None,
-            other => Some(Duration::from_millis(
-                number(&other)
-                    .and_then(|n| u64::try_from(n).ok())
-                    .ok_or_else(|| malformed("lease_ttl"))?,
-            )),
-        })
+        self.lease_ms("lease_ttl", &SCRIPTS.lease_ttl, lease).await
     }
 
     fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
