@@ -269,31 +269,62 @@ async fn client_cut_off_by_a_proxy() {
     let node = EtcdNode::shared();
     let proxy = Proxy::start(&node.endpoints()[0]).await;
     let name = name("proxy");
-    let register = Arc::new(FencedRegister::default());
     let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
     let behind = connect(&[proxy.endpoint()], Duration::from_secs(2)).await;
     let fence = EtcdFence::new(direct.clone(), format!("{name}-fence")).unwrap();
+    cut_off_holder_is_told(
+        &proxy,
+        &behind,
+        &direct,
+        &fence,
+        &name,
+        "client cut off by a proxy",
+        "lost() no later than the server's expiry; successor holds; late write fenced",
+    )
+    .await;
+}
 
+/// A holder on `behind` (a client going through `proxy`) holds `name`, a successor on
+/// `direct` waits; the proxy cuts the holder off. It is told (`lost()`) no later than the
+/// server expires its lease, before the successor's grant (timed where it happens), and its
+/// late write is refused by `fence`.
+async fn cut_off_holder_is_told<B: Backend + Clone>(
+    proxy: &Proxy,
+    behind: &B,
+    direct: &B,
+    fence: &dyn Fence,
+    name: &str,
+    scenario: &str,
+    promise: &str,
+) {
+    let register = Arc::new(FencedRegister::default());
     let ttl = Duration::from_secs(3);
-    let cut_off = session(&behind, ttl).await;
-    let guard = hold(&cut_off, &name, &register).await;
+    let cut_off = session(behind, ttl).await;
+    let guard = hold(&cut_off, name, &register).await;
     fence
         .write("data", guard.ticket(), b"before")
         .await
         .unwrap();
-    let successor = session(&direct, Duration::from_secs(30)).await;
-    let waiting = support::spawn_queued(&direct, &successor, &name, 2).await;
+    let successor = session(direct, Duration::from_secs(30)).await;
+    let waiting = tokio::spawn({
+        let mutex = Mutex::new(&successor, name).unwrap();
+        // The instant of the grant, taken where it happens.
+        async move { mutex.lock().await.map(|g| (g, Instant::now())) }
+    });
+    eventually("the successor is queued", || async {
+        direct.entries(name).await.unwrap().len() == 2
+    })
+    .await;
 
     proxy.black_hole();
     let cut_at = Instant::now();
     let lost = within("lost() behind the black hole", ttl * 2, guard.lost()).await;
     let lost_at = Instant::now();
     register.exit(guard.fencing_token().get());
-    let next = within("the successor", ttl * 3, waiting)
+    let (next, granted_at) = within("the successor", ttl * 3, waiting)
         .await
         .unwrap()
         .unwrap();
-    let granted_at = Instant::now();
     assert!(
         lost_at <= granted_at,
         "told {lost:?} only after the successor held"
@@ -313,11 +344,7 @@ async fn client_cut_off_by_a_proxy() {
     assert!(!register.late_write(guard.fencing_token().get()));
     register.exit(next.fencing_token().get());
     next.unlock().await.unwrap();
-    register.assert_safe(
-        "client cut off by a proxy",
-        "lost() no later than the server's expiry; successor holds; late write fenced",
-        None,
-    );
+    register.assert_safe(scenario, promise, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -965,9 +992,6 @@ async fn redis_restarted_without_persistence_mid_queue() {
 async fn redis_client_cut_off_by_a_proxy() {
     let url = RedisNode::shared().url();
     let proxy = Proxy::start(url.trim_start_matches("redis://")).await;
-    let name = name("redis-proxy");
-    let register = Arc::new(FencedRegister::default());
-    let fence = MemoryFence::new();
     let behind = RedisBackend::connect(
         &proxy.endpoint().replace("http://", "redis://"),
         RedisOptions::new()
@@ -978,56 +1002,16 @@ async fn redis_client_cut_off_by_a_proxy() {
     .await
     .unwrap();
     let direct = redis_backend(&url, Duration::ZERO).await;
-    let ttl = Duration::from_secs(3);
-    let cut_off = session(&behind, ttl).await;
-    let guard = hold(&cut_off, &name, &register).await;
-    fence
-        .write("data", guard.ticket(), b"before")
-        .await
-        .unwrap();
-    let successor = session(&direct, Duration::from_secs(30)).await;
-    let waiting = tokio::spawn({
-        let mutex = Mutex::new(&successor, &name).unwrap();
-        // The instant of the grant, taken where it happens.
-        async move { mutex.lock().await.map(|g| (g, Instant::now())) }
-    });
-    eventually("the successor is queued", || async {
-        direct.entries(&name).await.unwrap().len() == 2
-    })
-    .await;
-
-    proxy.black_hole();
-    let cut_at = Instant::now();
-    let lost = within("lost() behind the black hole", ttl * 2, guard.lost()).await;
-    let lost_at = Instant::now();
-    register.exit(guard.fencing_token().get());
-    let (next, granted_at) = within("the successor", ttl * 3, waiting)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        lost_at <= granted_at,
-        "told {lost:?} only after the successor held"
-    );
-    assert!(
-        lost_at - cut_at <= ttl,
-        "lost() no later than the server's expiry"
-    );
-    assert!(register.enter(next.fencing_token().get()));
-    fence.write("data", next.ticket(), b"after").await.unwrap();
-    let late = fence.write("data", guard.ticket(), b"late").await;
-    assert!(
-        matches!(late, Err(baton::Error::StaleToken { .. })),
-        "{late:?}"
-    );
-    assert!(!register.late_write(guard.fencing_token().get()));
-    register.exit(next.fencing_token().get());
-    next.unlock().await.unwrap();
-    register.assert_safe(
+    cut_off_holder_is_told(
+        &proxy,
+        &behind,
+        &direct,
+        &MemoryFence::new(),
+        &name("redis-proxy"),
         "Redis: client cut off by a proxy",
         "lost() before the server's expiry; successor holds; late write fenced",
-        None,
-    );
+    )
+    .await;
 }
 
 /// `baton lock` on Redis killed with SIGKILL: its entry goes with its lease, and the
@@ -1044,18 +1028,13 @@ async fn redis_holder_process_killed() {
     .await;
 }
 
-/// A command on a Redis server, for the test's own administration.
-async fn redis_cmd<T: redis::FromRedisValue>(url: &str, args: &[&str]) -> T {
-    let mut conn = redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
+/// The deadline `node` holds for `lease` (server clock, ms; 0 if it has none).
+async fn lease_deadline(node: &RedisNode, lease: &str) -> f64 {
+    let deadline: Option<f64> = node
+        .command("ZSCORE", &["baton:leases", lease])
         .await
         .unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query_async(&mut conn).await.unwrap()
+    deadline.unwrap_or(0.0)
 }
 
 /// What Redis cannot promise, measured: a replica that missed the holder's last renewals is
@@ -1078,7 +1057,7 @@ async fn redis_replica_promoted_after_missing_writes() {
         .write("data", guard.ticket(), b"before")
         .await
         .unwrap();
-    let _: i64 = redis_cmd(&primary.url(), &["WAIT", "1", "2000"]).await;
+    let _: i64 = primary.command("WAIT", &["1", "2000"]).await.unwrap();
     let told = tokio::spawn({
         let lost = guard.lost();
         async move {
@@ -1091,15 +1070,8 @@ async fn redis_replica_promoted_after_missing_writes() {
     replica.detach().await.unwrap();
     // ...while the holder goes on renewing on the primary.
     let lease = holder.lease_id().get().to_string();
-    let deadline = |url: String| {
-        let lease = lease.clone();
-        async move {
-            let d: Option<f64> = redis_cmd(&url, &["ZSCORE", "baton:leases", &lease]).await;
-            d.unwrap_or(0.0)
-        }
-    };
     eventually("a renewal the replica missed", || async {
-        deadline(primary.url()).await > deadline(replica.url()).await
+        lease_deadline(&primary, &lease).await > lease_deadline(&replica, &lease).await
     })
     .await;
     // The primary dies; the replica is promoted; clients move to it.

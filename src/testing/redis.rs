@@ -475,8 +475,16 @@ impl RedisNode {
             .await
     }
 
-    /// Sends one command to the server.
-    async fn command<T: redis::FromRedisValue>(
+    /// Sends one command to the server (for a test's own administration: `WAIT`, `INFO`,
+    /// `CONFIG SET`, reading a key), on a connection of its own.
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if the server cannot be reached or refuses the command, or
+    /// its answer is not a `T`.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call may or may not have reached the server.
+    pub async fn command<T: redis::FromRedisValue>(
         &self,
         command: &'static str,
         args: &[&str],
