@@ -551,68 +551,35 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
     let watchers_before = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await?;
     let (rss0, heap0) = (rss_bytes(), live_bytes());
     let started = Instant::now();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let options = SessionOptions::new().with_ttl(Duration::from_secs(300));
-    let mut sessions = Vec::with_capacity(waiters);
-    // Sessions in parallel batches, then waiters queued in order.
-    for chunk in (0..waiters).collect::<Vec<_>>().chunks(64) {
-        let batch = futures::future::join_all(
-            chunk
-                .iter()
-                .map(|_| Session::with_options(backend.clone(), options.clone())),
-        )
-        .await;
-        for s in batch {
-            sessions.push(s?);
-        }
-    }
+    let sessions = open_sessions(backend, waiters).await?;
     let heap_sessions = live_bytes();
-    let mut queued = 0;
-    for (i, s) in sessions.iter().enumerate() {
-        let (m, tx) = (Mutex::new(s, name)?, tx.clone());
-        tokio::spawn(async move {
-            if let Ok(g) = m.lock().await {
-                let _ = tx.send((i, g.fencing_token()));
-                let _ = g.unlock().await;
-            }
-        });
-        // Keep the queue order equal to the spawn order: wait for every 256th to queue.
-        if i % 256 == 255 || i + 1 == waiters {
-            while queued < i + 1 {
-                // Counted on the server: reading 10,000 keys every few ms would slow
-                // the queueing that is being measured.
-                let count = backend
-                    .client()
-                    .clone()
-                    .get(
-                        format!("{name}/"),
-                        Some(
-                            baton::etcd_client::GetOptions::new()
-                                .with_prefix()
-                                .with_count_only(),
-                        ),
-                    )
-                    .await?
-                    .count();
-                queued = usize::try_from(count)?.saturating_sub(1);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
+    let mut rx = queue_in_order(&sessions, name, || async {
+        // Counted on the server: reading 10,000 keys every few ms would slow the queueing
+        // that is being measured.
+        let count = backend
+            .client()
+            .clone()
+            .get(
+                format!("{name}/"),
+                Some(
+                    baton::etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await?
+            .count();
+        Ok(usize::try_from(count)?)
+    })
+    .await?;
     let queue_time = started.elapsed();
     let (rss1, heap1) = (rss_bytes(), live_bytes());
     let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await? - watchers_before;
     let drain_start = Instant::now();
     guard.unlock().await?;
-    let mut order = Vec::with_capacity(waiters);
-    for _ in 0..waiters {
-        let (i, token) = tokio::time::timeout(Duration::from_secs(120), rx.recv())
-            .await?
-            .ok_or("waiters ended")?;
-        order.push((i, token));
-    }
+    let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
-    let fifo = order.windows(2).all(|w| w[0].1 < w[1].1);
+    let fifo = tokens.windows(2).all(|w| w[0] < w[1]);
     futures::future::join_all(sessions.iter().map(Session::close)).await;
     holder.close().await?;
     Ok(Scale {
@@ -625,6 +592,71 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
         drain_time,
         fifo,
     })
+}
+
+/// Opens `n` sessions on `backend`, in parallel batches of 64.
+async fn open_sessions<B: Backend + Clone>(backend: &B, n: usize) -> Res<Vec<Session>> {
+    let options = SessionOptions::new().with_ttl(Duration::from_secs(300));
+    let mut sessions = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let batch = futures::future::join_all(
+            chunk
+                .iter()
+                .map(|_| Session::with_options(backend.clone(), options.clone())),
+        )
+        .await;
+        for s in batch {
+            sessions.push(s?);
+        }
+    }
+    Ok(sessions)
+}
+
+/// Queues one waiter on `name` per session, in session order: every 256th is waited for until
+/// `entries()` (the queue's length, read on the server; the holder's entry included) shows it.
+/// Each waiter sends its token once granted and releases at once.
+async fn queue_in_order<F, Fut>(
+    sessions: &[Session],
+    name: &str,
+    mut entries: F,
+) -> Res<tokio::sync::mpsc::UnboundedReceiver<baton::FencingToken>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Res<usize>>,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut queued = 0;
+    for (i, s) in sessions.iter().enumerate() {
+        let (m, tx) = (Mutex::new(s, name)?, tx.clone());
+        tokio::spawn(async move {
+            if let Ok(g) = m.lock().await {
+                let _ = tx.send(g.fencing_token());
+                let _ = g.unlock().await;
+            }
+        });
+        if i % 256 == 255 || i + 1 == sessions.len() {
+            while queued < i + 1 {
+                queued = entries().await?.saturating_sub(1);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    Ok(rx)
+}
+
+/// The tokens of `n` grants, in grant order.
+async fn drain(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<baton::FencingToken>,
+    n: usize,
+) -> Res<Vec<baton::FencingToken>> {
+    let mut tokens = Vec::with_capacity(n);
+    for _ in 0..n {
+        let token = tokio::time::timeout(Duration::from_secs(120), rx.recv())
+            .await?
+            .ok_or("waiters ended")?;
+        tokens.push(token);
+    }
+    Ok(tokens)
 }
 
 /// Uncontended cycles per second on the memory backend, on a current-thread runtime of its

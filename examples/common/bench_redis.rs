@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use baton::testing::RedisNode;
-use baton::{Mutex, MutexGuard, Session, SessionOptions};
+use baton::{Mutex, MutexGuard, Session};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use super::{Res, Run, Samples, held, live_bytes, ms, pct, summarise};
+use super::{
+    Res, Run, Samples, drain, held, live_bytes, ms, open_sessions, pct, queue_in_order, summarise,
+};
 
 /// Every contended configuration releases as soon as it is granted.
 const HOLD: Duration = Duration::ZERO;
@@ -283,6 +285,14 @@ struct Measured {
 }
 
 impl Measured {
+    /// [`finish`](Self::finish) for a polling implementation: its requests and `SET NX`
+    /// tries, as the server counted them.
+    fn finish_polled(self, label: &'static str) -> RedisRun {
+        let requests = POLLING_REQUESTS.iter().map(|c| self.server.calls(c)).sum();
+        let attempts = self.server.calls("set");
+        self.finish(label, requests, Wake::Polled { attempts })
+    }
+
     fn finish(mut self, label: &'static str, requests: u64, wake: Wake) -> RedisRun {
         self.to_another.sort();
         let s = self.samples;
@@ -440,13 +450,7 @@ async fn set_nx_contended(
         })
         .collect();
     let m = contend(admin, baseline, contenders, secs).await?;
-    let requests = POLLING_REQUESTS.iter().map(|c| m.server.calls(c)).sum();
-    let attempts = m.server.calls("set");
-    Ok(m.finish(
-        "SET NX PX + 10 ms retry",
-        requests,
-        Wake::Polled { attempts },
-    ))
+    Ok(m.finish_polled("SET NX PX + 10 ms retry"))
 }
 
 /// rslock on one node: N contenders sharing one lock manager (one process).
@@ -466,13 +470,7 @@ async fn rslock_contended(
         })
         .collect();
     let m = contend(admin, baseline, contenders, secs).await?;
-    let requests = POLLING_REQUESTS.iter().map(|c| m.server.calls(c)).sum();
-    let attempts = m.server.calls("set");
-    Ok(m.finish(
-        "rslock (Redlock, 1 node)",
-        requests,
-        Wake::Polled { attempts },
-    ))
+    Ok(m.finish_polled("rslock (Redlock, 1 node)"))
 }
 
 #[derive(Default)]
@@ -500,42 +498,12 @@ async fn scale(node: &RedisNode, admin: &Admin, waiters: usize) -> Res<Scale> {
     let guard = Mutex::new(&holder, SCALE_LOCK)?.lock().await?;
     let heap0 = live_bytes();
     let started = Instant::now();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let options = SessionOptions::new().with_ttl(Duration::from_secs(300));
-    let mut sessions = Vec::with_capacity(waiters);
-    // Sessions in parallel batches, then waiters queued in order.
-    for chunk in (0..waiters).collect::<Vec<_>>().chunks(64) {
-        let batch = futures::future::join_all(
-            chunk
-                .iter()
-                .map(|_| Session::with_options(backend.clone(), options.clone())),
-        )
-        .await;
-        for s in batch {
-            sessions.push(s?);
-        }
-    }
+    let sessions = open_sessions(&backend, waiters).await?;
     let heap_sessions = live_bytes();
-    let mut queued = 0;
-    for (i, s) in sessions.iter().enumerate() {
-        let (m, tx) = (Mutex::new(s, SCALE_LOCK)?, tx.clone());
-        tokio::spawn(async move {
-            if let Ok(g) = m.lock().await {
-                let _ = tx.send(g.fencing_token());
-                let _ = g.unlock().await;
-            }
-        });
-        // Keep the queue order equal to the spawn order: wait for every 256th to queue.
-        if i % 256 == 255 || i + 1 == waiters {
-            while queued < i + 1 {
-                let entries: usize = admin
-                    .query(redis::cmd("ZCARD").arg(SCALE_QUEUE_KEY))
-                    .await?;
-                queued = entries.saturating_sub(1);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }
-    }
+    let mut rx = queue_in_order(&sessions, SCALE_LOCK, || async {
+        admin.query(redis::cmd("ZCARD").arg(SCALE_QUEUE_KEY)).await
+    })
+    .await?;
     let queue_time = started.elapsed();
     let heap1 = live_bytes();
     let connections = admin.clients().await?.saturating_sub(baseline);
@@ -543,13 +511,7 @@ async fn scale(node: &RedisNode, admin: &Admin, waiters: usize) -> Res<Scale> {
     admin.reset().await?;
     let drain_start = Instant::now();
     guard.unlock().await?;
-    let mut tokens = Vec::with_capacity(waiters);
-    for _ in 0..waiters {
-        let token = tokio::time::timeout(Duration::from_secs(120), rx.recv())
-            .await?
-            .ok_or("waiters ended")?;
-        tokens.push(token);
-    }
+    let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let wakeups = backend.wakeups() - wakeups0;
     let rpush = admin.counters().await?.calls("rpush");
