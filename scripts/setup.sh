@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepares a machine to build and test baton, the same way on a developer's machine and in CI:
-# apt packages, the `just` runner, a Docker daemon, and the local etcd, Redis and PostgreSQL
-# images.
+# apt packages, the `just` runner, a Docker daemon, and the local etcd, Redis, ZooKeeper and
+# PostgreSQL images.
 #
 # Usage: scripts/setup.sh            (idempotent; safe to run again)
 # Writes the PID of a Docker daemon it started to target/dockerd.pid, so that the caller
@@ -49,6 +49,9 @@ scripts/build-etcd-image.sh
 # The Redis backend's tests run redis-server from an image built the same way from Debian's
 # redis-server (the script installs the package if it is missing).
 scripts/build-redis-image.sh >/dev/null
+# The ZooKeeper backend's tests run ZooKeeper from an image built the same way from Debian's
+# zookeeper and its Java runtime (the script installs the package if it is missing).
+scripts/build-zookeeper-image.sh >/dev/null
 # The fence tests run PostgreSQL from an image built the same way from Debian's postgresql
 # (the script installs the package if it is missing).
 scripts/build-postgres-image.sh >/dev/null

@@ -1,6 +1,7 @@
-//! What the server fixtures (etcd, Redis) share: their error type, the container they start
-//! through testcontainers, free ports, and the watchdog that removes a shared fixture when the
-//! test process exits.
+//! What the server fixtures (etcd, Redis, ZooKeeper) share: their error type, the container
+//! they start through testcontainers, free ports, the watchdog that removes a shared fixture
+//! when the test process exits, and (for ZooKeeper so far) the engine of a node that runs in a
+//! container or as a local process and can be stopped, started again and paused.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -28,7 +29,7 @@ pub enum FixtureError {
     /// could not stop, start or pause it later.
     #[error("could not start {server} in a container (image {image}): {source}")]
     Container {
-        /// The server: `etcd`, `redis`.
+        /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
         /// The image that was tried.
         image: String,
@@ -39,7 +40,7 @@ pub enum FixtureError {
     /// The server binary of the fallback could not be spawned from `PATH`.
     #[error("could not spawn the {server} binary from PATH: {source}")]
     Spawn {
-        /// The server: `etcd`, `redis`.
+        /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
         /// The operating system's error.
         #[source]
@@ -48,7 +49,7 @@ pub enum FixtureError {
     /// The server process of the fallback started but did not become ready.
     #[error("could not start the {server} binary from PATH: {reason}")]
     Process {
-        /// The server: `etcd`, `redis`.
+        /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
         /// What went wrong, with the end of the server's log when there is one.
         reason: String,
@@ -56,7 +57,7 @@ pub enum FixtureError {
     /// A server started again (after a stop or a restart) did not answer in time.
     #[error("{server} at {address} did not become ready in time")]
     NotReady {
-        /// The server: `etcd`, `redis`.
+        /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
         /// The address polled, `127.0.0.1:<port>`.
         address: String,
@@ -70,10 +71,11 @@ pub enum FixtureError {
         /// Why this fixture cannot do it.
         reason: &'static str,
     },
-    /// An administrative command to a test server failed (promoting a Redis replica).
+    /// An administrative command to a test server failed (promoting a Redis replica, a
+    /// ZooKeeper four-letter word).
     #[error("{server}: `{command}` failed: {source}")]
     Command {
-        /// The server: `etcd`, `redis`.
+        /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
         /// The command.
         command: &'static str,
@@ -111,7 +113,7 @@ pub(crate) fn free_port() -> std::io::Result<u16> {
 
 /// `n` free TCP ports on 127.0.0.1, all different: the listeners stay open until every port
 /// is chosen.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 pub(crate) fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
     let listeners = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
@@ -200,6 +202,14 @@ impl Server {
         }
     }
 
+    /// The working directory of a fallback process on `port`: in the system's temporary
+    /// directory, named after this server, the test process and the port.
+    #[cfg(feature = "zookeeper")]
+    pub(crate) fn work_dir(&self, port: u16) -> std::path::PathBuf {
+        let name = format!("baton-{}-{}-{port}", self.name, std::process::id());
+        std::env::temp_dir().join(name)
+    }
+
     /// The error for a fallback process that was spawned but did not become ready.
     pub(crate) fn process_error(&self, reason: impl Into<String>) -> FixtureError {
         FixtureError::Process {
@@ -253,6 +263,428 @@ impl Watchdog {
     #[cfg(feature = "etcd")]
     pub(crate) fn keep_until_exit(self) {
         std::mem::forget(self);
+    }
+}
+
+#[cfg(feature = "zookeeper")]
+pub(crate) use node::{Instance, ServerProcess, exchange, start_shared};
+
+/// A fixture node's engine: a server in a container, a local process (the fallback), or an
+/// external server, stopped, started again and paused the same way whatever the server. The
+/// ZooKeeper fixtures run on it; the Redis fixtures still have their own copy of it.
+#[cfg(feature = "zookeeper")]
+mod node {
+    use std::future::Future;
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    use std::path::{Path, PathBuf};
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    use futures::future::BoxFuture;
+    use testcontainers::{ContainerAsync, GenericImage};
+    use tokio::process::{Child, Command};
+    use tokio::time::Instant;
+
+    use super::{FixtureError, Server, Watchdog, docker_required};
+
+    /// How long a server started again, or a fallback process, has to become ready.
+    const READY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// How long a killed fallback process has to exit.
+    const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The pause between two readiness (or exit) checks.
+    const POLL: Duration = Duration::from_millis(25);
+    /// How long a probe may wait to connect, and then for each read or write: a paused server
+    /// must not hold a probe up for long.
+    const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Whether the server on 127.0.0.1:`port` is ready (answers as it does once it serves).
+    pub(crate) type Probe = fn(u16) -> BoxFuture<'static, bool>;
+
+    /// Sends `request` to `address` (`host:port`) and returns what the server answers until it
+    /// closes the connection or `complete` says the answer is whole. Blocking std I/O on the
+    /// blocking pool: the library's tokio has no `net` feature.
+    pub(crate) async fn exchange(
+        address: String,
+        request: Vec<u8>,
+        complete: fn(&[u8]) -> bool,
+    ) -> std::io::Result<Vec<u8>> {
+        let answer = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+            let socket = address
+                .to_socket_addrs()?
+                .next()
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))?;
+            let mut stream = std::net::TcpStream::connect_timeout(&socket, PROBE_TIMEOUT)?;
+            stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
+            stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
+            stream.write_all(&request)?;
+            let mut reply = Vec::new();
+            let mut buf = [0_u8; 4096];
+            while !complete(&reply) {
+                let n = stream.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                reply.extend_from_slice(&buf[..n]);
+            }
+            Ok(reply)
+        })
+        .await;
+        answer.map_err(std::io::Error::other)?
+    }
+
+    /// Polls `probe` until it answers, for at most [`READY_TIMEOUT`].
+    async fn wait_ready(server: &Server, port: u16, probe: Probe) -> Result<(), FixtureError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !probe(port).await {
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: server.name,
+                    address: format!("127.0.0.1:{port}"),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
+    }
+
+    /// The last lines of a log file, joined on one line, for an error message.
+    fn log_tail(path: &Path) -> String {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        lines[lines.len().saturating_sub(5)..].join(" | ")
+    }
+
+    /// Starts a fixture on a runtime of its own, on a thread that keeps that runtime (and so
+    /// the container's client) alive until the process exits: what a `shared()` fixture does.
+    ///
+    /// # Panics
+    /// If the thread's runtime cannot be built or `start` fails: a test cannot run without its
+    /// fixture.
+    #[allow(clippy::expect_used)]
+    pub(crate) fn start_shared<T, F, Fut>(server: &'static str, start: F) -> T
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, FixtureError>>,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for a shared fixture");
+            rt.block_on(async move {
+                let _ = tx.send(start().await);
+                // Keep this runtime (and so the container's client) alive.
+                std::future::pending::<()>().await;
+            });
+        });
+        match rx.recv().expect("the fixture thread answers") {
+            Ok(fixture) => fixture,
+            Err(e) => panic!("could not start the shared {server} fixture: {e}"),
+        }
+    }
+
+    /// A server run as a child process (the fallback when Docker is unavailable), which can be
+    /// stopped and started again on the same port. Its working directory,
+    /// [`Server::work_dir`], holds its log and whatever files the fixture put there (its data
+    /// survives a stop); it is removed on drop.
+    #[derive(Debug)]
+    pub(crate) struct ServerProcess {
+        server: Server,
+        port: u16,
+        probe: Probe,
+        program: String,
+        args: Vec<String>,
+        dir: PathBuf,
+        /// `None` while stopped.
+        child: Option<Child>,
+    }
+
+    impl ServerProcess {
+        /// Prepares (creates) the working directory; [`start`](Self::start) runs `program`.
+        pub(crate) fn new(
+            server: Server,
+            port: u16,
+            probe: Probe,
+            program: &str,
+            args: Vec<String>,
+        ) -> std::io::Result<Self> {
+            let dir = server.work_dir(port);
+            std::fs::create_dir_all(&dir)?;
+            Ok(ServerProcess {
+                server,
+                port,
+                probe,
+                program: program.to_owned(),
+                args,
+                dir,
+                child: None,
+            })
+        }
+
+        fn log_path(&self) -> PathBuf {
+            self.dir.join("server.log")
+        }
+
+        /// Spawns the server and waits until `probe` answers; does nothing if it runs already.
+        async fn start(&mut self) -> Result<(), FixtureError> {
+            if let Some(child) = &mut self.child
+                && child.try_wait()?.is_none()
+            {
+                return Ok(());
+            }
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.log_path())?;
+            // Its output goes to a file, not a pipe: nothing has to drain it, whichever runtime
+            // started it and whether or not that runtime still runs.
+            let mut child = Command::new(&self.program)
+                .args(&self.args)
+                .current_dir(&self.dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(log.try_clone()?))
+                .stderr(Stdio::from(log))
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|source| FixtureError::Spawn {
+                    server: self.server.name,
+                    source,
+                })?;
+            let deadline = Instant::now() + READY_TIMEOUT;
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    return Err(self.server.process_error(format!(
+                        "{} exited ({status}); its log: {}",
+                        self.program,
+                        log_tail(&self.log_path())
+                    )));
+                }
+                if (self.probe)(self.port).await {
+                    self.child = Some(child);
+                    return Ok(());
+                }
+                if Instant::now() >= deadline {
+                    // kill_on_drop stops it as `child` drops.
+                    return Err(self.server.process_error(format!(
+                        "{} did not become ready in time; its log: {}",
+                        self.program,
+                        log_tail(&self.log_path())
+                    )));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+
+        /// Kills the server (SIGKILL) and waits until it has exited, so that its port is free.
+        async fn stop(&mut self) -> Result<(), FixtureError> {
+            let Some(mut child) = self.child.take() else {
+                return Ok(());
+            };
+            child.start_kill()?;
+            // Polled rather than awaited with `wait`: the child may have been spawned on another
+            // runtime (a shared node's).
+            let deadline = Instant::now() + EXIT_TIMEOUT;
+            while child.try_wait()?.is_none() {
+                if Instant::now() >= deadline {
+                    return Err(self
+                        .server
+                        .process_error(format!("{} did not exit after SIGKILL", self.program)));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            Ok(())
+        }
+
+        /// The shell command that kills the running process, if any, and removes the working
+        /// directory.
+        fn cleanup(&self) -> String {
+            let dir = self.dir.to_string_lossy().replace('\'', r"'\''");
+            match self.child.as_ref().and_then(Child::id) {
+                Some(pid) => format!("kill {pid} 2>/dev/null; rm -rf '{dir}'"),
+                None => format!("rm -rf '{dir}'"),
+            }
+        }
+    }
+
+    impl Drop for ServerProcess {
+        fn drop(&mut self) {
+            // Stopped by its own PID (kill_on_drop would too, but only once the Child drops).
+            if let Some(child) = &mut self.child {
+                let _ = child.start_kill();
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    #[derive(Debug)]
+    enum Running {
+        Container(Box<ContainerAsync<GenericImage>>),
+        Process(Box<tokio::sync::Mutex<ServerProcess>>),
+        /// A server the test did not start; why it cannot be stopped (which variable named it).
+        External(&'static str),
+    }
+
+    /// One server of a fixture, on 127.0.0.1:`port` (or external), ready when its
+    /// [`Probe`] answers.
+    #[derive(Debug)]
+    pub(crate) struct Instance {
+        server: Server,
+        port: u16,
+        probe: Probe,
+        running: Running,
+        watchdog: Option<Watchdog>,
+    }
+
+    impl Instance {
+        /// Starts `server` on `port` in a container with `args` and waits until it logs
+        /// [`Server::ready`] and `probe` answers; if no container starts and
+        /// `BATON_REQUIRE_DOCKER` allows it, runs the process `fallback` builds instead.
+        pub(crate) async fn start(
+            server: Server,
+            port: u16,
+            probe: Probe,
+            args: Vec<String>,
+            fallback: impl FnOnce() -> std::io::Result<ServerProcess>,
+        ) -> Result<Instance, FixtureError> {
+            let running = match server.start_container(args).await {
+                Ok(container) => {
+                    // Dropping the container on failure removes it.
+                    wait_ready(&server, port, probe).await?;
+                    Running::Container(Box::new(container))
+                }
+                Err(e) if docker_required() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        server = server.name,
+                        "no container; falling back to a local process"
+                    );
+                    let mut process = fallback()?;
+                    process.start().await?;
+                    Running::Process(Box::new(tokio::sync::Mutex::new(process)))
+                }
+            };
+            Ok(Instance {
+                server,
+                port,
+                probe,
+                running,
+                watchdog: None,
+            })
+        }
+
+        /// A server the test did not start, on `port`; `reason` says why it cannot be stopped,
+        /// started or paused.
+        pub(crate) fn external(server: Server, port: u16, reason: &'static str) -> Instance {
+            Instance {
+                server,
+                port,
+                probe: |_| Box::pin(async { true }),
+                running: Running::External(reason),
+                watchdog: None,
+            }
+        }
+
+        pub(crate) fn port(&self) -> u16 {
+            self.port
+        }
+
+        pub(crate) fn is_container(&self) -> bool {
+            matches!(self.running, Running::Container(_))
+        }
+
+        /// Gives the instance a [`Watchdog`] that removes the container, or kills the process,
+        /// when this process exits.
+        pub(crate) async fn remove_on_exit(&mut self) {
+            let cleanup = match &self.running {
+                Running::Container(c) => Some(format!("docker rm -f {} >/dev/null 2>&1", c.id())),
+                Running::Process(p) => Some(p.lock().await.cleanup()),
+                Running::External(_) => None,
+            };
+            self.watchdog = cleanup.as_deref().and_then(Watchdog::spawn);
+        }
+
+        /// Kills the server at once (SIGKILL, no shutdown).
+        pub(crate) async fn stop(&self) -> Result<(), FixtureError> {
+            match &self.running {
+                Running::Container(c) => c
+                    .stop_with_timeout(Some(0))
+                    .await
+                    .map_err(|source| self.server.container_error(source)),
+                Running::Process(p) => {
+                    let mut process = p.lock().await;
+                    let stopped = process.stop().await;
+                    self.watch(&process);
+                    stopped
+                }
+                Running::External(reason) => Err(unsupported("stop", reason)),
+            }
+        }
+
+        /// Starts the server again after [`stop`](Self::stop) and waits until the probe
+        /// answers.
+        pub(crate) async fn start_again(&self) -> Result<(), FixtureError> {
+            match &self.running {
+                Running::Container(c) => {
+                    c.start()
+                        .await
+                        .map_err(|source| self.server.container_error(source))?;
+                    wait_ready(&self.server, self.port, self.probe).await
+                }
+                Running::Process(p) => {
+                    let mut process = p.lock().await;
+                    let started = process.start().await;
+                    self.watch(&process);
+                    started
+                }
+                Running::External(reason) => Err(unsupported("start", reason)),
+            }
+        }
+
+        /// Freezes the container (`docker pause`).
+        pub(crate) async fn pause(&self) -> Result<(), FixtureError> {
+            self.container("pause")?
+                .pause()
+                .await
+                .map_err(|source| self.server.container_error(source))
+        }
+
+        /// Unfreezes the container.
+        pub(crate) async fn unpause(&self) -> Result<(), FixtureError> {
+            self.container("unpause")?
+                .unpause()
+                .await
+                .map_err(|source| self.server.container_error(source))
+        }
+
+        /// Points the watchdog (a shared node's) at the process as it now is: the new PID after
+        /// a start, none after a stop (so that it never kills a PID the system reused).
+        fn watch(&self, process: &ServerProcess) {
+            if let Some(watchdog) = &self.watchdog {
+                watchdog.set(&process.cleanup());
+            }
+        }
+
+        fn container(
+            &self,
+            op: &'static str,
+        ) -> Result<&ContainerAsync<GenericImage>, FixtureError> {
+            match &self.running {
+                Running::Container(c) => Ok(c),
+                Running::Process(_) => Err(unsupported(
+                    op,
+                    "the node runs as a local process, not in a container",
+                )),
+                Running::External(reason) => Err(unsupported(op, reason)),
+            }
+        }
+    }
+
+    fn unsupported(op: &'static str, reason: &'static str) -> FixtureError {
+        FixtureError::Unsupported { op, reason }
     }
 }
 

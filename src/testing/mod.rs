@@ -1,5 +1,6 @@
 //! Test support (feature `testing`): a fault-injecting backend decorator for any backend,
-//! and etcd or Redis started for your tests (with the `etcd` or `redis` feature too).
+//! and etcd, Redis or ZooKeeper started for your tests (with the `etcd`, `redis` or
+//! `zookeeper` feature too).
 //!
 //! # Fault injection
 //! [`FaultyBackend`] wraps any [`Backend`](crate::Backend) and makes chosen calls fail before
@@ -93,25 +94,74 @@
 //! redis.restart().await?; // the same port, no data
 //! # let _ = url; Ok(()) }
 //! ```
+//!
+//! # ZooKeeper fixtures
+//! [`ZkNode`] is one ZooKeeper server (standalone), [`ZkEnsemble`] three members with a
+//! quorum. They run in containers with **host networking**, each server's client port (and a
+//! member's quorum and election ports) on free `127.0.0.1` ports; clients connect to
+//! [`ZkNode::connect_string`] (`127.0.0.1:<port>`; [`ZkEnsemble::connect_string`] lists the
+//! three members, comma-separated) or to the `url()` (`zk://` and the same). A server is ready
+//! when it *serves*: `ruok` answers `imok` and `srvr` reports a mode (`standalone`, or
+//! `leader`/`follower` once the ensemble has elected a leader). They are removed when dropped
+//! (or, for [`ZkNode::shared`], when the test process exits) and carry the [`LABEL`].
+//!
+//! Every server gets, in zoo.cfg: `clientPortAddress=127.0.0.1`, `tickTime=200` (with
+//! `initLimit=25` and `syncLimit=10`: 5 s to join a leader, 2 s of silence before a member is
+//! dropped), `minSessionTimeout=1000`, `maxSessionTimeout=60000` (a client gets the session
+//! timeout it asks for between those), `maxClientCnxns=0` (all clients come from 127.0.0.1),
+//! `forceSync=no`, `admin.enableServer=false` and every four-letter word allowed;
+//! [`ZkNode::start_with`] adds lines that override them. For fault tests a server can be
+//! stopped and started again on the same port ([`ZkNode::restart`]): unlike Redis it keeps its
+//! data, so znodes and unexpired sessions survive, as they do when a real server crashes. In a
+//! container it can be paused ([`ZkNode::pause`]). An ensemble's members are stopped, started
+//! and paused by index ([`ZkEnsemble::stop_member`]); [`ZkEnsemble::leader`] says which one
+//! leads and [`ZkEnsemble::wait_for_leader`] waits for an election. [`four_letter`] sends any
+//! four-letter word, e.g. `mntr` for `zk_watch_count` and the other metrics.
+//!
+//! Environment:
+//! - `BATON_ZOOKEEPER_CONNECT`: the connect string of a ZooKeeper you run yourself;
+//!   [`ZkNode`] starts no server and cannot stop, restart or pause it. [`ZkEnsemble`] ignores
+//!   it.
+//! - `BATON_ZOOKEEPER_IMAGE`: the image, `name:tag` (default [`DEFAULT_ZOOKEEPER_IMAGE`],
+//!   which `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`). Its
+//!   `zookeeper-entrypoint` must be on the image's `PATH` and take zoo.cfg lines (`key=value`,
+//!   and `myid=N`) as arguments, as that script's does.
+//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to `java` on `PATH` with Debian's
+//!   ZooKeeper jars (`/usr/share/java/zookeeper.jar`) when no Docker daemon answers.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use baton::testing::{ZkEnsemble, four_letter};
+//! let zk = ZkEnsemble::start().await?;
+//! let leader = zk.wait_for_leader().await?;
+//! zk.stop_member(leader).await?;
+//! let next = zk.wait_for_leader().await?; // another member
+//! let mntr = four_letter(zk.member(next).port(), "mntr").await?;
+//! # let _ = (mntr, zk.connect_string()); Ok(()) }
+//! ```
 
 #[cfg(feature = "etcd")]
 mod etcd;
 mod faults;
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod fixture;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "etcd", feature = "redis"))]
 mod tls;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 pub use fixture::{FixtureError, LABEL};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};
 #[cfg(any(feature = "etcd", feature = "redis"))]
 pub use tls::{CertPem, TestCa};
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, four_letter};

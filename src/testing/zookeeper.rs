@@ -1,0 +1,565 @@
+//! ZooKeeper fixtures: one server ([`ZkNode`]) or a three-member ensemble ([`ZkEnsemble`]), in
+//! containers, that fault tests can stop, restart and pause; and [`four_letter`], ZooKeeper's
+//! four-letter administrative words over TCP.
+
+use std::sync::OnceLock;
+
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use super::fixture::{
+    FixtureError, Instance, Server, ServerProcess, exchange, free_port, free_ports, start_shared,
+};
+
+/// The image used when `BATON_ZOOKEEPER_IMAGE` is not set: the one
+/// `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`.
+pub const DEFAULT_ZOOKEEPER_IMAGE: &str = "local/zookeeper:debian";
+
+const ZOOKEEPER: Server = Server {
+    name: "zookeeper",
+    image_var: "BATON_ZOOKEEPER_IMAGE",
+    default_image: DEFAULT_ZOOKEEPER_IMAGE,
+    // The image's entrypoint turns `key=value` arguments into zoo.cfg and runs the server.
+    entrypoint: "zookeeper-entrypoint",
+    // The client port is bound: the JVM is up. Whether the server serves (in a quorum, for a
+    // member of an ensemble) is then asked with `srvr`.
+    ready: "binding to port",
+};
+
+/// What the fallback runs: `java` from `PATH` on Debian's jars (the `zookeeper` package; the
+/// jar's manifest names its dependencies) and slf4j-simple, which logs to stderr.
+const CLASSPATH: &str = "/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-simple.jar";
+/// ZooKeeper's entry point, as Debian's `zkServer.sh` runs it, for a single server or a member.
+const MAIN: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
+/// The JVM options of the image's entrypoint, given to the fallback too.
+const JVM_OPTIONS: [&str; 4] = [
+    "-Xmx512m",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Dorg.slf4j.simpleLogger.showDateTime=true",
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
+];
+
+/// How long [`ZkEnsemble::wait_for_leader`] waits.
+const LEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// The pause between two looks for a leader.
+const POLL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// The zoo.cfg lines every server gets: loopback only, every four-letter word, no admin
+/// server, a short tick for quick elections and failure detection, session timeouts from 1 s
+/// to 60 s, no limit on connections per address (every client comes from 127.0.0.1), and no
+/// fsync (a killed server still finds its log in the page cache). `extra` comes last, so that
+/// it overrides.
+fn config(client_port: u16, extra: &[String]) -> Vec<String> {
+    let base = [
+        format!("clientPort={client_port}"),
+        "clientPortAddress=127.0.0.1".to_owned(),
+        "admin.enableServer=false".to_owned(),
+        "4lw.commands.whitelist=*".to_owned(),
+        // initLimit and syncLimit are in ticks: 5 s to join a leader, 2 s of silence from one.
+        "tickTime=200".to_owned(),
+        "initLimit=25".to_owned(),
+        "syncLimit=10".to_owned(),
+        "minSessionTimeout=1000".to_owned(),
+        "maxSessionTimeout=60000".to_owned(),
+        "maxClientCnxns=0".to_owned(),
+        // Unknown keys become system properties: zookeeper.forceSync.
+        "forceSync=no".to_owned(),
+    ];
+    base.into_iter().chain(extra.iter().cloned()).collect()
+}
+
+/// Sends the four-letter word `word` (`"ruok"`, `"srvr"`, `"mntr"`, `"stat"`, `"conf"`,
+/// `"wchs"`...) to the ZooKeeper server on 127.0.0.1:`port` and returns its answer, e.g. for
+/// `mntr` one `zk_<name>\t<value>` line a metric (`zk_watch_count`, `zk_znode_count`,
+/// `zk_ephemerals_count`, `zk_server_state`...). The fixtures' servers allow every word; a
+/// server that does not answers that the word is not in its whitelist, and one that does not
+/// serve (a member without a quorum) answers so to every word but `ruok`.
+///
+/// # Errors
+/// [`FixtureError::Command`] if the server cannot be reached or does not answer within 1 s
+/// (it is stopped or paused).
+///
+/// # Cancel safety
+/// Dropping the future abandons the exchange (it finishes on the blocking pool); nothing is
+/// changed on the server.
+pub async fn four_letter(port: u16, word: &'static str) -> Result<String, FixtureError> {
+    ask(format!("127.0.0.1:{port}"), word).await
+}
+
+/// [`four_letter`] to `address` (`host:port`).
+async fn ask(address: String, word: &'static str) -> Result<String, FixtureError> {
+    // The server closes the connection once it has answered.
+    match exchange(address, word.as_bytes().to_vec(), |_| false).await {
+        Ok(answer) => Ok(String::from_utf8_lossy(&answer).into_owned()),
+        Err(source) => Err(FixtureError::Command {
+            server: ZOOKEEPER.name,
+            command: word,
+            source: Box::new(source),
+        }),
+    }
+}
+
+/// The mode `srvr` reports: `standalone`, `leader`, `follower` or `observer`; `None` for a
+/// server that does not serve.
+fn mode(srvr: &str) -> Option<&str> {
+    srvr.lines()
+        .find_map(|line| line.strip_prefix("Mode: "))
+        .map(str::trim)
+}
+
+/// Whether the server on `port` is up (`ruok` answers `imok`) and serves (`srvr` reports a
+/// mode: `imok` alone only says that the process listens, not that it has a quorum).
+fn serving(port: u16) -> BoxFuture<'static, bool> {
+    Box::pin(async move {
+        matches!(four_letter(port, "ruok").await.as_deref(), Ok("imok"))
+            && four_letter(port, "srvr")
+                .await
+                .is_ok_and(|srvr| mode(&srvr).is_some())
+    })
+}
+
+/// The fallback: `java` on Debian's jars, with zoo.cfg and the data directory in the process's
+/// working directory. `lines` are the container's arguments: zoo.cfg lines, and `myid=N`, which
+/// goes to the data directory's `myid` file as the image's entrypoint does.
+fn local_process(port: u16, lines: &[String]) -> std::io::Result<ServerProcess> {
+    let dir = ZOOKEEPER.work_dir(port);
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data)?;
+    let mut cfg = format!("dataDir={}\n", data.display());
+    for line in lines {
+        match line.strip_prefix("myid=") {
+            Some(id) => std::fs::write(data.join("myid"), format!("{id}\n"))?,
+            None => cfg.extend([line.as_str(), "\n"]),
+        }
+    }
+    let cfg_path = dir.join("zoo.cfg");
+    std::fs::write(&cfg_path, cfg)?;
+    let args = JVM_OPTIONS
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(["-cp".to_owned(), CLASSPATH.to_owned(), MAIN.to_owned()])
+        .chain([cfg_path.to_string_lossy().into_owned()])
+        .collect();
+    ServerProcess::new(ZOOKEEPER, port, serving, "java", args)
+}
+
+/// The first `host:port` of a connect string (`host[:port][,host[:port]...][/chroot]`), with
+/// ZooKeeper's default port 2181 if it names none.
+fn first_address(connect: &str) -> (String, u16) {
+    let first = connect.split([',', '/']).next().unwrap_or(connect);
+    match first.rsplit_once(':').map(|(h, p)| (h, p.parse())) {
+        Some((host, Ok(port))) => (format!("{host}:{port}"), port),
+        _ => (format!("{first}:2181"), 2181),
+    }
+}
+
+/// One ZooKeeper server for tests (standalone), with a short tick (200 ms), session timeouts
+/// from 1 s to 60 s and no fsync.
+///
+/// Fault tests can [`stop`](Self::stop) it, [`start_again`](Self::start_again) or
+/// [`restart`](Self::restart) it on the same port, and [`pause`](Self::pause) it. Unlike the
+/// Redis fixture's, a restarted server keeps its data: ZooKeeper logs every change before it
+/// answers, so its znodes and sessions (with their ephemeral nodes) come back, and a client
+/// whose session has not expired meanwhile reconnects to it. See the [module docs](super) for
+/// the environment it reads.
+#[derive(Debug)]
+pub struct ZkNode {
+    /// The connect string clients get.
+    connect: String,
+    /// The `host:port` four-letter words go to.
+    address: String,
+    instance: Instance,
+}
+
+impl ZkNode {
+    /// Starts a ZooKeeper server on a free port of 127.0.0.1, or uses the one
+    /// `BATON_ZOOKEEPER_CONNECT` names; returns once it serves.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if neither a container nor (when allowed) a local `java` with Debian's
+    /// ZooKeeper jars starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes a container (or kills a process) it had started.
+    pub async fn start() -> Result<ZkNode, FixtureError> {
+        ZkNode::start_with(&[]).await
+    }
+
+    /// As [`start`](Self::start), with extra zoo.cfg lines, e.g. `&["forceSync=yes"]` or
+    /// `&["maxSessionTimeout=10000"]`. They come after the fixture's own (see the
+    /// [module docs](super)), so they override them. A server named by
+    /// `BATON_ZOOKEEPER_CONNECT` is used as it is: the lines are ignored (with a warning).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    ///
+    /// # Cancel safety
+    /// As [`start`](Self::start).
+    pub async fn start_with(config: &[&str]) -> Result<ZkNode, FixtureError> {
+        if let Ok(connect) = std::env::var("BATON_ZOOKEEPER_CONNECT") {
+            if !config.is_empty() {
+                tracing::warn!(
+                    ?config,
+                    %connect,
+                    "BATON_ZOOKEEPER_CONNECT is set: extra configuration ignored"
+                );
+            }
+            let (address, port) = first_address(&connect);
+            let reason =
+                "the server is external (BATON_ZOOKEEPER_CONNECT); the test did not start it";
+            return Ok(ZkNode {
+                connect,
+                address,
+                instance: Instance::external(ZOOKEEPER, port, reason),
+            });
+        }
+        let extra: Vec<String> = config.iter().map(|s| (*s).to_owned()).collect();
+        ZkNode::start_on(free_port()?, &extra).await
+    }
+
+    /// Starts a server on `port` with the fixture's configuration and `extra`, in a container
+    /// or (when allowed) as a local process, and waits until it serves.
+    async fn start_on(port: u16, extra: &[String]) -> Result<ZkNode, FixtureError> {
+        let lines = config(port, extra);
+        let fallback = || local_process(port, &lines);
+        let instance = Instance::start(ZOOKEEPER, port, serving, lines.clone(), fallback).await?;
+        Ok(ZkNode {
+            connect: format!("127.0.0.1:{port}"),
+            address: format!("127.0.0.1:{port}"),
+            instance,
+        })
+    }
+
+    /// One server shared by every test of this process, started on first use on a runtime of
+    /// its own (so that it outlives each test's runtime). Give each test its own path prefix.
+    /// The server is removed when the process exits: a watchdog process, tied to this one by
+    /// a pipe, removes the container (or kills the `java` process) by its id.
+    ///
+    /// Every test sees what another does to it: start a server of your own to stop, restart
+    /// or pause.
+    ///
+    /// # Panics
+    /// If the server cannot be started: a test cannot run without it.
+    pub fn shared() -> &'static ZkNode {
+        static SHARED: OnceLock<ZkNode> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            start_shared(ZOOKEEPER.name, || async {
+                let mut node = ZkNode::start().await?;
+                node.instance.remove_on_exit().await;
+                Ok(node)
+            })
+        })
+    }
+
+    /// The connect string, `127.0.0.1:<port>` (or `BATON_ZOOKEEPER_CONNECT` as given).
+    pub fn connect_string(&self) -> String {
+        self.connect.clone()
+    }
+
+    /// The URL baton's `connect` takes, `zk://` and the [connect string](Self::connect_string).
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.connect)
+    }
+
+    /// The client port (for `BATON_ZOOKEEPER_CONNECT`, its first server's; 2181 if it names
+    /// none).
+    pub fn port(&self) -> u16 {
+        self.instance.port()
+    }
+
+    /// Whether this server runs in a container (not the local-`java` fallback, nor a server
+    /// named by `BATON_ZOOKEEPER_CONNECT`).
+    pub fn is_container(&self) -> bool {
+        self.instance.is_container()
+    }
+
+    /// [`four_letter`] to this server (for `BATON_ZOOKEEPER_CONNECT`, to its first one).
+    ///
+    /// # Errors
+    /// As [`four_letter`].
+    ///
+    /// # Cancel safety
+    /// As [`four_letter`].
+    pub async fn four_letter(&self, word: &'static str) -> Result<String, FixtureError> {
+        ask(self.address.clone(), word).await
+    }
+
+    /// The mode `srvr` reports: `standalone` for a [`ZkNode`], `leader` or `follower` for a
+    /// member of a [`ZkEnsemble`]; `None` if the server does not serve (no quorum), does not
+    /// answer (stopped, paused) or answers something else.
+    ///
+    /// # Cancel safety
+    /// As [`four_letter`].
+    pub async fn mode(&self) -> Option<String> {
+        let srvr = self.four_letter("srvr").await.ok()?;
+        mode(&srvr).map(str::to_owned)
+    }
+
+    /// Kills the server at once (SIGKILL: clients see their connections reset).
+    /// [`start_again`](Self::start_again) brings it back on the same port, with its data.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Process`] if the local process does not
+    /// exit; [`FixtureError::Unsupported`] for a server named by `BATON_ZOOKEEPER_CONNECT`.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not have been stopped.
+    pub async fn stop(&self) -> Result<(), FixtureError> {
+        self.instance.stop().await
+    }
+
+    /// Starts the server again after [`stop`](Self::stop), on the same port with the data it
+    /// had, and returns once it serves (a member of an ensemble needs a quorum of members
+    /// running for that: start members of an ensemble that lost its quorum concurrently).
+    /// Does nothing to a server that runs.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::NotReady`] if the server does not serve
+    /// within 30 s; [`FixtureError::Spawn`] or [`FixtureError::Process`] for the local process;
+    /// [`FixtureError::Unsupported`] for a server named by `BATON_ZOOKEEPER_CONNECT`.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not have been started.
+    pub async fn start_again(&self) -> Result<(), FixtureError> {
+        self.instance.start_again().await
+    }
+
+    /// [`stop`](Self::stop), then [`start_again`](Self::start_again): the server comes back
+    /// on the same port with its data; this returns once it serves.
+    ///
+    /// # Errors
+    /// As [`stop`](Self::stop) and [`start_again`](Self::start_again).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may be stopped, and stays so until
+    /// [`start_again`](Self::start_again).
+    pub async fn restart(&self) -> Result<(), FixtureError> {
+        self.stop().await?;
+        self.start_again().await
+    }
+
+    /// Freezes the server (`docker pause`): connections stay open and requests (four-letter
+    /// words too) hang until [`unpause`](Self::unpause). Containers only.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Unsupported`] for a server that is not a
+    /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not have been paused.
+    pub async fn pause(&self) -> Result<(), FixtureError> {
+        self.instance.pause().await
+    }
+
+    /// Unfreezes the server after [`pause`](Self::pause).
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Unsupported`] for a server that is not a
+    /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not have been unpaused.
+    pub async fn unpause(&self) -> Result<(), FixtureError> {
+        self.instance.unpause().await
+    }
+}
+
+/// A three-member ZooKeeper ensemble for fault tests: each member a [`ZkNode`] in its own
+/// container (or local process, under the same rules as [`ZkNode::start`]) with its client,
+/// quorum and election ports on free ports of 127.0.0.1, configured as the [`ZkNode`] is.
+/// Members are numbered 0, 1 and 2 (their ZooKeeper ids are 1, 2 and 3).
+///
+/// `BATON_ZOOKEEPER_CONNECT` does not apply: the members are always started.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    members: Vec<ZkNode>,
+}
+
+impl ZkEnsemble {
+    /// Starts three members concurrently and returns once each serves: a leader is elected
+    /// and both followers have joined it.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if a member does not start or does not serve within 30 s (the others
+    /// are then removed).
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the members it had started.
+    pub async fn start() -> Result<ZkEnsemble, FixtureError> {
+        const MEMBERS: usize = 3;
+        // Client, quorum and election ports, all different.
+        let ports = free_ports(3 * MEMBERS)?;
+        let (client, peers) = ports.split_at(MEMBERS);
+        let servers: Vec<String> = (0..MEMBERS)
+            .map(|i| {
+                let (quorum, election) = (peers[i], peers[MEMBERS + i]);
+                format!("server.{}=127.0.0.1:{quorum}:{election}", i + 1)
+            })
+            .collect();
+        let started = futures::future::join_all((0..MEMBERS).map(|i| {
+            let mut extra = vec![
+                format!("myid={}", i + 1),
+                // A paused member's election port accepts connections that never answer.
+                "cnxTimeout=1000".to_owned(),
+            ];
+            extra.extend(servers.iter().cloned());
+            async move { ZkNode::start_on(client[i], &extra).await }
+        }))
+        .await;
+        let members = started.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(ZkEnsemble { members })
+    }
+
+    /// The connect string of all members, `127.0.0.1:<port>,...` in member order.
+    pub fn connect_string(&self) -> String {
+        let members: Vec<String> = self.members.iter().map(ZkNode::connect_string).collect();
+        members.join(",")
+    }
+
+    /// The URL baton's `connect` takes, `zk://` and the
+    /// [connect string](Self::connect_string).
+    pub fn url(&self) -> String {
+        format!("zk://{}", self.connect_string())
+    }
+
+    /// The connect string of member `i` alone, `127.0.0.1:<port>`.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn member_connect_string(&self, i: usize) -> String {
+        self.members[i].connect_string()
+    }
+
+    /// Member `i`, to ask it four-letter words or read its port.
+    ///
+    /// # Panics
+    /// If `i` is out of range.
+    pub fn member(&self, i: usize) -> &ZkNode {
+        &self.members[i]
+    }
+
+    /// Kills member `i` ([`ZkNode::stop`]); its data is kept.
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; as [`ZkNode::stop`].
+    ///
+    /// # Cancel safety
+    /// As [`ZkNode::stop`].
+    pub async fn stop_member(&self, i: usize) -> Result<(), FixtureError> {
+        self.get(i)?.stop().await
+    }
+
+    /// Starts member `i` again and returns once it serves ([`ZkNode::start_again`]): it needs
+    /// another member running to form a quorum with.
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; as [`ZkNode::start_again`].
+    ///
+    /// # Cancel safety
+    /// As [`ZkNode::start_again`].
+    pub async fn start_member(&self, i: usize) -> Result<(), FixtureError> {
+        self.get(i)?.start_again().await
+    }
+
+    /// Freezes member `i` ([`ZkNode::pause`]). The others notice after 2 s of silence (the
+    /// sync limit) and, if it led, elect a new leader: about 4 s in all.
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; as [`ZkNode::pause`].
+    ///
+    /// # Cancel safety
+    /// As [`ZkNode::pause`].
+    pub async fn pause_member(&self, i: usize) -> Result<(), FixtureError> {
+        self.get(i)?.pause().await
+    }
+
+    /// Unfreezes member `i` ([`ZkNode::unpause`]).
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; as [`ZkNode::unpause`].
+    ///
+    /// # Cancel safety
+    /// As [`ZkNode::unpause`].
+    pub async fn unpause_member(&self, i: usize) -> Result<(), FixtureError> {
+        self.get(i)?.unpause().await
+    }
+
+    /// The member whose `srvr` says `Mode: leader`, asked of every member at once; `None` while
+    /// no member answering within 1 s leads (during an election, or without a quorum). A
+    /// leader whose followers were just stopped still says so until it notices (up to the
+    /// sync limit, 2 s).
+    ///
+    /// # Cancel safety
+    /// As [`four_letter`].
+    pub async fn leader(&self) -> Option<usize> {
+        let modes = futures::future::join_all(self.members.iter().map(ZkNode::mode)).await;
+        modes.iter().position(|m| m.as_deref() == Some("leader"))
+    }
+
+    /// Waits until a member leads ([`leader`](Self::leader)) and returns it: after
+    /// [`stop_member`](Self::stop_member) of the leader, the one the others elect.
+    ///
+    /// # Errors
+    /// [`FixtureError::NotReady`] if no member leads within 30 s.
+    ///
+    /// # Cancel safety
+    /// Dropping the future only stops the waiting.
+    pub async fn wait_for_leader(&self) -> Result<usize, FixtureError> {
+        let deadline = Instant::now() + LEADER_TIMEOUT;
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: ZOOKEEPER.name,
+                    address: format!("{} (a leader)", self.connect_string()),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn get(&self, index: usize) -> Result<&ZkNode, FixtureError> {
+        self.members.get(index).ok_or(FixtureError::NoSuchMember {
+            index,
+            members: self.members.len(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_address_defaults_the_port_and_drops_the_chroot() {
+        assert_eq!(
+            first_address("127.0.0.1:2182"),
+            ("127.0.0.1:2182".to_owned(), 2182)
+        );
+        assert_eq!(
+            first_address("a:1,b:2/app"),
+            ("a:1".to_owned(), 1),
+            "the first server of several"
+        );
+        assert_eq!(first_address("zk/app"), ("zk:2181".to_owned(), 2181));
+    }
+
+    #[test]
+    fn mode_reads_srvr() {
+        let srvr = "Zookeeper version: 3.8.0\nZxid: 0x0\nMode: follower\nNode count: 5\n";
+        assert_eq!(mode(srvr), Some("follower"));
+        assert_eq!(
+            mode("This ZooKeeper instance is not currently serving requests\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn extra_configuration_comes_last() {
+        let lines = config(2181, &["tickTime=2000".to_owned()]);
+        assert_eq!(lines.first().map(String::as_str), Some("clientPort=2181"));
+        assert_eq!(lines.last().map(String::as_str), Some("tickTime=2000"));
+    }
+}
