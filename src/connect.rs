@@ -190,7 +190,7 @@ impl ConnectOptions {
         self
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "zookeeper"))]
     fn has_tls(&self) -> bool {
         self.ca_cert.is_some() || self.client_cert.is_some() || self.tls_server_name.is_some()
     }
@@ -218,14 +218,14 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for endpoints that do not parse, or that name a backend this
-/// build does not include (each network backend is a cargo feature: `etcd`, `redis`), or TLS
-/// options with a Redis URL; then the errors of that backend's `connect`.
+/// build does not include (each network backend is a cargo feature: `etcd`, `redis`,
+/// `zookeeper`), or TLS options with a Redis or ZooKeeper URL; then the errors of that backend's `connect`.
 ///
 /// # Cancel safety
 /// Cancel safe: nothing is created on the server before it returns.
 pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Arc<dyn Backend>> {
     // Without a network backend, the options have nothing to configure.
-    #[cfg(not(any(feature = "etcd", feature = "redis")))]
+    #[cfg(not(any(feature = "etcd", feature = "redis", feature = "zookeeper")))]
     let _ = options;
     match Endpoints::parse(endpoints)? {
         #[cfg(feature = "etcd")]
@@ -275,8 +275,20 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
         Endpoints::Redis(_) => Err(Error::InvalidArgument(
             "redis:// needs baton's `redis` feature, which this build does not have",
         )),
+        #[cfg(feature = "zookeeper")]
+        Endpoints::ZooKeeper(connect) => {
+            if options.user.is_some() || options.has_tls() {
+                return Err(Error::InvalidArgument(
+                    "user, password and TLS options are for etcd; baton's ZooKeeper backend \
+                     does not take them",
+                ));
+            }
+            let zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
+            Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
+        }
+        #[cfg(not(feature = "zookeeper"))]
         Endpoints::ZooKeeper(_) => Err(Error::InvalidArgument(
-            "zk://: the ZooKeeper backend is not available yet",
+            "zk:// needs baton's `zookeeper` feature, which this build does not have",
         )),
     }
 }

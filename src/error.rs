@@ -77,6 +77,19 @@ pub enum Error {
         name: String,
     },
 
+    /// A ZooKeeper queue holds nodes named in another layout than the backend's
+    /// (`ZkOptions::with_layout`): clients of one lock must all use Curator's or all kazoo's
+    /// names, or they would not exclude each other. Nothing was created.
+    #[error("queue `{queue}` holds `{node}`, a node in {layout}'s layout; use one layout per lock")]
+    ForeignLayout {
+        /// The queue (lock name).
+        queue: String,
+        /// The foreign node, as a key.
+        node: String,
+        /// The layout the node is in (`Curator`, `kazoo`).
+        layout: &'static str,
+    },
+
     /// The server is older than baton supports (etcd 3.4: its waits name the watches they
     /// add to a stream; Redis 5.0: streams, and scripts that read the clock). Nothing was
     /// sent beyond the checks.
@@ -263,7 +276,10 @@ impl fmt::Display for Where {
 
 impl Error {
     /// Names the server a backend error concerns (kept if already named).
-    #[cfg_attr(not(any(feature = "etcd", feature = "redis")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub(crate) fn at_endpoint(mut self, endpoint: &str) -> Self {
         if let Error::Backend { at, .. } | Error::OutcomeUnknown { at, .. } = &mut self
             && at.endpoint.is_none()

@@ -92,6 +92,8 @@ pub use backend::{
 pub use backend::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisOptions};
+#[cfg(feature = "zookeeper")]
+pub use backend::{ZkBackend, ZkLayout, ZkOptions};
 pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
 pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
 pub use election::{Election, Leader, LeaderEvent, Leadership};

@@ -22,6 +22,8 @@ mod etcd_watch;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 /// A lease: the liveness of one owner. Entries bound to it vanish when it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -513,7 +515,7 @@ impl QueueMirror {
     }
 
     /// The next head is reported whatever it is: the observer skipped what came before it.
-    #[cfg(feature = "etcd")]
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
     pub(crate) fn forget_reported(&mut self) {
         self.reported = None;
     }
@@ -570,6 +572,8 @@ pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
 pub use self::etcd::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
+#[cfg(feature = "zookeeper")]
+pub use self::zookeeper::{ZkBackend, ZkLayout, ZkOptions};
 pub use memory::MemoryBackend;
 
 #[cfg(test)]

@@ -156,7 +156,7 @@ impl Server {
 
     /// Starts the server in a container with host networking and waits until it logs
     /// [`ready`](Self::ready).
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "zookeeper"))]
     pub(crate) async fn start_container(
         &self,
         args: Vec<String>,

@@ -1,0 +1,1232 @@
+//! The ZooKeeper backend (feature `zookeeper`): a lease is a ZooKeeper session, an entry an
+//! ephemeral sequential node, its token the node's czxid. docs/zookeeper.md says what it
+//! promises, which peers' layouts it shares, and what its sessions cost.
+
+mod leases;
+mod names;
+mod observe;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::time::Instant;
+use zookeeper_client::{
+    Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, MultiWriteError, Stat,
+};
+
+pub use self::names::ZkLayout;
+use super::{
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp, queue_of,
+};
+use crate::error::{BoxError, Error, LostReason, Result};
+
+type ZkError = zookeeper_client::Error;
+
+/// How many reads one multi-read carries.
+const MULTI_READ_MAX: usize = 512;
+
+/// How often a create is retried when the queue's parent node vanishes between creating it
+/// and creating the entry (a container reaped in between).
+const PARENT_RETRIES: usize = 8;
+
+/// Options for [`ZkBackend::connect`].
+///
+/// ```
+/// # use std::time::Duration;
+/// let options = baton::ZkOptions::new()
+///     .with_layout(baton::ZkLayout::Kazoo)
+///     .with_request_timeout(Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct ZkOptions {
+    layout: ZkLayout,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retry_for: Duration,
+    session_timeout: Duration,
+}
+
+impl Default for ZkOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ZkOptions {
+    /// Defaults: Curator's layout, connect timeout 5 s, request timeout 5 s, retries for up to
+    /// 10 s, and a 10 s session for the backend's own connection (reads, waits, plain keys).
+    pub fn new() -> Self {
+        ZkOptions {
+            layout: ZkLayout::Curator,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(10),
+            session_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Whose node names the entries take: [`ZkLayout::Curator`] (the default) or
+    /// [`ZkLayout::Kazoo`]. Every client of a lock must use the same layout: a queue holding
+    /// nodes of the other layout is refused with [`Error::ForeignLayout`].
+    pub fn with_layout(mut self, layout: ZkLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// How long connecting (the backend's connection, and each lease's session) may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The limit for one attempt of one request. Waits are not limited by it.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long a request that fails with a transient error (connection lost, timeout) is
+    /// retried, with backoff, before the error is returned. Keep it below your session TTL.
+    pub fn with_retry_for(mut self, duration: Duration) -> Self {
+        self.retry_for = duration;
+        self
+    }
+
+    /// The session timeout of the backend's own connection, which holds no entry (default
+    /// 10 s). Leases have sessions of their own, with the TTL they are granted.
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.session_timeout = timeout;
+        self
+    }
+}
+
+/// The ZooKeeper backend: ZooKeeper 3.6 or newer (containers, multi-reads, persistent
+/// watches), a single server or an ensemble.
+///
+/// Mapping (see docs/zookeeper.md): a **lease is a session** (one connection; its negotiated
+/// timeout is the TTL, every answered request renews it, revoking closes it); an **entry is
+/// an ephemeral sequential node** `/<queue>/<name>` named in Curator's or kazoo's layout
+/// ([`ZkOptions::with_layout`]); its **token and position are its czxid**, which within one
+/// queue node follows the sequence number ZooKeeper appends and also orders the entries of
+/// nested names; a **wait** is a read with a data watch on the entry ahead; a **guarded write**
+/// is a `multi` whose first operation checks that the entry exists. Parents are created as
+/// container nodes, which ZooKeeper removes once they are empty. Plain keys live apart, one
+/// node each under `/_baton-keys`.
+///
+/// **Connections.** The backend has one connection of its own (reads, waits, deletes, plain
+/// keys), and each lease one more: share a [`Session`](crate::Session) between the locks of a
+/// process rather than opening one per lock. A lease can be used through any `ZkBackend` of
+/// the process that granted it.
+///
+/// `ZkBackend` is a handle: clones share the connection.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    /// The connect string the client takes: `host:port[,host:port][/chroot]`.
+    connect: String,
+    options: ZkOptions,
+    base: std::sync::Mutex<Client>,
+    /// Held while the backend's own session is replaced.
+    reconnect: tokio::sync::Mutex<()>,
+    requests: AtomicU64,
+}
+
+impl std::fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("connect", &self.inner.connect)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a request only reads, or changes state (then a failure after sending it leaves
+/// its outcome unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+}
+
+/// What an attempt of a request ends with, besides success: a ZooKeeper error (classified
+/// by the retry loop) or baton's own verdict (returned as it is).
+#[derive(Debug)]
+pub(super) enum Failure {
+    Zk(ZkError),
+    Stop(Error),
+}
+
+impl From<ZkError> for Failure {
+    fn from(e: ZkError) -> Self {
+        Failure::Zk(e)
+    }
+}
+
+/// Whether a failed request may be sent again: the connection broke or timed out, or the
+/// server pushed back.
+fn is_transient(e: &ZkError) -> bool {
+    matches!(
+        e,
+        ZkError::ConnectionLoss
+            | ZkError::Timeout
+            | ZkError::Custom(_)
+            | ZkError::Throttled
+            | ZkError::SessionMoved
+            | ZkError::NoHosts
+            | ZkError::NotReadOnly
+    )
+}
+
+/// The session of the client is over (a terminal state: nothing was sent).
+fn is_over(e: &ZkError) -> bool {
+    matches!(e, ZkError::SessionExpired | ZkError::ClientClosed)
+}
+
+pub(super) fn zk_err(op: &'static str, e: ZkError) -> Error {
+    match e {
+        ZkError::NoAuth | ZkError::AuthFailed => Error::Auth {
+            source: Box::new(e),
+        },
+        _ => Error::Backend {
+            op,
+            source: Box::new(e),
+            at: Default::default(),
+        },
+    }
+}
+
+fn unknown(op: &'static str, source: BoxError) -> Error {
+    Error::OutcomeUnknown {
+        op,
+        source,
+        at: Default::default(),
+    }
+}
+
+fn gone(entry: &Entry) -> Error {
+    Error::EntryGone {
+        key: entry.key().to_owned(),
+    }
+}
+
+/// An entry as read: token and position are the czxid, the lease its ephemeral owner.
+pub(super) fn to_entry(key: String, data: Vec<u8>, stat: &Stat) -> Entry {
+    let zxid = u64::try_from(stat.czxid).unwrap_or(0);
+    Entry::new(
+        key,
+        data,
+        Position::new(zxid),
+        FencingToken::new(zxid),
+        (stat.ephemeral_owner != 0).then(|| LeaseId::new(stat.ephemeral_owner)),
+    )
+}
+
+fn persistent() -> CreateOptions<'static> {
+    CreateMode::Persistent.with_acls(Acls::anyone_all())
+}
+
+fn container() -> CreateOptions<'static> {
+    CreateMode::Container.with_acls(Acls::anyone_all())
+}
+
+/// Every entry of `queue` (its node and the nodes of nested names), oldest first, each with
+/// its data version. Nodes named in the other layout are refused.
+pub(super) async fn collect(
+    client: &Client,
+    layout: ZkLayout,
+    queue: &str,
+    _versions: bool,
+) -> Result<Vec<(Entry, i32)>, Failure> {
+    let mut dirs = vec![queue.to_owned()];
+    let mut out = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        let children = match client.list_children(&format!("/{dir}")).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(foreign) = children
+            .iter()
+            .find(|c| layout.other().sequence(c).is_some())
+        {
+            return Err(Failure::Stop(Error::ForeignLayout {
+                queue: queue.to_owned(),
+                node: format!("{dir}/{foreign}"),
+                layout: layout.other().name(),
+            }));
+        }
+        for chunk in children.chunks(MULTI_READ_MAX) {
+            let mut reader = client.new_multi_reader();
+            for name in chunk {
+                reader.add_get_data(&format!("/{dir}/{name}"))?;
+            }
+            let results = reader.commit().await?;
+            for (name, result) in chunk.iter().zip(results) {
+                match result {
+                    MultiReadResult::Data { data, stat } => {
+                        let key = format!("{dir}/{name}");
+                        if layout.sequence(name).is_some() {
+                            out.push((to_entry(key, data, &stat), stat.version));
+                        } else if stat.num_children > 0 {
+                            dirs.push(key);
+                        }
+                    }
+                    MultiReadResult::Error {
+                        err: ZkError::NoNode,
+                    } => {}
+                    MultiReadResult::Error { err } => return Err(err.into()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    out.sort_by_key(|(e, _)| e.position());
+    Ok(out)
+}
+
+/// Opens a session on `connect` with `timeout`, within `limit`.
+async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Client, BoxError> {
+    let connecting = Client::connector()
+        .with_session_timeout(timeout)
+        .connect(connect);
+    match tokio::time::timeout(limit, connecting).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(Box::new(e)),
+        Err(elapsed) => Err(Box::new(elapsed)),
+    }
+}
+
+impl ZkBackend {
+    /// Connects to the ZooKeeper ensemble `connect`: `zk://host:port[,host:port][/chroot]`,
+    /// or the same without `zk://` (a ZooKeeper connect string). With a chroot, every path
+    /// baton uses is under it; the chroot node must exist.
+    ///
+    /// # Errors
+    /// [`Error::Connect`] if the string is malformed or no server gives a session within
+    /// the connect timeout.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a session opened by a dropped call is closed with it.
+    pub async fn connect(connect: &str, options: ZkOptions) -> Result<ZkBackend> {
+        let connect = connect.strip_prefix("zk://").unwrap_or(connect).to_owned();
+        let client = open(&connect, options.session_timeout, options.connect_timeout)
+            .await
+            .map_err(|source| Error::Connect {
+                endpoints: vec![format!("zk://{connect}")],
+                source,
+            })?;
+        Ok(ZkBackend {
+            inner: Arc::new(Shared {
+                connect,
+                options,
+                base: std::sync::Mutex::new(client),
+                reconnect: tokio::sync::Mutex::new(()),
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// How many requests this backend (all its clones) has sent through its own connection,
+    /// retries included.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// The layout this backend names entries in.
+    pub fn layout(&self) -> ZkLayout {
+        self.inner.options.layout
+    }
+
+    /// The start of the node name every entry of `tag` in `queue` gets, whatever the attempt:
+    /// `_c_<first 18 characters of the UUID>-` (Curator) or the first 16 hex digits (kazoo).
+    /// The rest of the name is random per attempt, so no two attempts share a name. This is
+    /// how [`Backend::find_entry`] finds an entry whose create answer was lost.
+    pub fn tag_prefix(&self, queue: &str, tag: &str) -> String {
+        self.inner
+            .options
+            .layout
+            .tag_prefix(names::tag_hash(queue, tag))
+    }
+
+    /// The server, for errors: `ZooKeeper at zk://<connect string>`.
+    fn label(&self) -> String {
+        format!("ZooKeeper at zk://{}", self.inner.connect)
+    }
+
+    /// The backend's own client, opening a new session if the last one ended.
+    async fn base(&self) -> Result<Client> {
+        let current = || {
+            self.inner
+                .base
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        };
+        let client = current();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        drop(client);
+        let _one = self.inner.reconnect.lock().await;
+        let client = current();
+        if !client.state().is_terminated() {
+            return Ok(client);
+        }
+        tracing::info!(endpoint = %self.inner.connect, "ZooKeeper session of the backend ended; opening a new one");
+        let options = &self.inner.options;
+        let fresh = open(
+            &self.inner.connect,
+            options.session_timeout,
+            options.connect_timeout,
+        )
+        .await
+        .map_err(|source| Error::Backend {
+            op: "connect",
+            source,
+            at: Default::default(),
+        })?;
+        *self.inner.base.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// Runs `f` on the backend's client until it answers, fails for good, or the retry
+    /// budget is spent. Besides the answer, tells whether an earlier attempt failed after it
+    /// may have been applied (only for [`Kind::Write`]).
+    async fn attempts<T, F, Fut>(&self, op: &'static str, kind: Kind, f: F) -> Result<(T, bool)>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        self.attempts_here(op, kind, f)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))
+    }
+
+    async fn attempts_here<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        mut f: F,
+    ) -> Result<(T, bool)>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let options = &self.inner.options;
+        let give_up = Instant::now() + options.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        let mut maybe_applied = false;
+        loop {
+            let error: BoxError = match self.base().await {
+                Err(e) => Box::new(e),
+                Ok(client) => {
+                    self.inner.requests.fetch_add(1, Ordering::Relaxed);
+                    match tokio::time::timeout(options.request_timeout, f(client)).await {
+                        Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                        Ok(Err(Failure::Stop(e))) => return Err(e),
+                        Ok(Err(Failure::Zk(e))) if is_transient(&e) => {
+                            maybe_applied |= kind == Kind::Write;
+                            Box::new(e)
+                        }
+                        // The session ended: the request was refused unsent; a new session
+                        // is opened for the next attempt.
+                        Ok(Err(Failure::Zk(e))) if is_over(&e) => Box::new(e),
+                        Ok(Err(Failure::Zk(e))) => {
+                            return Err(if maybe_applied {
+                                unknown(op, Box::new(e))
+                            } else {
+                                zk_err(op, e)
+                            });
+                        }
+                        Err(elapsed) => {
+                            maybe_applied |= kind == Kind::Write;
+                            Box::new(elapsed)
+                        }
+                    }
+                }
+            };
+            if Instant::now() + backoff >= give_up {
+                return Err(if maybe_applied {
+                    unknown(op, error)
+                } else {
+                    Error::Backend {
+                        op,
+                        source: error,
+                        at: Default::default(),
+                    }
+                });
+            }
+            tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.connect, "ZooKeeper request failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// A conditional write: `Ok(true)` applied, `Ok(false)` its entry was gone,
+    /// [`Error::OutcomeUnknown`] when an earlier attempt may have been applied and the last
+    /// found the entry gone.
+    async fn write_if_live<F, Fut>(&self, op: &'static str, f: F) -> Result<bool>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<bool, Failure>>,
+    {
+        match self.attempts(op, Kind::Write, f).await? {
+            (true, _) => Ok(true),
+            (false, false) => Ok(false),
+            (false, true) => Err(unknown(
+                op,
+                "an attempt failed after it may have been applied, and the retry found the entry gone"
+                    .into(),
+            )
+            .at_endpoint(&self.label())),
+        }
+    }
+
+    /// Reads `queue` through `client` (a lease's, whose own writes it sees) or, without one,
+    /// through the backend's after a `sync`.
+    async fn read_queue(
+        &self,
+        op: &'static str,
+        client: Option<&Client>,
+        queue: &str,
+    ) -> Result<Vec<(Entry, i32)>> {
+        let layout = self.inner.options.layout;
+        if let Some(client) = client {
+            let client = client.clone();
+            let read = self
+                .lease_attempts(op, || {
+                    let client = client.clone();
+                    async move { collect(&client, layout, queue, false).await }
+                })
+                .await;
+            match read {
+                Ok(entries) => return Ok(entries),
+                Err(Error::SessionLost(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let dir = format!("/{queue}");
+        let (entries, _) = self
+            .attempts(op, Kind::Read, |client| {
+                let dir = dir.clone();
+                async move {
+                    sync(&client, &dir).await?;
+                    collect(&client, layout, queue, false).await
+                }
+            })
+            .await?;
+        Ok(entries)
+    }
+
+    /// Runs a read on a lease's client, retrying transient failures; a session that ended is
+    /// [`Error::SessionLost`].
+    async fn lease_attempts<T, F, Fut>(&self, op: &'static str, mut f: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let options = &self.inner.options;
+        let give_up = Instant::now() + options.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        loop {
+            let error: BoxError = match tokio::time::timeout(options.request_timeout, f()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(Failure::Stop(e))) => return Err(e),
+                Ok(Err(Failure::Zk(e))) if is_over(&e) => {
+                    return Err(Error::SessionLost(LostReason::Revoked));
+                }
+                Ok(Err(Failure::Zk(e))) if is_transient(&e) => Box::new(e),
+                Ok(Err(Failure::Zk(e))) => return Err(zk_err(op, e).at_endpoint(&self.label())),
+                Err(elapsed) => Box::new(elapsed),
+            };
+            if Instant::now() + backoff >= give_up {
+                return Err(Error::Backend {
+                    op,
+                    source: error,
+                    at: Default::default(),
+                }
+                .at_endpoint(&self.label()));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Deletes `key`'s node through the backend's client, best effort (a foreign session's
+    /// node found under our protected prefix).
+    async fn discard(&self, key: &str) {
+        let path = format!("/{key}");
+        let deleted = self
+            .attempts("discard", Kind::Write, |client| {
+                let path = path.clone();
+                async move {
+                    match client.delete(&path, None).await {
+                        Ok(()) | Err(ZkError::NoNode) => Ok(()),
+                        Err(e) => Err(Failure::Zk(e)),
+                    }
+                }
+            })
+            .await;
+        if let Err(e) = deleted {
+            tracing::warn!(key, error = %e, "cannot delete a node of another session found under our prefix");
+        }
+    }
+
+    /// Creates the entry node for one enqueue attempt; `Ok(None)` when the answer was lost
+    /// (the node may exist).
+    async fn create_entry(
+        &self,
+        client: &Client,
+        queue: &str,
+        prefix: &str,
+        value: &[u8],
+    ) -> Result<Result<Entry, ZkError>> {
+        let dir = format!("/{queue}");
+        let path = format!("{dir}/{prefix}");
+        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let limit = self.inner.options.request_timeout;
+        for _ in 0..PARENT_RETRIES {
+            let created = tokio::time::timeout(limit, client.create(&path, value, &options)).await;
+            match created {
+                Ok(Ok((stat, sequence))) => {
+                    let key = format!("{queue}/{prefix}{sequence}");
+                    return Ok(Ok(to_entry(key, value.to_vec(), &stat)));
+                }
+                // The queue node is missing (never made, or a container reaped since): make
+                // it and its parents as containers, and create again.
+                Ok(Err(ZkError::NoNode)) => {
+                    match tokio::time::timeout(limit, client.mkdir(&dir, &container())).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) if is_over(&e) => {
+                            return Err(Error::SessionLost(LostReason::Revoked));
+                        }
+                        Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
+                        Ok(Err(e)) => return Err(zk_err("enqueue", e)),
+                        Err(_) => return Ok(Err(ZkError::Timeout)),
+                    }
+                }
+                Ok(Err(ZkError::NoChildrenForEphemerals)) => {
+                    return Err(Error::InvalidArgument(
+                        "a queue cannot be nested under an entry (an ephemeral node)",
+                    ));
+                }
+                Ok(Err(e)) if is_over(&e) => return Err(Error::SessionLost(LostReason::Revoked)),
+                Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
+                Ok(Err(e)) => return Err(zk_err("enqueue", e)),
+                Err(_) => return Ok(Err(ZkError::Timeout)),
+            }
+        }
+        Err(Error::Backend {
+            op: "enqueue",
+            source: "the queue's parent node kept vanishing before the entry was created".into(),
+            at: Default::default(),
+        })
+    }
+
+    async fn enqueue_here(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        names::check_name(queue)?;
+        if tag.is_empty() || tag.contains('/') {
+            return Err(Error::InvalidArgument(
+                "a tag is one non-empty path segment",
+            ));
+        }
+        let held = leases::get(lease.get()).ok_or(Error::SessionLost(LostReason::Revoked))?;
+        let client = held.client.clone();
+        let layout = self.inner.options.layout;
+        let id = names::NodeId::new(queue, tag);
+        let prefix = layout.prefix(id);
+        let tag_prefix = layout.tag_prefix(id.tag);
+        let give_up = Instant::now() + self.inner.options.retry_for;
+        let mut backoff = Duration::from_millis(25);
+        let mut maybe_created = false;
+        let (mut mine, mut entries) = loop {
+            if maybe_created {
+                // The last create's answer was lost: look for its node before creating again.
+                let entries = self.read_queue("enqueue", Some(&client), queue).await?;
+                let found = entries.iter().find(|(e, _)| {
+                    queue_of(e.key()) == queue
+                        && e.key()[queue.len() + 1..].starts_with(&prefix)
+                        && e.lease() == Some(lease)
+                });
+                if let Some((e, _)) = found {
+                    break (e.clone(), entries);
+                }
+            }
+            let created = match self.create_entry(&client, queue, &prefix, value).await {
+                Ok(created) => created,
+                // The session ended: its nodes went with it.
+                Err(e @ Error::SessionLost(_)) => return Err(e),
+                Err(e) if maybe_created => return Err(unknown("enqueue", Box::new(e))),
+                Err(e) => return Err(e),
+            };
+            let failure = match created {
+                Ok(entry) => {
+                    let entries = match self.read_queue("enqueue", Some(&client), queue).await {
+                        Ok(entries) => entries,
+                        Err(Error::ForeignLayout {
+                            queue: q,
+                            node,
+                            layout: l,
+                        }) => {
+                            // Not applied: the entry is taken back before saying so.
+                            self.discard(entry.key()).await;
+                            return Err(Error::ForeignLayout {
+                                queue: q,
+                                node,
+                                layout: l,
+                            });
+                        }
+                        Err(e) => return Err(unknown("enqueue", Box::new(e))),
+                    };
+                    break (entry, entries);
+                }
+                Err(e) => e,
+            };
+            maybe_created = true;
+            if Instant::now() + backoff >= give_up {
+                return Err(unknown("enqueue", Box::new(failure)));
+            }
+            tracing::debug!(error = %failure, queue, "ZooKeeper create failed; looking for its node");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        };
+        // Nodes of this tag: another session's are never adopted (CURATOR-604) but deleted;
+        // an older one of ours (an earlier call with the same tag) is the entry.
+        let ours_before: Vec<(Entry, bool)> = entries
+            .iter()
+            .filter(|(e, _)| {
+                queue_of(e.key()) == queue
+                    && e.key()[queue.len() + 1..].starts_with(&tag_prefix)
+                    && !e.is_same_incarnation(&mine)
+            })
+            .map(|(e, _)| (e.clone(), e.lease() == Some(lease)))
+            .collect();
+        for (other, same_session) in ours_before {
+            if !same_session {
+                tracing::warn!(key = %other.key(), "a node of another session carries this tag's prefix: deleting it, not adopting it");
+                self.discard(other.key()).await;
+                entries.retain(|(e, _)| !e.is_same_incarnation(&other));
+            } else if other.position() < mine.position() {
+                self.discard(mine.key()).await;
+                entries.retain(|(e, _)| !e.is_same_incarnation(&mine));
+                mine = other;
+            }
+        }
+        let predecessor = entries
+            .iter()
+            .rev()
+            .find(|(e, _)| e.position() < mine.position())
+            .map(|(e, _)| e.clone());
+        tracing::debug!(key = %mine.key(), token = %mine.token(), head = predecessor.is_none(), "ZooKeeper entry created");
+        Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
+    }
+
+    /// The client of `lease` if this process holds it and its session lives.
+    fn lease_client(lease: Option<LeaseId>) -> Option<Client> {
+        let held = leases::get(lease?.get())?;
+        (!held.is_over()).then(|| held.client.clone())
+    }
+
+    async fn ahead_here(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        names::check_name(queue)?;
+        let client = Self::lease_client(mine.lease());
+        let entries = self.read_queue("ahead", client.as_ref(), queue).await?;
+        let inside = mine
+            .key()
+            .strip_prefix(queue)
+            .is_some_and(|r| r.starts_with('/'));
+        if inside {
+            if !entries.iter().any(|(e, _)| e.is_same_incarnation(mine)) {
+                return Err(gone(mine));
+            }
+        } else if !self.exists(client.as_ref(), mine).await? {
+            return Err(gone(mine));
+        }
+        Ok(entries
+            .into_iter()
+            .rev()
+            .filter(|(e, _)| e.position() < mine.position())
+            .take(limit)
+            .map(|(e, _)| e)
+            .collect())
+    }
+
+    /// Whether `entry` (this incarnation) exists.
+    async fn exists(&self, client: Option<&Client>, entry: &Entry) -> Result<bool> {
+        let path = format!("/{}", entry.key());
+        let token = i64::try_from(entry.token().get()).unwrap_or(-1);
+        let check = |stat: Option<Stat>| stat.is_some_and(|s| s.czxid == token);
+        if let Some(client) = client {
+            let read = self
+                .lease_attempts("ahead", || {
+                    let (client, path) = (client.clone(), path.clone());
+                    async move { Ok(client.check_stat(&path).await?) }
+                })
+                .await;
+            match read {
+                Ok(stat) => return Ok(check(stat)),
+                Err(Error::SessionLost(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let (stat, _) = self
+            .attempts("ahead", Kind::Read, |client| {
+                let path = path.clone();
+                async move {
+                    sync(&client, &path).await?;
+                    Ok(client.check_stat(&path).await?)
+                }
+            })
+            .await?;
+        Ok(check(stat))
+    }
+}
+
+/// `sync` on `path`, or on the nearest existing ancestor: a read after it sees every write the
+/// leader had committed when it was sent.
+async fn sync(client: &Client, path: &str) -> Result<(), Failure> {
+    let mut at = path;
+    loop {
+        match client.sync(at).await {
+            Ok(()) => return Ok(()),
+            Err(ZkError::NoNode) => match at.rfind('/') {
+                Some(0) | None => return client.sync("/").await.map_err(Failure::Zk),
+                Some(i) => at = &at[..i],
+            },
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The keys node's children are created on demand: makes it when missing.
+async fn make_keys_node(client: &Client) -> Result<(), Failure> {
+    match client.create(names::KEYS, &[], &persistent()).await {
+        Ok(_) | Err(ZkError::NodeExists) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        if ttl.is_zero() {
+            return Err(Error::InvalidArgument(
+                "lease TTL must be at least one millisecond",
+            ));
+        }
+        let sent = Instant::now();
+        let client = open(&self.inner.connect, ttl, self.inner.options.connect_timeout)
+            .await
+            .map_err(|source| {
+                Error::Backend {
+                    op: "grant_lease",
+                    source,
+                    at: Default::default(),
+                }
+                .at_endpoint(&self.label())
+            })?;
+        let id = LeaseId::new(client.session_id().0);
+        let held = leases::register(client, sent);
+        tracing::debug!(lease = %id, ttl = ?held.ttl, "ZooKeeper session opened as a lease");
+        Ok(Lease::new(id, held.ttl))
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let Some(held) = leases::get(lease.get()) else {
+            return Ok(None);
+        };
+        if held.is_over() {
+            leases::forget(lease.get(), &held);
+            return Ok(None);
+        }
+        // A real round trip: its answer proves the server heard from the session after
+        // `sent`, so the session lasts at least its timeout from then.
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(
+            self.inner.options.request_timeout,
+            held.client.check_stat("/"),
+        )
+        .await;
+        match answer {
+            Ok(Ok(_)) => {
+                held.renewed(sent);
+                Ok(Some(held.ttl))
+            }
+            Ok(Err(e)) if is_over(&e) => {
+                leases::forget(lease.get(), &held);
+                Ok(None)
+            }
+            Ok(Err(e)) => Err(zk_err("keep_alive", e).at_endpoint(&self.label())),
+            Err(elapsed) => Err(Error::Backend {
+                op: "keep_alive",
+                source: Box::new(elapsed),
+                at: Default::default(),
+            }
+            .at_endpoint(&self.label())),
+        }
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        if !leases::close(lease.get(), self.inner.options.request_timeout).await {
+            tracing::warn!(%lease, "ZooKeeper did not confirm the session's close in time; it expires by itself");
+        }
+        Ok(())
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        self.enqueue_here(queue, tag, lease, value)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))
+    }
+
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        names::check_name(queue)?;
+        let prefix = self.tag_prefix(queue, tag);
+        let owner = names::tag_owner(tag).map(LeaseId::new);
+        let client = Self::lease_client(owner);
+        let entries = self
+            .read_queue("find_entry", client.as_ref(), queue)
+            .await?;
+        let mut found = None;
+        for (e, _) in entries {
+            if queue_of(e.key()) != queue || !e.key()[queue.len() + 1..].starts_with(&prefix) {
+                continue;
+            }
+            match owner {
+                // Another session's node under this tag's prefix is never adopted.
+                Some(owner) if e.lease() != Some(owner) => {
+                    tracing::warn!(key = %e.key(), "a node of another session carries this tag's prefix: deleting it");
+                    self.discard(e.key()).await;
+                }
+                _ => {
+                    if found.is_none() {
+                        found = Some(e);
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        Ok(self
+            .ahead_here(queue_of(mine.key()), mine, 1)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        self.ahead_here(queue, mine, limit).await
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let path = format!("/{}", entry.key());
+        let token = i64::try_from(entry.token().get()).unwrap_or(-1);
+        loop {
+            let client = self.base().await?;
+            let read = tokio::time::timeout(
+                self.inner.options.request_timeout,
+                client.get_and_watch_data(&path),
+            )
+            .await;
+            let watcher = match read {
+                Ok(Ok((_, stat, _))) if stat.czxid != token => return Ok(()),
+                Ok(Ok((_, _, watcher))) => watcher,
+                Ok(Err(ZkError::NoNode)) => return Ok(()),
+                Ok(Err(e)) => return Err(zk_err("wait_gone", e).at_endpoint(&self.label())),
+                Err(elapsed) => {
+                    return Err(Error::Backend {
+                        op: "wait_gone",
+                        source: Box::new(elapsed),
+                        at: Default::default(),
+                    }
+                    .at_endpoint(&self.label()));
+                }
+            };
+            drop(client);
+            let event = watcher.changed().await;
+            match event.event_type {
+                EventType::NodeDeleted => return Ok(()),
+                // The backend's session ended: a new one is opened and the entry read again.
+                EventType::Session if event.session_state.is_terminated() => {}
+                // A data change (a proclamation): the watch is set again.
+                _ => {}
+            }
+        }
+    }
+
+    async fn head(&self, queue: &str) -> Result<Option<Entry>> {
+        names::check_name(queue)?;
+        Ok(self
+            .read_queue("head", None, queue)
+            .await?
+            .into_iter()
+            .next()
+            .map(|(e, _)| e))
+    }
+
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
+        names::check_name(queue)?;
+        Ok(self
+            .read_queue("entries", None, queue)
+            .await?
+            .into_iter()
+            .map(|(e, _)| e)
+            .collect())
+    }
+
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
+        // A node's name is one incarnation: every attempt names its node with random bits.
+        let path = format!("/{}", entry.key());
+        self.write_if_live("delete_entry", |client| {
+            let path = path.clone();
+            async move {
+                match client.delete(&path, None).await {
+                    Ok(()) => Ok(true),
+                    Err(ZkError::NoNode) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        let path = format!("/{}", entry.key());
+        self.write_if_live("update_entry", |client| {
+            let path = path.clone();
+            async move {
+                match client.set_data(&path, value, None).await {
+                    Ok(stat) => {
+                        observe::record(&path, stat.version, value);
+                        Ok(true)
+                    }
+                    Err(ZkError::NoNode) => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        })
+        .await
+    }
+
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
+        let guard = format!("/{}", entry.key());
+        let mut planned = Vec::with_capacity(ops.len());
+        for op in ops {
+            planned.push(match op {
+                WriteOp::Put { key, value } => (names::key_path(key)?, Some(value.as_slice())),
+                WriteOp::Delete { key } => (names::key_path(key)?, None),
+            });
+        }
+        let planned = &planned;
+        self.write_if_live("guarded", |client| {
+            let guard = guard.clone();
+            async move { guarded_once(&client, &guard, planned).await }
+        })
+        .await
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let path = names::key_path(key)?;
+        let (value, _) = self
+            .attempts("read", Kind::Read, |client| {
+                let path = path.clone();
+                async move {
+                    sync(&client, &path).await?;
+                    match client.get_data(&path).await {
+                        Ok((data, _)) => Ok(Some(data)),
+                        Err(ZkError::NoNode) => Ok(None),
+                        Err(e) => Err(e.into()),
+                    }
+                }
+            })
+            .await?;
+        Ok(value)
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        let path = names::key_path(key)?;
+        self.write_if_live("swap", |client| {
+            let path = path.clone();
+            async move {
+                loop {
+                    let Some(expected) = expected else {
+                        match client.create(&path, new, &persistent()).await {
+                            Ok(_) => return Ok(true),
+                            Err(ZkError::NodeExists) => return Ok(false),
+                            Err(ZkError::NoNode) => {
+                                make_keys_node(&client).await?;
+                                continue;
+                            }
+                            Err(e) => return Err(e.into()),
+                        }
+                    };
+                    sync(&client, &path).await?;
+                    let (data, stat) = match client.get_data(&path).await {
+                        Ok(read) => read,
+                        Err(ZkError::NoNode) => return Ok(false),
+                        Err(e) => return Err(e.into()),
+                    };
+                    if data != expected {
+                        return Ok(false);
+                    }
+                    match client.set_data(&path, new, Some(stat.version)).await {
+                        Ok(_) => return Ok(true),
+                        // Changed meanwhile: compare again.
+                        Err(ZkError::BadVersion | ZkError::NoNode) => continue,
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        let path = names::key_path(key)?;
+        loop {
+            let client = self.base().await?;
+            let limit = self.inner.options.request_timeout;
+            let fail = |e: ZkError| zk_err("wait_value", e).at_endpoint(&self.label());
+            let watcher = match tokio::time::timeout(limit, client.get_and_watch_data(&path)).await
+            {
+                Ok(Ok((data, _, watcher))) => {
+                    if seen != Some(data.as_slice()) {
+                        return Ok(Some(data));
+                    }
+                    watcher
+                }
+                Ok(Err(ZkError::NoNode)) => {
+                    if seen.is_some() {
+                        return Ok(None);
+                    }
+                    // Absent, as seen: wait for its creation.
+                    match tokio::time::timeout(limit, client.check_and_watch_stat(&path)).await {
+                        Ok(Ok((Some(_), _))) => continue,
+                        Ok(Ok((None, watcher))) => watcher,
+                        Ok(Err(e)) => return Err(fail(e)),
+                        Err(_) => return Err(fail(ZkError::Timeout)),
+                    }
+                }
+                Ok(Err(e)) => return Err(fail(e)),
+                Err(_) => return Err(fail(ZkError::Timeout)),
+            };
+            drop(client);
+            let _ = watcher.changed().await;
+        }
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        Ok(leases::get(lease.get())
+            .filter(|held| !held.is_over())
+            .map(|held| held.remaining()))
+    }
+
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
+        let backend = self.clone();
+        let queue = queue.to_owned();
+        futures::stream::once(async move {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            tokio::spawn(observe::run(backend, queue, tx));
+            futures::stream::unfold(rx, |mut rx| async move {
+                let event = rx.recv().await?;
+                Some((event, rx))
+            })
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+/// One attempt of a guarded write: a `multi` that checks the entry, then puts or deletes
+/// each key. ZooKeeper has no "create or set" nor "delete if present", so each key is read
+/// first and the `multi` asserts what was read: a set needs the node, a create fails if it
+/// appeared, and a key read absent is created and deleted again (failing if it appeared).
+/// A race with another writer of a key is retried.
+async fn guarded_once(
+    client: &Client,
+    guard: &str,
+    planned: &[(String, Option<&[u8]>)],
+) -> Result<bool, Failure> {
+    loop {
+        let mut exists = std::collections::HashMap::new();
+        if !planned.is_empty() {
+            sync(client, names::KEYS).await?;
+            let mut reader = client.new_multi_reader();
+            for (path, _) in planned {
+                reader.add_get_data(path)?;
+            }
+            for ((path, _), result) in planned.iter().zip(reader.commit().await?) {
+                let present = match result {
+                    MultiReadResult::Data { .. } => true,
+                    MultiReadResult::Error {
+                        err: ZkError::NoNode,
+                    } => false,
+                    MultiReadResult::Error { err } => return Err(err.into()),
+                    _ => false,
+                };
+                exists.insert(path.as_str(), present);
+            }
+        }
+        let mut writer = client.new_multi_writer();
+        writer.add_check_version(guard, -1)?;
+        for (path, value) in planned {
+            let present = exists.get(path.as_str()).copied().unwrap_or(false);
+            match (value, present) {
+                (Some(value), true) => writer.add_set_data(path, value, None)?,
+                (Some(value), false) => writer.add_create(path, value, &persistent())?,
+                (None, true) => writer.add_delete(path, None)?,
+                (None, false) => {
+                    writer.add_create(path, &[], &persistent())?;
+                    writer.add_delete(path, None)?;
+                }
+            }
+            exists.insert(path.as_str(), value.is_some());
+        }
+        match writer.commit().await {
+            Ok(_) => return Ok(true),
+            Err(MultiWriteError::OperationFailed { index: 0, source }) => {
+                return match source {
+                    ZkError::NoNode => Ok(false),
+                    e => Err(e.into()),
+                };
+            }
+            // The keys node does not exist yet.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode,
+                ..
+            }) if client.check_stat(names::KEYS).await?.is_none() => {
+                make_keys_node(client).await?;
+            }
+            // A key changed between the read and the write: read again.
+            Err(MultiWriteError::OperationFailed {
+                source: ZkError::NoNode | ZkError::NodeExists,
+                ..
+            }) => {}
+            Err(MultiWriteError::OperationFailed { source, .. }) => return Err(source.into()),
+            Err(MultiWriteError::RequestFailed { source }) => return Err(source.into()),
+        }
+    }
+}
