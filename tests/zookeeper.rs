@@ -27,3 +27,370 @@ async fn rig(test: &str) -> Rig {
 }
 
 conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
+
+use std::time::Duration;
+
+use baton::{Backend, Error, LostReason, Mutex, Session, SessionOptions, ZkLayout};
+use support::{eventually, within};
+use zookeeper_client::{Acls, Client, CreateMode};
+
+fn test_name(test: &str) -> String {
+    format!("zk-{}/{test}", std::process::id())
+}
+
+/// A client of its own on `connect` (another session), for what a peer or an operator does.
+async fn raw(connect: &str) -> Client {
+    Client::connect(connect)
+        .await
+        .expect("a raw ZooKeeper client")
+}
+
+async fn session_on(backend: &ZkBackend, ttl: Duration) -> Session {
+    Session::from_shared(
+        Arc::new(backend.clone()),
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .expect("session")
+}
+
+/// The last path segment of an entry's key.
+fn node_name(key: &str) -> &str {
+    key.rsplit('/').next().unwrap()
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `^_c_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-lock-\d{10}$`: Curator's
+/// `InterProcessMutex` node (protected mode, `lock-` marker, ten-digit sequence).
+fn is_curator_lock_node(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("_c_") else {
+        return false;
+    };
+    let Some((uuid, seq)) = rest.split_once("-lock-") else {
+        return false;
+    };
+    let groups: Vec<&str> = uuid.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| is_hex(g, n))
+        && seq.len() == 10
+        && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// `^[0-9a-f]{32}__lock__\d{10}$`: kazoo's `Lock` node (`uuid4().hex`, `__lock__`, sequence).
+fn is_kazoo_lock_node(name: &str) -> bool {
+    let Some((id, seq)) = name.split_once("__lock__") else {
+        return false;
+    };
+    is_hex(id, 32) && seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Entries are named as Curator's and kazoo's mutexes name theirs, and sort by sequence
+/// number as they do: the token (czxid) order is the suffix order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layouts_name_nodes_as_curator_and_kazoo_do() {
+    for (layout, check) in [
+        (ZkLayout::Curator, is_curator_lock_node as fn(&str) -> bool),
+        (ZkLayout::Kazoo, is_kazoo_lock_node),
+    ] {
+        let name = test_name(&format!("layout-{}", layout.name()));
+        let backend = ZkBackend::connect(
+            &ZkNode::shared().url(),
+            ZkOptions::new().with_layout(layout),
+        )
+        .await
+        .unwrap();
+        assert_eq!(backend.layout(), layout);
+        let a = Session::new(backend.clone()).await.unwrap();
+        let b = Session::new(backend.clone()).await.unwrap();
+        let first = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+        let waiter = support::spawn_queued(&backend, &b, &name, 2).await;
+        let entries = backend.entries(&name).await.unwrap();
+        let names: Vec<&str> = entries.iter().map(|e| node_name(e.key())).collect();
+        assert!(names.iter().all(|n| check(n)), "{layout:?}: {names:?}");
+        let suffixes: Vec<&str> = names.iter().map(|n| &n[n.len() - 10..]).collect();
+        let mut sorted = suffixes.clone();
+        sorted.sort();
+        assert_eq!(suffixes, sorted, "queue order is suffix order");
+        assert_eq!(entries[0].key(), first.key());
+        first.unlock().await.unwrap();
+        let second = within("the waiter", Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        second.unlock().await.unwrap();
+    }
+}
+
+/// A queue holding nodes of the other layout is refused with a typed error, and the refused
+/// contender leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_layout_in_a_queue_is_refused() {
+    let name = test_name("foreign-layout");
+    let kazoo = ZkBackend::connect(
+        &ZkNode::shared().url(),
+        ZkOptions::new().with_layout(ZkLayout::Kazoo),
+    )
+    .await
+    .unwrap();
+    let k = Session::new(kazoo.clone()).await.unwrap();
+    let held = Mutex::new(&k, &name).unwrap().lock().await.unwrap();
+
+    let curator = backend().await;
+    let c = Session::new(curator.clone()).await.unwrap();
+    let refused = Mutex::new(&c, &name).unwrap().lock().await;
+    assert!(
+        matches!(&refused, Err(Error::ForeignLayout { layout: "kazoo", node, .. }) if node == held.key()),
+        "{refused:?}"
+    );
+    let listed = curator.entries(&name).await;
+    assert!(
+        matches!(listed, Err(Error::ForeignLayout { .. })),
+        "{listed:?}"
+    );
+    c.settled().await;
+    let children = raw(&ZkNode::shared().connect_string())
+        .await
+        .list_children(&format!("/{name}"))
+        .await
+        .unwrap();
+    assert_eq!(children, [node_name(held.key())], "only the kazoo node");
+    held.unlock().await.unwrap();
+}
+
+/// Bad names are refused with `InvalidArgument` before anything is created: no node, not
+/// even a parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_paths_are_refused_before_anything_is_created() {
+    let base = test_name("bad-paths");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    for name in [
+        format!("{base}/a//b"),
+        format!("{base}/a/"),
+        format!("/{base}"),
+        format!("{base}/./a"),
+        format!("{base}/../a"),
+        format!("{base}/a\u{1}"),
+        "zookeeper/quota".to_owned(),
+    ] {
+        let lock = match Mutex::new(&s, &name) {
+            Ok(mutex) => mutex.lock().await.map(drop),
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(lock, Err(Error::InvalidArgument(_))),
+            "{name:?}: {lock:?}"
+        );
+        let read = backend.entries(&name).await;
+        assert!(
+            matches!(read, Err(Error::InvalidArgument(_))),
+            "{name:?}: {read:?}"
+        );
+    }
+    s.settled().await;
+    let client = raw(&ZkNode::shared().connect_string()).await;
+    assert_eq!(client.check_stat(&format!("/{base}")).await.unwrap(), None);
+}
+
+/// After a create whose answer was lost, the entry is found by its protected prefix, and a
+/// node of another session under that prefix is deleted, never adopted (CURATOR-604).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protected_prefix_never_adopts_another_sessions_node() {
+    let queue = test_name("protected");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let lease = s.lease_id();
+    let tag = lease.to_hex();
+    let prefix = backend.tag_prefix(&queue, &tag);
+    let other = raw(&ZkNode::shared().connect_string()).await;
+    other
+        .mkdir(
+            &format!("/{queue}"),
+            &CreateMode::Container.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let impostor = || async {
+        let (_, seq) = other
+            .create(
+                &format!("/{queue}/{prefix}0000-000000000000-lock-"),
+                b"impostor",
+                &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+        format!("/{queue}/{prefix}0000-000000000000-lock-{seq}")
+    };
+
+    // Looking for the entry after a lost answer: the other session's node is not ours.
+    let path = impostor().await;
+    assert_eq!(backend.find_entry(&queue, &tag).await.unwrap(), None);
+    assert_eq!(other.check_stat(&path).await.unwrap(), None, "deleted");
+
+    // Enqueueing: the same, and our own entry is the head.
+    let path = impostor().await;
+    let mine = backend.enqueue(&queue, &tag, lease, b"mine").await.unwrap();
+    assert_eq!(mine.entry().lease(), Some(lease));
+    assert!(node_name(mine.entry().key()).starts_with(&prefix));
+    assert_eq!(other.check_stat(&path).await.unwrap(), None, "deleted");
+    assert!(mine.is_head(), "the impostor was ahead, and is gone");
+
+    // Our own node is found, and a second enqueue with the tag returns it (idempotent).
+    assert_eq!(
+        backend.find_entry(&queue, &tag).await.unwrap().as_ref(),
+        Some(mine.entry())
+    );
+    let again = backend
+        .enqueue(&queue, &tag, lease, b"again")
+        .await
+        .unwrap();
+    assert_eq!(again.entry(), mine.entry());
+    assert_eq!(
+        backend.entries(&queue).await.unwrap(),
+        [mine.entry().clone()]
+    );
+    assert!(backend.delete_entry(mine.entry()).await.unwrap());
+}
+
+/// A queue's parent is a container ZooKeeper may delete once it is empty: the next lock
+/// creates it again (as a container), and guarded writes still land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaped_parent_is_created_again() {
+    let name = test_name("reaped/lock");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let client = raw(&ZkNode::shared().connect_string()).await;
+    let first = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let first_token = first.fencing_token();
+    first.unlock().await.unwrap();
+    // The container reaper's work, done at once: the queue node and its parent go.
+    client.delete(&format!("/{name}"), None).await.unwrap();
+    client
+        .delete(&format!("/{}", test_name("reaped")), None)
+        .await
+        .unwrap();
+    let second = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    assert!(second.fencing_token() > first_token);
+    let stat = client
+        .check_stat(&format!("/{name}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stat.ephemeral_owner, 0, "a container, not an ephemeral");
+    let data = test_name("reaped-data");
+    second
+        .write(&[baton::WriteOp::put(&data, "v")])
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.read(&data).await.unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
+    second.unlock().await.unwrap();
+}
+
+/// `baton::connect("zk://...")` gives a ZooKeeper backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_takes_zk_urls() {
+    let backend = baton::connect(&ZkNode::shared().url()).await.unwrap();
+    let s = Session::from_shared(backend, SessionOptions::default())
+        .await
+        .unwrap();
+    let guard = Mutex::new(&s, test_name("connect"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    guard.unlock().await.unwrap();
+    let refused = baton::connect("zk://127.0.0.1:1").await;
+    assert!(
+        matches!(refused, Err(Error::Connect { .. })),
+        "{:?}",
+        refused.err()
+    );
+}
+
+/// Cut off from the server, a holder's `lost()` fires before the server expires its session:
+/// when it fires, the server still has the entry; the entry goes only later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_before_the_server_expires_the_session() {
+    let name = test_name("lost-before-expiry");
+    let node = ZkNode::shared();
+    let proxy = support::proxy::Proxy::start(&node.connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new(),
+    )
+    .await
+    .unwrap();
+    let outside = backend().await;
+    let ttl = Duration::from_secs(2);
+    let s = session_on(&cut, ttl).await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let entry = guard.entry().clone();
+    let expired = tokio::spawn({
+        let outside = outside.clone();
+        let entry = entry.clone();
+        async move { outside.wait_gone(&entry).await }
+    });
+    proxy.black_hole();
+    let reason = within("lost()", ttl * 3, guard.lost()).await;
+    assert_eq!(reason, LostReason::Expired);
+    assert!(
+        !expired.is_finished(),
+        "the server expired the session before the holder was told"
+    );
+    assert_eq!(outside.entries(&name).await.unwrap(), [entry]);
+    within("the server's expiry", ttl * 5, expired)
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.heal();
+}
+
+/// A waiter whose session expires while it waits gets an error, never the lock, and its node
+/// is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_waiter_gets_an_error_and_its_node_goes() {
+    let name = test_name("expired-waiter");
+    let node = ZkNode::shared();
+    let holder_backend = backend().await;
+    let holder = Session::new(holder_backend.clone()).await.unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let proxy = support::proxy::Proxy::start(&node.connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new(),
+    )
+    .await
+    .unwrap();
+    let s = session_on(&cut, Duration::from_secs(2)).await;
+    let waiter = support::spawn_queued(&holder_backend, &s, &name, 2).await;
+    proxy.black_hole();
+    let result = within("the waiter's error", Duration::from_secs(10), waiter)
+        .await
+        .unwrap();
+    assert!(
+        matches!(result, Err(Error::SessionLost(_))),
+        "{:?}",
+        result.map(|g| g.key().to_owned())
+    );
+    eventually("the expired waiter's node is gone", || async {
+        holder_backend.entries(&name).await.unwrap().len() == 1
+    })
+    .await;
+    assert_eq!(
+        holder_backend.entries(&name).await.unwrap()[0].key(),
+        guard.key()
+    );
+    proxy.heal();
+    guard.unlock().await.unwrap();
+}

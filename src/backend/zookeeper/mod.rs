@@ -239,12 +239,12 @@ fn container() -> CreateOptions<'static> {
 }
 
 /// Every entry of `queue` (its node and the nodes of nested names), oldest first, each with
-/// its data version. Nodes named in the other layout are refused.
+/// its data version. With `strict`, nodes named in the other layout are refused.
 pub(super) async fn collect(
     client: &Client,
     layout: ZkLayout,
     queue: &str,
-    _versions: bool,
+    strict: bool,
 ) -> Result<Vec<(Entry, i32)>, Failure> {
     let mut dirs = vec![queue.to_owned()];
     let mut out = Vec::new();
@@ -256,7 +256,7 @@ pub(super) async fn collect(
         };
         if let Some(foreign) = children
             .iter()
-            .find(|c| layout.other().sequence(c).is_some())
+            .find(|c| strict && layout.other().sequence(c).is_some())
         {
             return Err(Failure::Stop(Error::ForeignLayout {
                 queue: queue.to_owned(),
@@ -499,13 +499,24 @@ impl ZkBackend {
         client: Option<&Client>,
         queue: &str,
     ) -> Result<Vec<(Entry, i32)>> {
+        self.read_queue_as(op, client, queue, true).await
+    }
+
+    /// [`read_queue`](Self::read_queue), tolerating nodes of the other layout unless `strict`.
+    async fn read_queue_as(
+        &self,
+        op: &'static str,
+        client: Option<&Client>,
+        queue: &str,
+        strict: bool,
+    ) -> Result<Vec<(Entry, i32)>> {
         let layout = self.inner.options.layout;
         if let Some(client) = client {
             let client = client.clone();
             let read = self
                 .lease_attempts(op, || {
                     let client = client.clone();
-                    async move { collect(&client, layout, queue, false).await }
+                    async move { collect(&client, layout, queue, strict).await }
                 })
                 .await;
             match read {
@@ -520,7 +531,7 @@ impl ZkBackend {
                 let dir = dir.clone();
                 async move {
                     sync(&client, &dir).await?;
-                    collect(&client, layout, queue, false).await
+                    collect(&client, layout, queue, strict).await
                 }
             })
             .await?;
@@ -901,12 +912,18 @@ impl Backend for ZkBackend {
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
-        names::check_name(queue)?;
+        // Nothing can exist under a name ZooKeeper refuses (an enqueue of it was refused before
+        // sending anything): the cleanup after such a refusal must not wait for ever.
+        if names::check_name(queue).is_err() {
+            return Ok(None);
+        }
         let prefix = self.tag_prefix(queue, tag);
         let owner = names::tag_owner(tag).map(LeaseId::new);
         let client = Self::lease_client(owner);
+        // Foreign nodes are tolerated: the entry looked for may be one whose enqueue was
+        // refused because of them.
         let entries = self
-            .read_queue("find_entry", client.as_ref(), queue)
+            .read_queue_as("find_entry", client.as_ref(), queue, false)
             .await?;
         let mut found = None;
         for (e, _) in entries {

@@ -320,7 +320,7 @@ impl Observer {
             zookeeper_client::Error::NoNode => Ok(()),
             e => Err(fail(Failure::Zk(e))),
         })?;
-        let nodes = collect(client, layout, &self.queue, true)
+        let nodes = collect(client, layout, &self.queue, false)
             .await
             .map_err(fail)?;
         let mut listed: Vec<_> = nodes
