@@ -2,8 +2,9 @@
 //! session loss never violate mutual exclusion, never grant out of token order, and leave no
 //! keys (checked after every step, while the sessions live); the same for a semaphore and a
 //! read-write lock. They run on the memory backend under paused time (64 cases each) and,
-//! with the `redis` feature, on a real Redis in real time (fewer, shorter cases). Plus
-//! no-panic properties for everything that parses input from outside.
+//! with the `redis` and `zookeeper` features, on a real Redis and ZooKeeper in real time
+//! (fewer, shorter cases). Plus no-panic properties for everything that parses input from
+//! outside.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -731,6 +732,56 @@ mod on_redis {
             backend: Arc::new(backend),
             memory: None,
             prefix: format!("prop-{}/{case}", std::process::id()),
+            ttl: Duration::from_secs(1),
+            real_time: true,
+        };
+        (rt, world)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_interleavings_keep_mutual_exclusion(ops in proptest::collection::vec(op(), 1..20)) {
+            let (rt, world) = world();
+            rt.block_on(run(world, ops));
+        }
+
+        #[test]
+        fn recipes_keep_their_limits_and_queue_order(ops in proptest::collection::vec(recipes::op(), 1..20)) {
+            let (rt, world) = world();
+            rt.block_on(recipes::run(world, ops));
+        }
+    }
+}
+
+/// The same properties on a real ZooKeeper, in real time: fewer and shorter cases (a lease
+/// expiry takes its TTL, 1 s here, the fixture's shortest session), each under names of its own.
+#[cfg(feature = "zookeeper")]
+mod on_zookeeper {
+    use super::*;
+    use baton::testing::ZkNode;
+    use baton::{ZkBackend, ZkOptions};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn world() -> (tokio::runtime::Runtime, World) {
+        static CASE: AtomicUsize = AtomicUsize::new(0);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let backend = rt
+            .block_on(ZkBackend::connect(
+                &ZkNode::shared().url(),
+                ZkOptions::new(),
+            ))
+            .unwrap();
+        let case = CASE.fetch_add(1, Ordering::Relaxed);
+        let world = World {
+            backend: Arc::new(backend),
+            memory: None,
+            prefix: format!("prop-zk-{}/{case}", std::process::id()),
             ttl: Duration::from_secs(1),
             real_time: true,
         };
