@@ -394,3 +394,59 @@ async fn expired_waiter_gets_an_error_and_its_node_goes() {
     proxy.heal();
     guard.unlock().await.unwrap();
 }
+
+/// The next head an observer reports.
+async fn next(
+    heads: &mut futures::stream::BoxStream<'static, baton::Result<baton::HeadEvent>>,
+) -> baton::HeadEvent {
+    use futures::StreamExt;
+    within("the next head", Duration::from_secs(30), heads.next())
+        .await
+        .expect("the stream never ends")
+        .expect("no error")
+}
+
+/// An observer cut off while the head changes resumes by itself once the connection heals:
+/// it says it may have missed heads (`Skipped`), then reports the current head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observer_resumes_after_a_reconnect() {
+    use baton::HeadEvent;
+
+    let name = test_name("observe-reconnect");
+    let proxy = support::proxy::Proxy::start(&ZkNode::shared().connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new(),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let mut heads = cut.observe_head(&name);
+    assert_eq!(next(&mut heads).await, HeadEvent::Head(None));
+    let a = Session::new(direct.clone()).await.unwrap();
+    let first = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    match next(&mut heads).await {
+        HeadEvent::Head(Some(e)) => assert_eq!(e.key(), first.key()),
+        other => panic!("expected the first holder, got {other:?}"),
+    }
+
+    proxy.black_hole();
+    first.unlock().await.unwrap();
+    let second = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    proxy.heal();
+
+    let mut seen = Vec::new();
+    loop {
+        let event = next(&mut heads).await;
+        if matches!(&event, HeadEvent::Head(Some(e)) if e.key() == second.key()) {
+            break;
+        }
+        seen.push(event);
+    }
+    assert!(
+        seen.contains(&HeadEvent::Skipped) || seen.contains(&HeadEvent::Head(None)),
+        "the change while cut off is reported, as a gap or as the vacancy: {seen:?}"
+    );
+    second.unlock().await.unwrap();
+    assert_eq!(next(&mut heads).await, HeadEvent::Head(None));
+}
