@@ -450,3 +450,49 @@ async fn observer_resumes_after_a_reconnect() {
     second.unlock().await.unwrap();
     assert_eq!(next(&mut heads).await, HeadEvent::Head(None));
 }
+
+/// A write whose answer is lost on the wire (the request reached the server, the connection
+/// stopped answering) is `OutcomeUnknown`, never a refusal, and was applied; a write that was
+/// never sent (the read before it got no answer) is a plain error, and was not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answers_are_unknown_outcomes() {
+    let name = test_name("lost-answers");
+    let data = test_name("lost-answers-data");
+    let proxy = support::proxy::Proxy::start(&ZkNode::shared().connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new()
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let s = Session::new(direct.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let entry = guard.entry().clone();
+
+    proxy.drop_answers();
+    // The write needs a read first (ZooKeeper has no "create or set"): that read's answer is
+    // lost, so the write is never sent, and the error says so.
+    let write = cut
+        .guarded(&entry, &[baton::WriteOp::put(&data, "v")])
+        .await;
+    assert!(matches!(write, Err(Error::Backend { .. })), "{write:?}");
+    assert_eq!(direct.read(&data).await.unwrap(), None, "not applied");
+    // A delete is one request: sent, applied, its answer lost.
+    let deleted = cut.delete_entry(&entry).await;
+    assert!(
+        matches!(deleted, Err(Error::OutcomeUnknown { .. })),
+        "{deleted:?}"
+    );
+    assert!(direct.entries(&name).await.unwrap().is_empty(), "applied");
+    proxy.heal();
+    // Once answers flow again, a definite answer: the entry is gone.
+    assert!(!cut.delete_entry(&entry).await.unwrap());
+    let unlocked = guard.unlock().await;
+    assert!(
+        matches!(unlocked, Err(Error::NotOwner { .. })),
+        "{unlocked:?}"
+    );
+}

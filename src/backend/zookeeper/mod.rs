@@ -8,7 +8,7 @@ mod observe;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -162,7 +162,20 @@ enum Kind {
 #[derive(Debug)]
 pub(super) enum Failure {
     Zk(ZkError),
+    /// A transient failure of a read made before a write was sent: the write was not
+    /// applied.
+    Unsent(ZkError),
     Stop(Error),
+}
+
+impl Failure {
+    /// A failure of a read that comes before the write: the write was not sent.
+    fn unsent(e: impl Into<Failure>) -> Failure {
+        match e.into() {
+            Failure::Zk(e) => Failure::Unsent(e),
+            other => other,
+        }
+    }
 }
 
 impl From<ZkError> for Failure {
@@ -406,15 +419,18 @@ impl ZkBackend {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, Failure>>,
     {
-        self.attempts_here(op, kind, f)
+        self.attempts_here(op, kind, None, f)
             .await
             .map_err(|e| e.at_endpoint(&self.label()))
     }
 
+    /// `sent`, when given, is set by `f` just before it sends its write: an attempt that
+    /// times out before that was not applied.
     async fn attempts_here<T, F, Fut>(
         &self,
         op: &'static str,
         kind: Kind,
+        sent: Option<&AtomicBool>,
         mut f: F,
     ) -> Result<(T, bool)>
     where
@@ -430,17 +446,23 @@ impl ZkBackend {
                 Err(e) => Box::new(e),
                 Ok(client) => {
                     self.inner.requests.fetch_add(1, Ordering::Relaxed);
+                    if let Some(sent) = sent {
+                        sent.store(false, Ordering::SeqCst);
+                    }
                     match tokio::time::timeout(options.request_timeout, f(client)).await {
                         Ok(Ok(v)) => return Ok((v, maybe_applied)),
                         Ok(Err(Failure::Stop(e))) => return Err(e),
-                        Ok(Err(Failure::Zk(e))) if is_transient(&e) => {
+                        Ok(Err(Failure::Unsent(e))) if is_transient(&e) || is_over(&e) => {
+                            Box::new(e)
+                        }
+                        Ok(Err(Failure::Unsent(e) | Failure::Zk(e))) if is_transient(&e) => {
                             maybe_applied |= kind == Kind::Write;
                             Box::new(e)
                         }
                         // The session ended: the request was refused unsent; a new session
                         // is opened for the next attempt.
                         Ok(Err(Failure::Zk(e))) if is_over(&e) => Box::new(e),
-                        Ok(Err(Failure::Zk(e))) => {
+                        Ok(Err(Failure::Zk(e) | Failure::Unsent(e))) => {
                             return Err(if maybe_applied {
                                 unknown(op, Box::new(e))
                             } else {
@@ -448,7 +470,8 @@ impl ZkBackend {
                             });
                         }
                         Err(elapsed) => {
-                            maybe_applied |= kind == Kind::Write;
+                            maybe_applied |= kind == Kind::Write
+                                && sent.is_none_or(|s| s.load(Ordering::SeqCst));
                             Box::new(elapsed)
                         }
                     }
@@ -479,7 +502,26 @@ impl ZkBackend {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<bool, Failure>>,
     {
-        match self.attempts(op, Kind::Write, f).await? {
+        self.write_if_live_flagged(op, None, f).await
+    }
+
+    /// [`write_if_live`](Self::write_if_live) for a write that reads first: `f` sets `sent`
+    /// just before it sends the write.
+    async fn write_if_live_flagged<F, Fut>(
+        &self,
+        op: &'static str,
+        sent: Option<&AtomicBool>,
+        f: F,
+    ) -> Result<bool>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<bool, Failure>>,
+    {
+        let attempt = self
+            .attempts_here(op, Kind::Write, sent, f)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()));
+        match attempt? {
             (true, _) => Ok(true),
             (false, false) => Ok(false),
             (false, true) => Err(unknown(
@@ -552,11 +594,13 @@ impl ZkBackend {
             let error: BoxError = match tokio::time::timeout(options.request_timeout, f()).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(Failure::Stop(e))) => return Err(e),
-                Ok(Err(Failure::Zk(e))) if is_over(&e) => {
+                Ok(Err(Failure::Zk(e) | Failure::Unsent(e))) if is_over(&e) => {
                     return Err(Error::SessionLost(LostReason::Revoked));
                 }
-                Ok(Err(Failure::Zk(e))) if is_transient(&e) => Box::new(e),
-                Ok(Err(Failure::Zk(e))) => return Err(zk_err(op, e).at_endpoint(&self.label())),
+                Ok(Err(Failure::Zk(e) | Failure::Unsent(e))) if is_transient(&e) => Box::new(e),
+                Ok(Err(Failure::Zk(e) | Failure::Unsent(e))) => {
+                    return Err(zk_err(op, e).at_endpoint(&self.label()));
+                }
                 Err(elapsed) => Box::new(elapsed),
             };
             if Instant::now() + backoff >= give_up {
@@ -1058,9 +1102,11 @@ impl Backend for ZkBackend {
             });
         }
         let planned = &planned;
-        self.write_if_live("guarded", |client| {
+        let sent = AtomicBool::new(false);
+        let flag = &sent;
+        self.write_if_live_flagged("guarded", Some(flag), |client| {
             let guard = guard.clone();
-            async move { guarded_once(&client, &guard, planned).await }
+            async move { guarded_once(&client, &guard, planned, flag).await }
         })
         .await
     }
@@ -1085,11 +1131,14 @@ impl Backend for ZkBackend {
 
     async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
         let path = names::key_path(key)?;
-        self.write_if_live("swap", |client| {
+        let sent = AtomicBool::new(false);
+        let flag = &sent;
+        self.write_if_live_flagged("swap", Some(flag), |client| {
             let path = path.clone();
             async move {
                 loop {
                     let Some(expected) = expected else {
+                        flag.store(true, Ordering::SeqCst);
                         match client.create(&path, new, &persistent()).await {
                             Ok(_) => return Ok(true),
                             Err(ZkError::NodeExists) => return Ok(false),
@@ -1100,15 +1149,16 @@ impl Backend for ZkBackend {
                             Err(e) => return Err(e.into()),
                         }
                     };
-                    sync(&client, &path).await?;
+                    sync(&client, &path).await.map_err(Failure::unsent)?;
                     let (data, stat) = match client.get_data(&path).await {
                         Ok(read) => read,
                         Err(ZkError::NoNode) => return Ok(false),
-                        Err(e) => return Err(e.into()),
+                        Err(e) => return Err(Failure::unsent(e)),
                     };
                     if data != expected {
                         return Ok(false);
                     }
+                    flag.store(true, Ordering::SeqCst);
                     match client.set_data(&path, new, Some(stat.version)).await {
                         Ok(_) => return Ok(true),
                         // Changed meanwhile: compare again.
@@ -1186,16 +1236,18 @@ async fn guarded_once(
     client: &Client,
     guard: &str,
     planned: &[(String, Option<&[u8]>)],
+    sent: &AtomicBool,
 ) -> Result<bool, Failure> {
     loop {
         let mut exists = std::collections::HashMap::new();
         if !planned.is_empty() {
-            sync(client, names::KEYS).await?;
+            sync(client, names::KEYS).await.map_err(Failure::unsent)?;
             let mut reader = client.new_multi_reader();
             for (path, _) in planned {
                 reader.add_get_data(path)?;
             }
-            for ((path, _), result) in planned.iter().zip(reader.commit().await?) {
+            let read = reader.commit().await.map_err(Failure::unsent)?;
+            for ((path, _), result) in planned.iter().zip(read) {
                 let present = match result {
                     MultiReadResult::Data { .. } => true,
                     MultiReadResult::Error {
@@ -1222,6 +1274,7 @@ async fn guarded_once(
             }
             exists.insert(path.as_str(), value.is_some());
         }
+        sent.store(true, Ordering::SeqCst);
         match writer.commit().await {
             Ok(_) => return Ok(true),
             Err(MultiWriteError::OperationFailed { index: 0, source }) => {

@@ -313,7 +313,7 @@ impl Observer {
         let label = self.backend.label();
         let layout = self.backend.inner.options.layout;
         let fail = |e: Failure| match e {
-            Failure::Zk(e) => super::zk_err("observe", e).at_endpoint(&label),
+            Failure::Zk(e) | Failure::Unsent(e) => super::zk_err("observe", e).at_endpoint(&label),
             Failure::Stop(e) => e,
         };
         client.sync(&self.dir).await.or_else(|e| match e {
