@@ -1,14 +1,17 @@
-//! Fair distributed locks and leader election on etcd or Redis, with fencing tokens.
+//! Fair distributed locks and leader election on etcd, Redis or ZooKeeper, with fencing
+//! tokens.
 //!
 //! - **Queue-fair locks without a herd**: contenders queue by creation order; each waiter
 //!   watches only its predecessor, so one release wakes exactly one waiter.
 //! - **Fencing tokens**: strictly increasing in grant order ([`MutexGuard::fencing_token`]):
-//!   on etcd the holder's key create revision, on Redis a counter that never goes backwards.
+//!   on etcd the holder's key create revision, on Redis a counter that never goes backwards,
+//!   on ZooKeeper the holder's node czxid.
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
 //! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
 //!   (`EtcdBackend`, feature `etcd`), Redis (`RedisBackend`, feature `redis`;
-//!   `docs/redis.md`) and in-process ([`MemoryBackend`], always there). [`connect`] picks
+//!   `docs/redis.md`), ZooKeeper (`ZkBackend`, feature `zookeeper`; `docs/zookeeper.md`) and
+//!   in-process ([`MemoryBackend`], always there). [`connect`] picks
 //!   one by the endpoints' scheme.
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
 //!   Go services and `etcdctl lock` share locks.
@@ -49,13 +52,16 @@
 //!   etcd-client needs `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
 //!   toolchain alone.
 //! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
+//! - `zookeeper` (not default): `ZkBackend`, on ZooKeeper 3.6+, with Curator's or kazoo's
+//!   node layout.
 //! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
 //!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
 //! - `cli`: the `baton` command-line tool, on etcd and Redis.
 //! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
-//!   three-member cluster), with `redis`, Redis fixtures, started through testcontainers.
+//!   three-member cluster), with `redis`, Redis fixtures, with `zookeeper`, ZooKeeper
+//!   fixtures (`ZkNode`, `ZkEnsemble`), started through testcontainers.
 //!
 //! Metrics (wait and hold times, handoffs, sessions, keep-alives) go through the `metrics`
 //! facade to whatever recorder the application installs: see [`metrics`] and
