@@ -496,3 +496,74 @@ async fn lost_answers_are_unknown_outcomes() {
         "{unlocked:?}"
     );
 }
+
+/// Locks share their session's connection: 20 locks held and 5 waiters, on two sessions,
+/// take three ZooKeeper sessions in all (the backend's own and one per lease), as
+/// docs/zookeeper.md says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_share_their_sessions_connection() {
+    let node = ZkNode::start().await.expect("a ZooKeeper of its own");
+    let backend = ZkBackend::connect(&node.url(), ZkOptions::new())
+        .await
+        .unwrap();
+    let holder = Session::new(backend.clone()).await.unwrap();
+    let waiters = Session::new(backend.clone()).await.unwrap();
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let mutex = Mutex::new(&holder, format!("scale/{i}")).unwrap();
+        guards.push(mutex.lock().await.unwrap());
+    }
+    let mut waiting = Vec::new();
+    for i in 0..5 {
+        waiting.push(support::spawn_queued(&backend, &waiters, &format!("scale/{i}"), 2).await);
+    }
+    let cons = node.four_letter("cons").await.unwrap();
+    let sessions = cons.lines().filter(|l| l.contains("sid=0x")).count();
+    assert_eq!(sessions, 3, "{cons}");
+    for guard in guards {
+        guard.unlock().await.unwrap();
+    }
+    for waiter in waiting {
+        let guard = within("a waiter", Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        guard.unlock().await.unwrap();
+    }
+}
+
+/// A leader change in a three-member ensemble: the holder's and the waiter's sessions move to
+/// another member, the holder keeps the lock, the waiter gets it after the release, and its
+/// token (czxid, whose high bits are the new epoch) is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_keeps_the_lock_and_the_token_order() {
+    let zk = baton::testing::ZkEnsemble::start()
+        .await
+        .expect("a three-member ensemble");
+    let leader = zk.wait_for_leader().await.unwrap();
+    let backend = ZkBackend::connect(&zk.url(), ZkOptions::new())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(10);
+    let a = session_on(&backend, ttl).await;
+    let b = session_on(&backend, ttl).await;
+    let name = "leader-change";
+    let guard = Mutex::new(&a, name).unwrap().lock().await.unwrap();
+    let first_token = guard.fencing_token();
+    let waiter = support::spawn_queued(&backend, &b, name, 2).await;
+
+    zk.stop_member(leader).await.unwrap();
+    let next = zk.wait_for_leader().await.unwrap();
+    assert_ne!(next, leader);
+    assert!(
+        !a.is_lost() && !waiter.is_finished(),
+        "the lock is still held"
+    );
+    guard.unlock().await.unwrap();
+    let second = within("the waiter's grant", Duration::from_secs(30), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.fencing_token() > first_token);
+    second.unlock().await.unwrap();
+}
