@@ -567,3 +567,43 @@ async fn a_leader_change_keeps_the_lock_and_the_token_order() {
     assert!(second.fencing_token() > first_token);
     second.unlock().await.unwrap();
 }
+
+/// A lock whose create answer is lost on the wire fails with `OutcomeUnknown`; once answers
+/// flow again its cleanup finds the node by its protected prefix and deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_answer_is_found_and_cleaned_up() {
+    let name = test_name("lost-create");
+    let proxy = support::proxy::Proxy::start(&ZkNode::shared().connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new()
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(2)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let s = session_on(&cut, Duration::from_secs(20)).await;
+    // A holder, so that the queue node exists (a create under a missing parent is refused,
+    // and nothing would be left to find).
+    let other = Session::new(direct.clone()).await.unwrap();
+    let holder = Mutex::new(&other, &name).unwrap().lock().await.unwrap();
+    proxy.drop_answers();
+    let failed = Mutex::new(&s, &name).unwrap().lock().await;
+    assert!(
+        matches!(failed, Err(Error::OutcomeUnknown { .. })),
+        "{:?}",
+        failed.map(|g| g.key().to_owned())
+    );
+    let created = direct.entries(&name).await.unwrap();
+    assert_eq!(created.len(), 2, "the create was applied");
+    assert_eq!(created[1].lease(), Some(s.lease_id()));
+    proxy.heal();
+    within("the cleanup", Duration::from_secs(30), s.settled()).await;
+    assert_eq!(
+        direct.entries(&name).await.unwrap(),
+        [holder.entry().clone()]
+    );
+    assert!(!s.is_lost());
+    holder.unlock().await.unwrap();
+}

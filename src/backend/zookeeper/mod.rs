@@ -712,7 +712,12 @@ impl ZkBackend {
         let (mut mine, mut entries) = loop {
             if maybe_created {
                 // The last create's answer was lost: look for its node before creating again.
-                let entries = self.read_queue("enqueue", Some(&client), queue).await?;
+                // Its node may exist whatever this read says.
+                let entries = match self.read_queue("enqueue", Some(&client), queue).await {
+                    Ok(entries) => entries,
+                    Err(e @ Error::SessionLost(_)) => return Err(e),
+                    Err(e) => return Err(unknown("enqueue", Box::new(e))),
+                };
                 let found = entries.iter().find(|(e, _)| {
                     queue_of(e.key()) == queue
                         && e.key()[queue.len() + 1..].starts_with(&prefix)
