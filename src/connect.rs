@@ -111,6 +111,8 @@ pub struct ConnectOptions {
     ca_cert: Option<Vec<u8>>,
     client_cert: Option<(Vec<u8>, Vec<u8>)>,
     tls_server_name: Option<String>,
+    #[cfg(feature = "zookeeper")]
+    zk_layout: Option<crate::ZkLayout>,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -123,7 +125,7 @@ impl std::fmt::Debug for ConnectOptions {
             .field("ca_cert", &self.ca_cert.is_some())
             .field("client_cert", &self.client_cert.is_some())
             .field("tls_server_name", &self.tls_server_name)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -143,7 +145,18 @@ impl ConnectOptions {
             ca_cert: None,
             client_cert: None,
             tls_server_name: None,
+            #[cfg(feature = "zookeeper")]
+            zk_layout: None,
         }
+    }
+
+    /// ZooKeeper: whose node names the lock entries take (`ZkOptions::with_layout`: Curator's
+    /// by default, or kazoo's), to share locks with applications using that library. Refused
+    /// with etcd or Redis endpoints.
+    #[cfg(feature = "zookeeper")]
+    pub fn with_zk_layout(mut self, layout: crate::ZkLayout) -> Self {
+        self.zk_layout = Some(layout);
+        self
     }
 
     /// How long to wait for the server to answer.
@@ -227,7 +240,14 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
     // Without a network backend, the options have nothing to configure.
     #[cfg(not(any(feature = "etcd", feature = "redis", feature = "zookeeper")))]
     let _ = options;
-    match Endpoints::parse(endpoints)? {
+    let parsed = Endpoints::parse(endpoints)?;
+    #[cfg(feature = "zookeeper")]
+    if options.zk_layout.is_some() && !matches!(parsed, Endpoints::ZooKeeper(_)) {
+        return Err(Error::InvalidArgument(
+            "a node layout is for ZooKeeper (zk://) endpoints only",
+        ));
+    }
+    match parsed {
         #[cfg(feature = "etcd")]
         Endpoints::Etcd(endpoints) => {
             let mut etcd = crate::EtcdOptions::new().with_connect_timeout(options.connect_timeout);
@@ -283,7 +303,10 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
                      does not take them",
                 ));
             }
-            let zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
+            let mut zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
+            if let Some(layout) = options.zk_layout {
+                zk = zk.with_layout(layout);
+            }
             Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
         }
         #[cfg(not(feature = "zookeeper"))]

@@ -7,8 +7,8 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton::testing::{EtcdNode, RedisNode};
-use baton::{Backend, EtcdBackend, Mutex, Session};
+use baton::testing::{EtcdNode, RedisNode, ZkNode};
+use baton::{Backend, EtcdBackend, Mutex, Session, ZkBackend, ZkLayout, ZkOptions};
 use support::{eventually, within};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -337,6 +337,55 @@ async fn lock_and_status_on_redis() {
     let table = String::from_utf8(table.stdout).unwrap();
     assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
     assert!(table.contains(guard.key()), "{table}");
+    guard.unlock().await.unwrap();
+    assert_eq!(waiter.line().await, "ran");
+    let (code, stderr) = waiter.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
+/// `--endpoints zk://` runs the same commands on ZooKeeper, with the layout `--layout` names:
+/// `baton lock --layout kazoo` queues behind a Rust holder of that layout (its node is named
+/// as kazoo names them), `status` lists both, and the command runs once the holder releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_status_on_zookeeper_with_a_layout() {
+    let url = format!("zk://{}", ZkNode::shared().connect_string());
+    let options = ZkOptions::new().with_layout(ZkLayout::Kazoo);
+    let backend = ZkBackend::connect(&ZkNode::shared().connect_string(), options)
+        .await
+        .unwrap();
+    let name = name("zookeeper");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let mut waiter = Running::spawn(&[
+        "--endpoints",
+        &url,
+        "--layout",
+        "kazoo",
+        "lock",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    eventually("baton queues", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let entries = backend.entries(&name).await.unwrap();
+    assert!(
+        entries[1].key().contains("__lock__"),
+        "kazoo's node name: {}",
+        entries[1].key()
+    );
+    let table = baton(&["--endpoints", &url, "--layout", "kazoo", "status", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&table, 0);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
     guard.unlock().await.unwrap();
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
@@ -1105,10 +1154,18 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             64,
             "in its URL",
         ),
+        (&["--layout", "kazoo", "status", "x"], 64, "ZooKeeper"),
         (
-            &["--endpoints", "zk://127.0.0.1:2181", "status", "x"],
+            &[
+                "--endpoints",
+                "zk://127.0.0.1:2181",
+                "--layout",
+                "zk",
+                "status",
+                "x",
+            ],
             64,
-            "ZooKeeper",
+            "--layout",
         ),
         (&["elect", "x", "v", "--listen"], 64, ""),
         (&["lock"], 64, ""),

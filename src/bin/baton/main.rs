@@ -73,19 +73,20 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 #[command(
     name = "baton",
     version,
-    about = "Fair distributed locks and leader election on etcd or Redis",
+    about = "Fair distributed locks and leader election on etcd, Redis or ZooKeeper",
     after_help = EXIT_CODES
 )]
 struct Cli {
     /// Where the locks live: etcd endpoints, comma-separated (host:port or http(s)://host:port),
-    /// or one Redis URL (redis://[user:password@]host:port[/db]).
+    /// one Redis URL (redis://[user:password@]host:port[/db]), or a ZooKeeper connect string
+    /// (zk://host:port[,host:port...][/chroot]).
     #[arg(
         long,
         env = "BATON_ENDPOINTS",
         default_value = "127.0.0.1:2379",
         value_delimiter = ',',
         global = true,
-        value_name = "HOST:PORT,...|redis://HOST:PORT"
+        value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,..."
     )]
     endpoints: Vec<String>,
     /// User name for etcd authentication (with --password; Redis takes it in the URL).
@@ -112,11 +113,25 @@ struct Cli {
     /// (at least the longest --ttl of any client; see docs/redis.md).
     #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, value_name = "SECONDS")]
     restart_grace: Duration,
+    /// ZooKeeper only: whose node names the lock entries take, to share locks with
+    /// applications using that library: Curator's InterProcessMutex (the default) or kazoo's
+    /// Lock (docs/zookeeper.md).
+    #[arg(long, value_enum, env = "BATON_LAYOUT", global = true)]
+    layout: Option<Layout>,
     /// Also print the key and fencing token on standard error when running a command.
     #[arg(short, long, global = true)]
     verbose: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--layout`: the ZooKeeper node layouts.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Layout {
+    /// Apache Curator's InterProcessMutex: `_c_<uuid>-lock-<sequence>`.
+    Curator,
+    /// kazoo's Lock: `<uuid>__lock__<sequence>`.
+    Kazoo,
 }
 
 #[derive(Subcommand, Debug)]
@@ -380,6 +395,12 @@ fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
 fn validate(cli: &Cli) -> Result<Checked, Failure> {
     let endpoints = Endpoints::parse(&cli.endpoints.join(","))
         .map_err(|e| Failure::new(exit::USAGE, format!("--endpoints: {e}")))?;
+    if cli.layout.is_some() && !matches!(endpoints, Endpoints::ZooKeeper(_)) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--layout is for ZooKeeper endpoints (zk://) only",
+        ));
+    }
     if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
         return Err(Failure::new(
             exit::USAGE,
@@ -457,6 +478,12 @@ async fn connect(
     }
     if let Some((cert, key)) = tls.client {
         options = options.with_client_cert(cert, key);
+    }
+    if let Some(layout) = cli.layout {
+        options = options.with_zk_layout(match layout {
+            Layout::Curator => baton::ZkLayout::Curator,
+            Layout::Kazoo => baton::ZkLayout::Kazoo,
+        });
     }
     let what = match Endpoints::parse(&endpoints) {
         Ok(parsed) => format!("connecting to {}", parsed.backend_name()),
