@@ -654,6 +654,7 @@ impl ZkBackend {
             match created {
                 Ok(Ok((stat, sequence))) => {
                     let key = format!("{queue}/{prefix}{sequence}");
+                    observe::record(&format!("/{key}"), stat.version, value);
                     return Ok(Ok(to_entry(key, value.to_vec(), &stat)));
                 }
                 // The queue node is missing (never made, or a container reaped since): make

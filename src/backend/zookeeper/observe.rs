@@ -17,7 +17,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use zookeeper_client::{AddWatchMode, Client, EventType, SessionState};
 
 use super::{Failure, ZkBackend, collect, names, to_entry};
-use crate::backend::{HeadEvent, QueueChange, QueueMirror};
+use crate::backend::{Entry, FencingToken, HeadEvent, LeaseId, Position, QueueChange, QueueMirror};
 use crate::error::{Error, Result};
 
 /// Values this process wrote to entries, kept while an observer of their queue runs, so
@@ -119,6 +119,7 @@ pub(super) async fn run(backend: ZkBackend, queue: String, tx: Events) {
         tx,
         mirror: QueueMirror::default(),
         versions: HashMap::new(),
+        owners: HashMap::new(),
         last: None,
         backoff: Duration::from_millis(25),
     };
@@ -153,6 +154,8 @@ struct Observer {
     mirror: QueueMirror,
     /// Entry key -> (token, data version last read).
     versions: HashMap<String, (u64, i32)>,
+    /// Entry key -> its lease, to rebuild an entry from a value this process wrote.
+    owners: HashMap<String, Option<LeaseId>>,
     /// The last snapshot, or `None` before the first.
     last: Option<Snapshot>,
     backoff: Duration,
@@ -199,6 +202,11 @@ impl Observer {
             .iter()
             .map(|(k, t, v)| (k.clone(), (*t, *v)))
             .collect();
+        self.owners = snapshot
+            .1
+            .iter()
+            .map(|e| (e.key().to_owned(), e.lease()))
+            .collect();
         self.mirror.reset(snapshot.1);
         self.last = Some(snapshot.0);
         self.report();
@@ -215,6 +223,7 @@ impl Observer {
                 },
                 EventType::NodeDeleted => {
                     let key = event.path.trim_start_matches('/').to_owned();
+                    self.owners.remove(&key);
                     if self.versions.remove(&key).is_some() {
                         self.mirror.apply(QueueChange::Delete(key.into_bytes()));
                         self.report();
@@ -266,50 +275,78 @@ impl Observer {
         let key = path.trim_start_matches('/').to_owned();
         let (data, stat) = match client.get_data(path).await {
             Ok(read) => read,
-            // Deleted since: its delete event follows.
-            Err(zookeeper_client::Error::NoNode) => return Ok(()),
+            // Deleted since (its delete event follows): the values this process wrote before
+            // the delete are still reported.
+            Err(zookeeper_client::Error::NoNode) => {
+                self.replay(path, &key);
+                return Ok(());
+            }
             Err(e) => return Err(e),
         };
         let token = stat.czxid as u64;
-        let before = self.versions.get(&key).copied();
-        match before {
-            Some((t, v)) if t == token => {
+        // The first version not yet reported: the next one, or the creation's (0) for a node
+        // first seen now.
+        let from = match self.versions.get(&key) {
+            Some(&(t, v)) if t == token => {
                 if stat.version <= v {
                     return Ok(());
                 }
-                let is_head = self.head_key().as_deref() == Some(key.as_str());
-                // Values between the last read and this one: from this process's writes.
-                let mut missed = false;
-                for version in v + 1..stat.version {
-                    match recorded(path, version) {
-                        Some(value) if is_head => {
-                            let e = to_entry(key.clone(), value, &stat);
-                            self.mirror.apply(QueueChange::Put(e));
-                            self.report();
-                        }
-                        Some(_) => {}
-                        None => missed = true,
-                    }
-                }
-                if missed && is_head {
-                    self.send(HeadEvent::Skipped);
-                    self.mirror.forget_reported();
-                }
+                v + 1
             }
-            _ => {}
+            _ => 0,
+        };
+        // Values between the last read and this one: from this process's writes.
+        let mut missed = false;
+        for version in from..stat.version {
+            match recorded(path, version) {
+                Some(value) => {
+                    self.versions.insert(key.clone(), (token, version));
+                    let e = to_entry(key.clone(), value, &stat);
+                    self.mirror.apply(QueueChange::Put(e));
+                    self.report();
+                }
+                None => missed = true,
+            }
         }
         self.versions.insert(key.clone(), (token, stat.version));
+        self.owners.insert(
+            key.clone(),
+            (stat.ephemeral_owner != 0).then(|| LeaseId::new(stat.ephemeral_owner)),
+        );
+        if missed && self.head_key().as_deref() == Some(key.as_str()) {
+            self.send(HeadEvent::Skipped);
+            self.mirror.forget_reported();
+        }
         self.mirror
             .apply(QueueChange::Put(to_entry(key, data, &stat)));
         self.report();
         Ok(())
     }
 
+    /// Reports the values this process wrote to `key` after the version last read, as far as
+    /// they run without a gap: the node is gone, so they cannot be read any more.
+    fn replay(&mut self, path: &str, key: &str) {
+        let Some(&(token, mut version)) = self.versions.get(key) else {
+            return;
+        };
+        let lease = self.owners.get(key).copied().flatten();
+        while let Some(value) = recorded(path, version + 1) {
+            version += 1;
+            self.versions.insert(key.to_owned(), (token, version));
+            let e = Entry::new(
+                key,
+                value,
+                Position::new(token),
+                FencingToken::new(token),
+                lease,
+            );
+            self.mirror.apply(QueueChange::Put(e));
+            self.report();
+        }
+    }
+
     /// Reads the whole queue, after a `sync`.
-    async fn snapshot(
-        &mut self,
-        client: &Client,
-    ) -> Result<(Snapshot, Vec<crate::backend::Entry>)> {
+    async fn snapshot(&mut self, client: &Client) -> Result<(Snapshot, Vec<Entry>)> {
         let label = self.backend.label();
         let layout = self.backend.inner.options.layout;
         let fail = |e: Failure| match e {
