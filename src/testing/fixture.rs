@@ -276,10 +276,11 @@ impl Server {
             image: self.default_image.to_owned(),
             reason,
         };
+        let script = format!("build-{}-image.sh", self.name);
         announce(&format!(
-            "the image {} is missing: building it from Debian's {} package (once; it may \
-             install the package with apt-get)",
-            self.default_image, self.name
+            "the image {} is missing: building it from Debian's package with {script} \
+             (once; it may install the package with apt-get)",
+            self.default_image
         ));
         let started = Instant::now();
         let dir =
