@@ -54,10 +54,14 @@ demo:
 setup:
     scripts/setup.sh
 
-# Remove fixture containers a killed run left behind.
+# Remove fixture containers whose test process no longer runs (the label's value is its PID;
+# each test process's watchdog normally does this as it exits). Containers of tests running
+# beside this one are left alone.
 _clean-containers:
     #!/usr/bin/env bash
     if docker info >/dev/null 2>&1; then
-      ids=$(docker ps -aq --filter label=baton.fixture)
-      [ -z "$ids" ] || docker rm -f $ids >/dev/null
+      for id in $(docker ps -aq --filter label=baton.fixture); do
+        pid=$(docker inspect -f '{{{{index .Config.Labels "baton.fixture"}}' "$id")
+        kill -0 "$pid" 2>/dev/null || docker rm -f "$id" >/dev/null
+      done
     fi

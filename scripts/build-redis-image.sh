@@ -3,7 +3,8 @@
 # Debian's redis-server and redis-cli and the shared libraries `ldd` lists, loaded by
 # `docker import`. Installs Debian's redis-server package (with --no-install-recommends; it
 # brings redis-tools, hence redis-cli) if it is missing. Tags it local/redis:<Debian version,
-# without the epoch> and local/redis:debian (the name .cargo/config.toml gives the tests).
+# without the epoch> and local/redis:debian (the fixtures' default image; they run this script, embedded in the
+# crate, when that image is missing).
 # Prints the versioned name (also written to target/redis-image) on stdout.
 #
 # The image's entrypoint is redis-server, with no configuration file: pass everything as

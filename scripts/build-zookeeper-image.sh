@@ -7,7 +7,8 @@
 # `ldd` lists, dash as /bin/sh, mkdir and a small entrypoint, loaded by `docker import`.
 # Installs Debian's zookeeper package (with --no-install-recommends; it brings the Java
 # runtime) if it is missing. Tags it local/zookeeper:<Debian version> and
-# local/zookeeper:debian (the name .cargo/config.toml gives the tests). Prints the versioned
+# local/zookeeper:debian (the fixtures' default image; they run this script, embedded in the
+# crate, when that image is missing). Prints the versioned
 # name (also written to target/zookeeper-image) on stdout. About 185 MB, most of it the JVM's
 # class library (lib/modules); the JRE's own files are taken as they are, not jlinked.
 #

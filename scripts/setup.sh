@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Prepares a machine to build and test baton, the same way on a developer's machine and in CI:
-# apt packages, the `just` runner, a Docker daemon, and the local etcd, Redis, ZooKeeper and
-# PostgreSQL images.
+# apt packages, the `just` runner, a Docker daemon, and the local PostgreSQL image.
 #
 # Usage: scripts/setup.sh            (idempotent; safe to run again)
 # Writes the PID of a Docker daemon it started to target/dockerd.pid, so that the caller
@@ -45,13 +44,11 @@ if ! docker info >/dev/null 2>&1; then
   docker info >/dev/null 2>&1 || { log "dockerd did not come up"; tail -n 30 target/dockerd.log >&2; exit 1; }
 fi
 
-scripts/build-etcd-image.sh
-# The Redis backend's tests run redis-server from an image built the same way from Debian's
-# redis-server (the script installs the package if it is missing).
-scripts/build-redis-image.sh >/dev/null
-# The ZooKeeper backend's tests run ZooKeeper from an image built the same way from Debian's
-# zookeeper and its Java runtime (the script installs the package if it is missing).
-scripts/build-zookeeper-image.sh >/dev/null
+# The etcd, Redis and ZooKeeper images (local/<server>:debian) are not built here: the
+# fixtures build them on first use, with the same scripts embedded in the crate, as they do for
+# a user's crate (so CI on a fresh machine takes that path).
+# The ZooKeeper interop tests drive Apache Curator and kazoo (tests/peers/).
+scripts/install-peers.sh >/dev/null
 # The fence tests run PostgreSQL from an image built the same way from Debian's postgresql
 # (the script installs the package if it is missing).
 scripts/build-postgres-image.sh >/dev/null

@@ -113,4 +113,24 @@ async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
         "{err:?}"
     );
     assert!(started.elapsed() < Duration::from_secs(10));
+
+    // Two members started again: start_member returns once each is healthy, so the quorum
+    // is back (a leader elected) and a member alone serves a linearizable read at once: one
+    // attempt, no retries. (Returning as soon as the container runs, the read would come
+    // before the election, which takes at least the 500 ms election timeout.)
+    futures::future::try_join(cluster.start_member(0), cluster.start_member(1))
+        .await
+        .unwrap();
+    let restarted = EtcdBackend::connect(
+        &[cluster.endpoint(0)],
+        EtcdOptions::new()
+            .with_connect_timeout(Duration::from_millis(300))
+            .with_request_timeout(Duration::from_millis(300))
+            .with_retry_for(Duration::ZERO),
+    )
+    .await
+    .expect("a member started again accepts a connection");
+    baton::Backend::read(&restarted, "cluster/health")
+        .await
+        .expect("a member started again serves a linearizable read");
 }

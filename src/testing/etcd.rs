@@ -11,12 +11,14 @@ use testcontainers::{ContainerAsync, GenericImage};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::fixture::{FixtureError, Server, Watchdog, docker_required, free_port};
+use super::fixture::{FixtureError, Server, Watchdog, free_port, or_local};
 use super::tls::{CertPem, TestCa};
 use crate::{EtcdBackend, EtcdOptions};
 
-/// The image used when `BATON_ETCD_IMAGE` is not set: the etcd project's official image.
-pub const DEFAULT_IMAGE: &str = "gcr.io/etcd-development/etcd:v3.5.17";
+/// The image used when `BATON_ETCD_IMAGE` is not set: the one `scripts/build-etcd-image.sh`
+/// builds from Debian's `etcd-server` (no registry needed). A fixture that finds it missing
+/// builds it with that script (embedded in the crate).
+pub const DEFAULT_IMAGE: &str = "local/etcd:debian";
 
 const READY: &str = "ready to serve client requests";
 
@@ -26,6 +28,7 @@ const ETCD: Server = Server {
     default_image: DEFAULT_IMAGE,
     entrypoint: "etcd",
     ready: READY,
+    build_script: include_str!("../../scripts/build-etcd-image.sh"),
 };
 
 /// The certificates of an etcd that serves TLS to its clients, PEM-encoded, and whether it
@@ -286,13 +289,15 @@ async fn start_container_tls(
     .await
 }
 
-/// An etcd started as a child process (the fallback when Docker is unavailable).
+/// An etcd started as a child process (the opt-in fallback when Docker is unavailable).
 #[derive(Debug)]
 struct EtcdProcess {
     child: Child,
     data_dir: PathBuf,
     /// The TLS files, if any: removed with the process.
     tls_dir: Option<PathBuf>,
+    /// Kills etcd by its PID and removes its files if this process dies.
+    _watchdog: Option<Watchdog>,
 }
 
 impl EtcdProcess {
@@ -344,10 +349,19 @@ impl EtcdProcess {
         }
         // Keep draining stderr so etcd never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let quote = |p: &Path| p.to_string_lossy().replace('\'', r"'\''");
+        let mut cleanup = format!("rm -rf '{}'", quote(&data_dir));
+        if let Some(dir) = &tls_dir {
+            cleanup.push_str(&format!(" '{}'", quote(dir)));
+        }
+        if let Some(pid) = child.id() {
+            cleanup = format!("kill {pid} 2>/dev/null; {cleanup}");
+        }
         Ok(EtcdProcess {
             child,
             data_dir,
             tls_dir,
+            _watchdog: Watchdog::spawn(&cleanup),
         })
     }
 }
@@ -379,10 +393,12 @@ impl Drop for EtcdProcess {
     }
 }
 
+/// What runs the node; held so that dropping the node removes the container or kills the
+/// process.
 #[derive(Debug)]
 enum Running {
-    Container(Box<ContainerAsync<GenericImage>>),
-    Process(Box<EtcdProcess>),
+    Container(#[allow(dead_code)] Box<ContainerAsync<GenericImage>>),
+    Process(#[allow(dead_code)] Box<EtcdProcess>),
     External,
 }
 
@@ -453,10 +469,13 @@ impl EtcdNode {
         let initial = initial_cluster(std::slice::from_ref(&spec));
         let running = match start_container_tls(&spec, &initial, tls).await {
             Ok(container) => Running::Container(Box::new(container)),
-            Err(e) if docker_required() => return Err(e),
             Err(e) => {
-                tracing::warn!(error = %e, "no container; falling back to `etcd` on PATH");
-                Running::Process(Box::new(EtcdProcess::start(&spec, tls).await?))
+                or_local(&ETCD, e, || async {
+                    Ok(Running::Process(Box::new(
+                        EtcdProcess::start(&spec, tls).await?,
+                    )))
+                })
+                .await?
             }
         };
         Ok(EtcdNode {
@@ -494,22 +513,6 @@ impl EtcdNode {
         })
     }
 
-    /// Spawns a [`Watchdog`]: when this process exits it removes the container or kills etcd
-    /// by its PID.
-    fn remove_on_exit(&self) {
-        let cleanup = match &self.running {
-            Running::Container(c) => format!("docker rm -f {} >/dev/null 2>&1", c.id()),
-            Running::Process(p) => match p.child.id() {
-                Some(pid) => format!("kill {pid} 2>/dev/null"),
-                None => return,
-            },
-            Running::External => return,
-        };
-        if let Some(watchdog) = Watchdog::spawn(&cleanup) {
-            watchdog.keep_until_exit();
-        }
-    }
-
     /// Client endpoints, `http://127.0.0.1:<port>` (`https://` for a TLS node).
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
@@ -537,7 +540,7 @@ impl EtcdNode {
 }
 
 /// Starts a node with `start` on a thread and runtime of their own, which live as long as the
-/// process, and has it removed when the process exits.
+/// process (the process's watchdog removes it when the process exits).
 #[allow(clippy::expect_used)]
 fn start_shared<F, Fut>(what: &str, start: F) -> EtcdNode
 where
@@ -551,11 +554,7 @@ where
             .build()
             .expect("a runtime for the shared etcd fixture");
         rt.block_on(async move {
-            let node = start().await;
-            if let Ok(node) = &node {
-                node.remove_on_exit();
-            }
-            let _ = tx.send(node);
+            let _ = tx.send(start().await);
             // Keep this runtime (and so the container's client) alive.
             std::future::pending::<()>().await;
         });
@@ -659,17 +658,60 @@ impl EtcdCluster {
             .map_err(|source| ETCD.container_error(source))
     }
 
-    /// Starts member `i` again after [`stop_member`](Self::stop_member). Returns once the
-    /// container runs; the member rejoins the cluster in the background (clients retry
-    /// meanwhile).
+    /// Starts member `i` again after [`stop_member`](Self::stop_member) and returns once it is
+    /// [healthy](Self::wait_healthy): a fault test that stops the next member right after
+    /// keeps a quorum.
     ///
     /// # Errors
-    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
+    /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's
+    /// error; [`FixtureError::NotReady`] if the member is not healthy within 30 s (a cluster
+    /// without quorum never is).
     pub async fn start_member(&self, i: usize) -> Result<(), FixtureError> {
         self.member(i)?
             .start()
             .await
-            .map_err(|source| ETCD.container_error(source))
+            .map_err(|source| ETCD.container_error(source))?;
+        self.wait_healthy(i).await
+    }
+
+    /// Waits until member `i` is healthy: it knows a leader and serves a linearizable read
+    /// through the cluster's quorum (what `etcdctl endpoint health` checks). For a member
+    /// started again or unpaused; [`start_member`](Self::start_member) calls it.
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; [`FixtureError::NotReady`]
+    /// if the member is not healthy within 30 s.
+    pub async fn wait_healthy(&self, i: usize) -> Result<(), FixtureError> {
+        let spec = self.specs.get(i).ok_or(FixtureError::NoSuchMember {
+            index: i,
+            members: self.specs.len(),
+        })?;
+        let endpoint = spec.endpoint();
+        let healthy = || async {
+            let options = EtcdOptions::new().with_connect_timeout(Duration::from_secs(1));
+            let backend = EtcdBackend::connect(std::slice::from_ref(&endpoint), options).await;
+            let Ok(backend) = backend else { return false };
+            let mut client = backend.client().clone();
+            // A linearizable read goes through the leader's read index: it needs the quorum.
+            let read = client.get("baton-fixture/health", None);
+            matches!(
+                tokio::time::timeout(Duration::from_secs(2), read).await,
+                Ok(Ok(_))
+            )
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if healthy().await {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: ETCD.name,
+                    address: endpoint,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Freezes member `i` (`docker pause`).

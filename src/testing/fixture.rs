@@ -1,21 +1,39 @@
-//! What the server fixtures (etcd, Redis, ZooKeeper) share: their error type, the container
-//! they start through testcontainers, free ports, the watchdog that removes a shared fixture
-//! when the test process exits, and (for ZooKeeper so far) the engine of a node that runs in a
+//! What the server fixtures (etcd, Redis, ZooKeeper) share: their error type, the image they
+//! find or build, the container they start through testcontainers, the opt-in fallback to a
+//! local binary, free ports, the watchdogs that remove what a test process started when it
+//! exits, however it exits, and (for ZooKeeper so far) the engine of a node that runs in a
 //! container or as a local process and can be stopped, started again and paused.
 
+use std::future::Future;
 use std::io::Write;
 use std::net::TcpListener;
 use std::process::Stdio;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use testcontainers::core::WaitFor;
 use testcontainers::runners::AsyncRunner;
 use testcontainers::{ContainerAsync, CopyDataSource, GenericImage, ImageExt};
 
-/// The label every fixture container carries, so that leftovers of a killed run can be
-/// removed: `docker rm -f $(docker ps -aq --filter label=baton.fixture)`.
+/// The label every fixture container carries; its value is the PID of the test process that
+/// started it.
+///
+/// A watchdog process removes a test process's containers when that process exits, however
+/// it exits (killed included). Should one be left anyway (the machine lost power), remove
+/// only those of processes that no longer run, not those of a test running beside yours:
+///
+/// ```sh
+/// for id in $(docker ps -aq --filter label=baton.fixture); do
+///   pid=$(docker inspect -f '{{index .Config.Labels "baton.fixture"}}' "$id")
+///   kill -0 "$pid" 2>/dev/null || docker rm -f "$id"
+/// done
+/// ```
 pub const LABEL: &str = "baton.fixture";
+
+/// The environment variable that allows the fallback to a server binary on `PATH` when no
+/// container starts (`1` or `true`). Off by default: a test that asked for a container does
+/// not silently run against something else.
+pub const LOCAL_FALLBACK_VAR: &str = "BATON_LOCAL_FALLBACK";
 
 /// Why a fixture could not start (or could not be stopped, restarted or paused).
 ///
@@ -25,8 +43,8 @@ pub const LABEL: &str = "baton.fixture";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FixtureError {
-    /// Docker could not start the container (and the fallback was not allowed or failed), or
-    /// could not stop, start or pause it later.
+    /// Docker could not start the container (and the fallback was not allowed), or could not
+    /// stop, start or pause it later.
     #[error("could not start {server} in a container (image {image}): {source}")]
     Container {
         /// The server: `etcd`, `redis`, `zookeeper`.
@@ -36,6 +54,30 @@ pub enum FixtureError {
         /// The testcontainers error (boxed: it is large, and errors travel in `Result`s).
         #[source]
         source: Box<testcontainers::TestcontainersError>,
+    },
+    /// No container started, the fallback was allowed ([`LOCAL_FALLBACK_VAR`]), and it failed
+    /// too: both causes.
+    #[error(
+        "could not start {server}: no container ({container}), and the local fallback failed too ({local})"
+    )]
+    Unavailable {
+        /// The server: `etcd`, `redis`.
+        server: &'static str,
+        /// Why no container started.
+        #[source]
+        container: Box<FixtureError>,
+        /// Why the local binary did not start.
+        local: Box<FixtureError>,
+    },
+    /// The default image was missing and could not be built from Debian's package.
+    #[error("could not build the {server} image {image} from Debian's package: {reason}")]
+    Image {
+        /// The server: `etcd`, `redis`.
+        server: &'static str,
+        /// The image that was to be built.
+        image: String,
+        /// What the build said (the end of its output).
+        reason: String,
     },
     /// The server binary of the fallback could not be spawned from `PATH`.
     #[error("could not spawn the {server} binary from PATH: {source}")]
@@ -124,9 +166,43 @@ pub(crate) fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
         .collect()
 }
 
-/// Whether `BATON_REQUIRE_DOCKER` forbids the fallback to a binary on `PATH`.
-pub(crate) fn docker_required() -> bool {
-    std::env::var("BATON_REQUIRE_DOCKER").is_ok_and(|v| v == "1" || v == "true")
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// Says something a test's author must see: on the process's standard error directly (the
+/// test harness captures `eprintln!`, not this), and through `tracing`.
+pub(crate) fn announce(message: &str) {
+    tracing::warn!("{message}");
+    let _ = writeln!(std::io::stderr().lock(), "baton::testing: {message}");
+}
+
+/// Runs `local` (the server binary on `PATH`) if no container started and
+/// [`LOCAL_FALLBACK_VAR`] allows it, saying so loudly; otherwise returns `container_error`.
+/// When the fallback fails too, the error keeps both causes. `BATON_REQUIRE_DOCKER=1` (CI)
+/// forbids the fallback whatever the other variable says.
+pub(crate) async fn or_local<T, F, Fut>(
+    server: &Server,
+    container_error: FixtureError,
+    local: F,
+) -> Result<T, FixtureError>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, FixtureError>>,
+{
+    if !env_flag(LOCAL_FALLBACK_VAR) || env_flag("BATON_REQUIRE_DOCKER") {
+        return Err(container_error);
+    }
+    announce(&format!(
+        "no container for {} ({container_error}); {LOCAL_FALLBACK_VAR} is set: running `{}` \
+         from PATH instead",
+        server.name, server.entrypoint
+    ));
+    local().await.map_err(|local| FixtureError::Unavailable {
+        server: server.name,
+        container: Box::new(container_error),
+        local: Box::new(local),
+    })
 }
 
 /// A server a fixture runs: how to find its image and how to tell that it is ready.
@@ -142,7 +218,13 @@ pub(crate) struct Server {
     pub(crate) entrypoint: &'static str,
     /// A log line fragment that says the server is ready.
     pub(crate) ready: &'static str,
+    /// The script that builds [`default_image`](Self::default_image) from Debian's package
+    /// (`scripts/build-<server>-image.sh`, embedded), run when that image is missing.
+    pub(crate) build_script: &'static str,
 }
+
+/// The helpers the image scripts source.
+const IMAGE_LIB: &str = include_str!("../../scripts/image-lib.sh");
 
 impl Server {
     /// The image's name and tag.
@@ -152,6 +234,86 @@ impl Server {
             Some((name, tag)) if !tag.contains('/') => (name.to_owned(), tag.to_owned()),
             _ => (image, "latest".to_owned()),
         }
+    }
+
+    /// Makes sure the image exists when it is the default one (no variable names another):
+    /// if Docker answers and the image is missing, builds it from Debian's package with the
+    /// project's script, saying so. Once per image and process; concurrent callers wait for
+    /// the one build. Without a Docker CLI or daemon it does nothing (starting the container
+    /// then fails with Docker's own error).
+    async fn ensure_image(&self) -> Result<(), FixtureError> {
+        static CHECKED: tokio::sync::Mutex<Vec<&'static str>> =
+            tokio::sync::Mutex::const_new(Vec::new());
+        if std::env::var_os(self.image_var).is_some() {
+            return Ok(());
+        }
+        let mut checked = CHECKED.lock().await;
+        if checked.contains(&self.default_image) {
+            return Ok(());
+        }
+        let docker = |args: &[&str]| {
+            tokio::process::Command::new("docker")
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+        };
+        let present = docker(&["image", "inspect", self.default_image]).await;
+        let daemon = docker(&["version", "--format", "{{.Server.Version}}"]).await;
+        match (present, daemon) {
+            (Ok(status), _) if status.success() => {}
+            (Ok(_), Ok(status)) if status.success() => self.build_image().await?,
+            // No CLI or no daemon: nothing to build with; the container start says why.
+            _ => return Ok(()),
+        }
+        checked.push(self.default_image);
+        Ok(())
+    }
+
+    /// Runs the embedded build script in a directory of its own.
+    async fn build_image(&self) -> Result<(), FixtureError> {
+        let image_error = |reason: String| FixtureError::Image {
+            server: self.name,
+            image: self.default_image.to_owned(),
+            reason,
+        };
+        let script = format!("build-{}-image.sh", self.name);
+        announce(&format!(
+            "the image {} is missing: building it from Debian's package with {script} \
+             (once; it may install the package with apt-get)",
+            self.default_image
+        ));
+        let started = Instant::now();
+        let dir =
+            std::env::temp_dir().join(format!("baton-image-{}-{}", self.name, std::process::id()));
+        let script = format!("build-{}-image.sh", self.name);
+        std::fs::create_dir_all(dir.join("scripts"))?;
+        std::fs::write(dir.join("scripts").join(&script), self.build_script)?;
+        std::fs::write(dir.join("scripts/image-lib.sh"), IMAGE_LIB)?;
+        let output = tokio::process::Command::new("bash")
+            .arg(dir.join("scripts").join(&script))
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let output = output.map_err(|e| image_error(format!("could not run bash: {e}")))?;
+        if !output.status.success() {
+            let text = String::from_utf8_lossy(&output.stderr);
+            let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            return Err(image_error(format!(
+                "{script} failed ({}): {}",
+                output.status,
+                lines[lines.len().saturating_sub(5)..].join(" | ")
+            )));
+        }
+        announce(&format!(
+            "built {} in {:.0?}",
+            self.default_image,
+            started.elapsed()
+        ));
+        Ok(())
     }
 
     /// Starts the server in a container with host networking and waits until it logs
@@ -171,6 +333,7 @@ impl Server {
         args: Vec<String>,
         files: Vec<(String, Vec<u8>)>,
     ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
+        self.ensure_image().await?;
         let (name, tag) = self.image();
         let mut request = GenericImage::new(name, tag)
             .with_entrypoint(self.entrypoint)
@@ -183,10 +346,12 @@ impl Server {
         for (path, contents) in files {
             request = request.with_copy_to(path, CopyDataSource::Data(contents));
         }
-        request
+        let container = request
             .start()
             .await
-            .map_err(|source| self.container_error(source))
+            .map_err(|source| self.container_error(source))?;
+        remove_containers_on_exit();
+        Ok(container)
     }
 
     /// A container runtime's error, naming this server and its image.
@@ -219,6 +384,20 @@ impl Server {
     }
 }
 
+/// Spawns, once per process, the [`Watchdog`] that removes every container this process
+/// started (those whose [`LABEL`] is this PID) when the process exits: a test process that is
+/// killed leaves none behind, and it touches no other process's containers.
+fn remove_containers_on_exit() {
+    static WATCHDOG: OnceLock<Option<Watchdog>> = OnceLock::new();
+    WATCHDOG.get_or_init(|| {
+        let pid = std::process::id();
+        Watchdog::spawn(&format!(
+            "ids=$(docker ps -aq --filter label={LABEL}={pid}); \
+             [ -z \"$ids\" ] || docker rm -f $ids >/dev/null 2>&1"
+        ))
+    });
+}
+
 /// A `sh` process that runs a cleanup command (remove a container, kill a process by its PID)
 /// when our end of its stdin closes: when this handle is dropped or the test process exits,
 /// however it exits. [`set`](Self::set) replaces the command, for a server restarted under a
@@ -235,7 +414,9 @@ impl Watchdog {
         // Each line replaces the command; the last one runs once stdin reaches end of file.
         let mut child = std::process::Command::new("sh")
             .arg("-c")
-            .arg(r#"while IFS= read -r line; do cleanup=$line; done; eval "$cleanup""#)
+            // Ctrl-C in a terminal signals the whole process group: the watchdog must
+            // outlive the test process to clean up after it.
+            .arg(r#"trap '' INT HUP TERM; while IFS= read -r line; do cleanup=$line; done; eval "$cleanup""#)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -257,12 +438,6 @@ impl Watchdog {
         };
         // A watchdog that died cannot be told; there is nothing better to do than carry on.
         let _ = writeln!(stdin, "{cleanup}").and_then(|()| stdin.flush());
-    }
-
-    /// Keeps the watchdog until the process exits, for a fixture that is never dropped.
-    #[cfg(feature = "etcd")]
-    pub(crate) fn keep_until_exit(self) {
-        std::mem::forget(self);
     }
 }
 
@@ -286,7 +461,7 @@ mod node {
     use tokio::process::{Child, Command};
     use tokio::time::Instant;
 
-    use super::{FixtureError, Server, Watchdog, docker_required};
+    use super::{FixtureError, Server, Watchdog, or_local};
 
     /// How long a server started again, or a fallback process, has to become ready.
     const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -540,8 +715,8 @@ mod node {
 
     impl Instance {
         /// Starts `server` on `port` in a container with `args` and waits until it logs
-        /// [`Server::ready`] and `probe` answers; if no container starts and
-        /// `BATON_REQUIRE_DOCKER` allows it, runs the process `fallback` builds instead.
+        /// [`Server::ready`] and `probe` answers; if no container starts and the fallback is
+        /// allowed ([`or_local`]), runs the process `fallback` builds instead.
         pub(crate) async fn start(
             server: Server,
             port: u16,
@@ -549,22 +724,25 @@ mod node {
             args: Vec<String>,
             fallback: impl FnOnce() -> std::io::Result<ServerProcess>,
         ) -> Result<Instance, FixtureError> {
-            let running = match server.start_container(args).await {
+            let (running, watchdog) = match server.start_container(args).await {
                 Ok(container) => {
-                    // Dropping the container on failure removes it.
+                    // Dropping the container on failure removes it; the process's watchdog
+                    // removes it if this process dies.
                     wait_ready(&server, port, probe).await?;
-                    Running::Container(Box::new(container))
+                    (Running::Container(Box::new(container)), None)
                 }
-                Err(e) if docker_required() => return Err(e),
                 Err(e) => {
-                    tracing::warn!(
-                        error = %e,
-                        server = server.name,
-                        "no container; falling back to a local process"
-                    );
-                    let mut process = fallback()?;
-                    process.start().await?;
-                    Running::Process(Box::new(tokio::sync::Mutex::new(process)))
+                    or_local(&server, e, || async {
+                        let mut process = fallback()?;
+                        process.start().await?;
+                        // Killed by its PID if this process dies; told each new PID.
+                        let watchdog = Watchdog::spawn(&process.cleanup());
+                        Ok((
+                            Running::Process(Box::new(tokio::sync::Mutex::new(process))),
+                            watchdog,
+                        ))
+                    })
+                    .await?
                 }
             };
             Ok(Instance {
@@ -572,7 +750,7 @@ mod node {
                 port,
                 probe,
                 running,
-                watchdog: None,
+                watchdog,
             })
         }
 
@@ -594,17 +772,6 @@ mod node {
 
         pub(crate) fn is_container(&self) -> bool {
             matches!(self.running, Running::Container(_))
-        }
-
-        /// Gives the instance a [`Watchdog`] that removes the container, or kills the process,
-        /// when this process exits.
-        pub(crate) async fn remove_on_exit(&mut self) {
-            let cleanup = match &self.running {
-                Running::Container(c) => Some(format!("docker rm -f {} >/dev/null 2>&1", c.id())),
-                Running::Process(p) => Some(p.lock().await.cleanup()),
-                Running::External(_) => None,
-            };
-            self.watchdog = cleanup.as_deref().and_then(Watchdog::spawn);
         }
 
         /// Kills the server at once (SIGKILL, no shutdown).
@@ -660,7 +827,7 @@ mod node {
                 .map_err(|source| self.server.container_error(source))
         }
 
-        /// Points the watchdog (a shared node's) at the process as it now is: the new PID after
+        /// Points the watchdog (a local process's) at the process as it now is: the new PID after
         /// a start, none after a stop (so that it never kills a PID the system reused).
         fn watch(&self, process: &ServerProcess) {
             if let Some(watchdog) = &self.watchdog {

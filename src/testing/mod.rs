@@ -37,19 +37,40 @@
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
 //!
+//! # How fixtures find their server
+//! Every fixture below runs its server in a container started through testcontainers, with
+//! **host networking**, listening on a free `127.0.0.1` port, and removed when dropped. The
+//! rules are the same for each server:
+//! - **The image is found or built.** The default image (`local/etcd:debian`,
+//!   `local/redis:debian`, `local/zookeeper:debian`) needs no registry: when Docker answers and the image is missing,
+//!   the first fixture of the process builds it from Debian's package with the script the
+//!   crate embeds (`scripts/build-<server>-image.sh`: the package's binaries and the shared
+//!   libraries they load, `docker import`ed; it installs the package with `apt-get` if it is
+//!   missing, which needs root), and says so on standard error. A variable naming another
+//!   image (`BATON_ETCD_IMAGE`, `BATON_REDIS_IMAGE`, `BATON_ZOOKEEPER_IMAGE`) is used as it
+//!   is.
+//! - **No silent fallback.** When no container starts (no Docker daemon), the fixture fails
+//!   with Docker's error. Only with [`LOCAL_FALLBACK_VAR`] (`BATON_LOCAL_FALLBACK=1`) does it
+//!   run the server binary from `PATH` instead, and it says so on standard error (not only
+//!   through `tracing`: a test has no subscriber); if that fails too, the error
+//!   ([`FixtureError::Unavailable`]) carries both causes. `BATON_REQUIRE_DOCKER=1` (CI)
+//!   forbids the fallback whatever else is set.
+//! - **Nothing outlives the test process.** Each container carries the [`LABEL`]
+//!   `baton.fixture=<pid of the test process>`, and a watchdog process (one per test process,
+//!   tied to it by a pipe) removes that process's containers when it exits, killed or not; a
+//!   local server process is killed by its PID the same way. Other test processes' fixtures
+//!   are never touched.
+//!
 //! # etcd fixtures
-//! [`EtcdNode`] is one etcd member, [`EtcdCluster`] three. By default they run in containers
-//! started through testcontainers, with **host networking**, each member listening on free
-//! `127.0.0.1` ports; they are ready when etcd logs that it serves client requests and are
-//! removed when dropped (or, for [`EtcdNode::shared`], when the test process exits).
+//! [`EtcdNode`] is one etcd member, [`EtcdCluster`] three; a node is ready when etcd logs that
+//! it serves client requests, a cluster member started again once it is healthy
+//! ([`EtcdCluster::wait_healthy`]).
 //!
 //! Environment:
 //! - `BATON_ETCD_ENDPOINTS`: comma-separated endpoints of an etcd you run yourself; no
 //!   container is started.
 //! - `BATON_ETCD_IMAGE`: the image, `name:tag` (default [`DEFAULT_IMAGE`]). Its `etcd`
 //!   binary must be on the image's `PATH`.
-//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to an `etcd` binary on `PATH`
-//!   when no Docker daemon answers. CI sets it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -67,15 +88,13 @@
 //!
 //! # Redis fixtures
 //! [`RedisNode`] is one `redis-server`, [`RedisNodes`] several independent ones (for
-//! algorithms that lock on a majority of servers). Like the etcd fixtures they run in
-//! containers with **host networking**, each server on a free `127.0.0.1` port
+//! algorithms that lock on a majority of servers), each on a free `127.0.0.1` port
 //! (`redis://127.0.0.1:<port>`), with persistence off; they are ready when Redis logs that it
-//! accepts connections and are removed when dropped (or, for [`RedisNode::shared`], when the
-//! test process exits). For fault tests a node can be stopped and started again on the same
+//! accepts connections. For fault tests a node can be stopped and started again on the same
 //! port ([`RedisNode::restart`]; its data is lost) and, in a container, paused
 //! ([`RedisNode::pause`]). A primary with a replica: [`RedisNode::start_replica`] (returns
 //! once it is in sync), then [`RedisNode::detach`] (it misses writes from then on) and
-//! [`RedisNode::promote`] (a failover). Containers carry the [`LABEL`] too.
+//! [`RedisNode::promote`] (a failover).
 //!
 //! Environment:
 //! - `BATON_REDIS_URL`: the URL of a Redis you run yourself; [`RedisNode`] starts no server
@@ -83,8 +102,6 @@
 //! - `BATON_REDIS_IMAGE`: the image, `name:tag` (default [`DEFAULT_REDIS_IMAGE`], which
 //!   `scripts/build-redis-image.sh` builds from Debian's `redis-server`). Its `redis-server`
 //!   binary must be on the image's `PATH`.
-//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to a `redis-server` binary on
-//!   `PATH` when no Docker daemon answers.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -102,8 +119,7 @@
 //! [`ZkNode::connect_string`] (`127.0.0.1:<port>`; [`ZkEnsemble::connect_string`] lists the
 //! three members, comma-separated) or to the `url()` (`zk://` and the same). A server is ready
 //! when it *serves*: `ruok` answers `imok` and `srvr` reports a mode (`standalone`, or
-//! `leader`/`follower` once the ensemble has elected a leader). They are removed when dropped
-//! (or, for [`ZkNode::shared`], when the test process exits) and carry the [`LABEL`].
+//! `leader`/`follower` once the ensemble has elected a leader).
 //!
 //! Every server gets, in zoo.cfg: `clientPortAddress=127.0.0.1`, `tickTime=200` (with
 //! `initLimit=25` and `syncLimit=10`: 5 s to join a leader, 2 s of silence before a member is
@@ -126,8 +142,8 @@
 //!   which `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`). Its
 //!   `zookeeper-entrypoint` must be on the image's `PATH` and take zoo.cfg lines (`key=value`,
 //!   and `myid=N`) as arguments, as that script's does.
-//! - `BATON_REQUIRE_DOCKER=1`: fail instead of falling back to `java` on `PATH` with Debian's
-//!   ZooKeeper jars (`/usr/share/java/zookeeper.jar`) when no Docker daemon answers.
+//! - The local fallback (only with `BATON_LOCAL_FALLBACK=1`) runs `java` from `PATH` on
+//!   Debian's ZooKeeper jars (`/usr/share/java/zookeeper.jar`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -157,7 +173,7 @@ mod zookeeper;
 pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
-pub use fixture::{FixtureError, LABEL};
+pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};

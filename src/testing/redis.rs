@@ -11,10 +11,11 @@ use testcontainers::{ContainerAsync, GenericImage};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::fixture::{FixtureError, Server, Watchdog, docker_required, free_port, free_ports};
+use super::fixture::{FixtureError, Server, Watchdog, free_port, free_ports, or_local};
 
 /// The image used when `BATON_REDIS_IMAGE` is not set: the one `scripts/build-redis-image.sh`
-/// builds from Debian's `redis-server`.
+/// builds from Debian's `redis-server`. A fixture that finds it missing builds it with that
+/// script (embedded in the crate).
 pub const DEFAULT_REDIS_IMAGE: &str = "local/redis:debian";
 
 const REDIS: Server = Server {
@@ -23,6 +24,7 @@ const REDIS: Server = Server {
     default_image: DEFAULT_REDIS_IMAGE,
     entrypoint: "redis-server",
     ready: "Ready to accept connections",
+    build_script: include_str!("../../scripts/build-redis-image.sh"),
 };
 
 /// How long a server started again, or a fallback process, has to answer `PING`.
@@ -278,28 +280,36 @@ impl RedisNode {
     /// Starts a server on `port`, in a container or (when allowed) as a local process.
     async fn start_on(port: u16, args: &[&str]) -> Result<RedisNode, FixtureError> {
         let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-        let running = match REDIS.start_container(server_args(port, &extra)).await {
-            Ok(container) => Running::Container(Box::new(container)),
-            Err(e) if docker_required() => return Err(e),
+        let (running, watchdog) = match REDIS.start_container(server_args(port, &extra)).await {
+            // The process's watchdog removes the container if this process dies.
+            Ok(container) => (Running::Container(Box::new(container)), None),
             Err(e) => {
-                tracing::warn!(error = %e, "no container; falling back to `redis-server` on PATH");
-                let mut process = RedisProcess::new(port, &extra)?;
-                process.start().await?;
-                Running::Process(Box::new(tokio::sync::Mutex::new(process)))
+                or_local(&REDIS, e, || async {
+                    let mut process = RedisProcess::new(port, &extra)?;
+                    process.start().await?;
+                    // Killed by its PID if this process dies; told each new PID.
+                    let watchdog = Watchdog::spawn(&process.cleanup());
+                    Ok((
+                        Running::Process(Box::new(tokio::sync::Mutex::new(process))),
+                        watchdog,
+                    ))
+                })
+                .await?
             }
         };
         Ok(RedisNode {
             port,
             url: format!("redis://127.0.0.1:{port}"),
             running,
-            watchdog: None,
+            watchdog,
         })
     }
 
     /// One node shared by every test of this process, started on first use on a runtime of
     /// its own (so that it outlives each test's runtime). Give each test its own key prefix.
-    /// The node is removed when the process exits: a watchdog process, tied to this one by
-    /// a pipe, removes the container (or kills the `redis-server` process) by its id.
+    /// The node is removed when the process exits, as every fixture is: a watchdog process,
+    /// tied to this one by a pipe, removes the container (or kills the `redis-server`
+    /// process) by its id.
     ///
     /// Every test sees what another does to it: start a node of your own to stop, restart or
     /// pause.
@@ -317,11 +327,7 @@ impl RedisNode {
                     .build()
                     .expect("a runtime for the shared redis fixture");
                 rt.block_on(async move {
-                    let mut node = RedisNode::start().await;
-                    if let Ok(node) = &mut node {
-                        node.remove_on_exit().await;
-                    }
-                    let _ = tx.send(node);
+                    let _ = tx.send(RedisNode::start().await);
                     // Keep this runtime (and so the container's client) alive.
                     std::future::pending::<()>().await;
                 });
@@ -330,17 +336,6 @@ impl RedisNode {
                 .expect("the fixture thread answers")
                 .expect("start the shared redis fixture")
         })
-    }
-
-    /// Gives the node a [`Watchdog`] that removes the container, or kills the process, when
-    /// this process exits.
-    async fn remove_on_exit(&mut self) {
-        let cleanup = match &self.running {
-            Running::Container(c) => Some(format!("docker rm -f {} >/dev/null 2>&1", c.id())),
-            Running::Process(p) => Some(p.lock().await.cleanup()),
-            Running::External => None,
-        };
-        self.watchdog = cleanup.as_deref().and_then(Watchdog::spawn);
     }
 
     /// The URL to connect to, `redis://127.0.0.1:<port>` (or `BATON_REDIS_URL` as given).
@@ -531,7 +526,7 @@ impl RedisNode {
             .map_err(|source| REDIS.container_error(source))
     }
 
-    /// Points the watchdog (the shared node's) at the process as it now is: the new PID after
+    /// Points the watchdog (a local process's) at the process as it now is: the new PID after
     /// a start, none after a stop (so that it never kills a PID the system reused).
     fn watch(&self, process: &RedisProcess) {
         if let Some(watchdog) = &self.watchdog {

@@ -12,7 +12,8 @@ use super::fixture::{
 };
 
 /// The image used when `BATON_ZOOKEEPER_IMAGE` is not set: the one
-/// `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`.
+/// `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`. A fixture that finds
+/// it missing builds it with that script (embedded in the crate).
 pub const DEFAULT_ZOOKEEPER_IMAGE: &str = "local/zookeeper:debian";
 
 const ZOOKEEPER: Server = Server {
@@ -24,6 +25,7 @@ const ZOOKEEPER: Server = Server {
     // The client port is bound: the JVM is up. Whether the server serves (in a quorum, for a
     // member of an ensemble) is then asked with `srvr`.
     ready: "binding to port",
+    build_script: include_str!("../../scripts/build-zookeeper-image.sh"),
 };
 
 /// What the fallback runs: `java` from `PATH` on Debian's jars (the `zookeeper` package; the
@@ -232,8 +234,8 @@ impl ZkNode {
 
     /// One server shared by every test of this process, started on first use on a runtime of
     /// its own (so that it outlives each test's runtime). Give each test its own path prefix.
-    /// The server is removed when the process exits: a watchdog process, tied to this one by
-    /// a pipe, removes the container (or kills the `java` process) by its id.
+    /// The server is removed when the process exits, as every fixture is: a watchdog process,
+    /// tied to this one by a pipe, removes the container (or kills the `java` process).
     ///
     /// Every test sees what another does to it: start a server of your own to stop, restart
     /// or pause.
@@ -242,13 +244,7 @@ impl ZkNode {
     /// If the server cannot be started: a test cannot run without it.
     pub fn shared() -> &'static ZkNode {
         static SHARED: OnceLock<ZkNode> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            start_shared(ZOOKEEPER.name, || async {
-                let mut node = ZkNode::start().await?;
-                node.instance.remove_on_exit().await;
-                Ok(node)
-            })
-        })
+        SHARED.get_or_init(|| start_shared(ZOOKEEPER.name, ZkNode::start))
     }
 
     /// The connect string, `127.0.0.1:<port>` (or `BATON_ZOOKEEPER_CONNECT` as given).
