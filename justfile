@@ -16,10 +16,12 @@ examples:
       cargo run --quiet --all-features --example "$example"
     done
 
-# Benchmarks against a fixture etcd (beside etcd's own Lock API) and a fixture Redis (beside the
-# hand-written SET NX PX pattern and rslock); rewrites docs/performance.md.
+# Benchmarks against a fixture etcd (beside etcd's own Lock API), a fixture Redis (beside the
+# hand-written SET NX PX pattern and rslock) and a fixture ZooKeeper (beside kazoo and Curator:
+# the peers of tests/peers, which scripts/install-peers.sh builds; skipped if missing);
+# rewrites docs/performance.md.
 bench:
-    cargo run --quiet --release --features testing,etcd,redis --example bench
+    cargo run --quiet --release --features testing,etcd,redis,zookeeper --example bench
     cargo bench --bench memory
 
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).
