@@ -1,7 +1,9 @@
 //! Fault injection against real etcd: members stopped, paused and restarted, a client cut
 //! off by a proxy, a holder killed with SIGKILL, leases revoked from outside, compaction
-//! under waiters, and foreign keys under the lock prefix; and against Redis: restarted
-//! without persistence mid-queue, a client cut off, a holder killed. Every scenario writes through the
+//! under waiters, and foreign keys under the lock prefix; against Redis: restarted
+//! without persistence mid-queue, a client cut off, a holder killed; and against ZooKeeper:
+//! an ensemble's leader stopped mid-queue, a follower then the leader paused, a client cut
+//! off, a holder killed, a session expired while waiting. Every scenario writes through the
 //! safety checker and prints a `RELIABILITY|...` line; `just reliability` turns those lines
 //! into docs/reliability.md.
 
@@ -11,18 +13,19 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::{EtcdCluster, EtcdNode, RedisNode};
+use baton::testing::{EtcdCluster, EtcdNode, RedisNode, ZkEnsemble, ZkNode};
 use baton::{
     Backend, EtcdBackend, EtcdFence, EtcdOptions, Fence, MemoryFence, Mutex, MutexGuard,
-    RedisBackend, RedisOptions, Session, SessionOptions,
+    RedisBackend, RedisOptions, Session, SessionOptions, ZkBackend, ZkOptions,
 };
 use support::proxy::Proxy;
 use support::{FencedRegister, eventually, within};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// The cluster scenarios run one at a time: three clusters (nine etcd members) at once on a
-/// 2-core machine starve each other's elections and measure the machine, not baton.
+/// The cluster scenarios (etcd clusters, ZooKeeper ensembles) run one at a time: three
+/// clusters (nine members) at once on a 2-core machine starve each other's elections and
+/// measure the machine, not baton.
 static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn name(test: &str) -> String {
@@ -44,8 +47,8 @@ async fn session<B: Backend + Clone>(backend: &B, ttl: Duration) -> Session {
 
 /// Starts `n` contenders, each with its own session, queued one after another behind the
 /// current holder; each, when granted, enters the register, reports its token and leaves.
-async fn queue_contenders(
-    backend: &EtcdBackend,
+async fn queue_contenders<B: Backend + Clone>(
+    backend: &B,
     name: &str,
     n: usize,
     ttl: Duration,
@@ -81,7 +84,7 @@ async fn queue_contenders(
     (sessions, rx)
 }
 
-async fn queued_tokens(backend: &EtcdBackend, name: &str) -> Vec<u64> {
+async fn queued_tokens(backend: &dyn Backend, name: &str) -> Vec<u64> {
     backend
         .entries(name)
         .await
@@ -284,10 +287,21 @@ async fn client_cut_off_by_a_proxy() {
     .await;
 }
 
+/// When things happened after a holder was cut off, measured from the cut.
+#[derive(Debug, Clone, Copy)]
+struct CutOff {
+    /// The holder's `lost()` fired.
+    lost: Duration,
+    /// A client beside the holder saw its entry gone: the server expired its lease.
+    expired: Duration,
+    /// The successor was granted (timed where it happens).
+    granted: Duration,
+}
+
 /// A holder on `behind` (a client going through `proxy`) holds `name`, a successor on
 /// `direct` waits; the proxy cuts the holder off. It is told (`lost()`) no later than the
 /// server expires its lease, before the successor's grant (timed where it happens), and its
-/// late write is refused by `fence`.
+/// late write is refused by `fence`. Returns when each of those happened.
 async fn cut_off_holder_is_told<B: Backend + Clone>(
     proxy: &Proxy,
     behind: &B,
@@ -296,7 +310,7 @@ async fn cut_off_holder_is_told<B: Backend + Clone>(
     name: &str,
     scenario: &str,
     promise: &str,
-) {
+) -> CutOff {
     let register = Arc::new(FencedRegister::default());
     let ttl = Duration::from_secs(3);
     let cut_off = session(behind, ttl).await;
@@ -316,6 +330,11 @@ async fn cut_off_holder_is_told<B: Backend + Clone>(
     })
     .await;
 
+    // The server's expiry, as a client beside the holder sees it.
+    let expired = tokio::spawn({
+        let (direct, entry) = (direct.clone(), guard.entry().clone());
+        async move { direct.wait_gone(&entry).await.map(|()| Instant::now()) }
+    });
     proxy.black_hole();
     let cut_at = Instant::now();
     let lost = within("lost() behind the black hole", ttl * 2, guard.lost()).await;
@@ -344,7 +363,21 @@ async fn cut_off_holder_is_told<B: Backend + Clone>(
     assert!(!register.late_write(guard.fencing_token().get()));
     register.exit(next.fencing_token().get());
     next.unlock().await.unwrap();
+    let expired_at = within("the server's expiry seen", ttl * 2, expired)
+        .await
+        .unwrap()
+        .unwrap();
     register.assert_safe(scenario, promise, None);
+    let times = CutOff {
+        lost: lost_at - cut_at,
+        expired: expired_at.saturating_duration_since(cut_at),
+        granted: granted_at - cut_at,
+    };
+    println!(
+        "{scenario}: after the cut, lost() {:?}, the server's expiry seen {:?}, the successor granted {:?}",
+        times.lost, times.expired, times.granted
+    );
+    times
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,7 +430,9 @@ async fn killed_holder_is_followed<B: Backend + Clone>(
     )
     .await
     .unwrap();
-    assert!(killed_at.elapsed() <= Duration::from_secs(2) + Duration::from_secs(3));
+    let followed = killed_at.elapsed();
+    assert!(followed <= Duration::from_secs(2) + Duration::from_secs(3));
+    println!("{scenario}: the successor held {followed:?} after the kill (TTL 2 s)");
     register.exit(token);
     assert!(register.enter(guard.fencing_token().get()));
     release(guard, &register).await;
@@ -1118,5 +1153,292 @@ async fn redis_replica_promoted_after_missing_writes() {
         s.accepted.len(),
         s.rejected,
         s.overlaps
+    );
+}
+
+// ---- ZooKeeper ---------------------------------------------------------------------------
+
+/// A ZooKeeper backend on `connect` whose requests are retried for `retry_for`.
+async fn zk_connect(connect: &str, retry_for: Duration) -> ZkBackend {
+    let options = ZkOptions::new()
+        .with_request_timeout(Duration::from_secs(2))
+        .with_retry_for(retry_for);
+    ZkBackend::connect(connect, options).await.unwrap()
+}
+
+/// A ZooKeeper backend through `proxy`, quick to give up (the proxy will cut it off).
+async fn zk_behind(proxy: &Proxy) -> ZkBackend {
+    let options = ZkOptions::new()
+        .with_request_timeout(Duration::from_millis(500))
+        .with_retry_for(Duration::from_secs(1));
+    ZkBackend::connect(&proxy.endpoint().replace("http://", "zk://"), options)
+        .await
+        .unwrap()
+}
+
+/// Releases while a member is down or paused: the delete may time out on the member and be
+/// retried elsewhere, and a retry that finds the entry gone cannot tell whether the first
+/// attempt deleted it, so `OutcomeUnknown` is a truthful answer (baton then finishes the
+/// release in the background). Anything else fails the test; so does a holder whose session
+/// was lost meanwhile (its entry gone for that reason, not because of the release). Returns
+/// whether the outcome was unknown.
+async fn zk_release_during_fault(
+    guard: MutexGuard,
+    holder: &Session,
+    register: &FencedRegister,
+) -> bool {
+    register.exit(guard.fencing_token().get());
+    let released = guard.unlock().await;
+    assert!(!holder.is_lost(), "the holder's session was lost");
+    match released {
+        Ok(()) => false,
+        Err(baton::Error::OutcomeUnknown { .. }) => true,
+        Err(e) => panic!("release during the fault: {e:?}"),
+    }
+}
+
+/// How many client sessions `member` serves (`mntr`'s live connections, less the one asking).
+async fn zk_clients(member: &ZkNode) -> usize {
+    let mntr = member.four_letter("mntr").await.unwrap();
+    mntr.lines()
+        .find_map(|l| l.strip_prefix("zk_num_alive_connections\t"))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .map_or(0, |n| n.saturating_sub(1))
+}
+
+/// A three-member ensemble, a client on all its members (retrying for 3/4 of `ttl`: an
+/// election and the reconnection of clients whose member is gone take up to about 10 s),
+/// the safety checker, and a holder session with `ttl`.
+async fn zk_ensemble_scenario(
+    ttl: Duration,
+) -> (ZkEnsemble, ZkBackend, Arc<FencedRegister>, Session) {
+    let zk = ZkEnsemble::start().await.expect("a three-member ensemble");
+    let backend = zk_connect(&zk.connect_string(), ttl * 3 / 4).await;
+    let holder = session(&backend, ttl).await;
+    (zk, backend, Arc::default(), holder)
+}
+
+/// The leader of a three-member ensemble is killed while eight contenders queue behind a
+/// holder; four are granted without it, then it comes back and the other four are. The
+/// queue drains in FIFO order without overlap, no session is lost (each reconnects to
+/// another member well within its timeout), and a lock taken afterwards, in the new epoch,
+/// gets a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_leader_stopped_mid_queue_then_restarted() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let ttl = Duration::from_secs(20);
+    let (zk, backend, register, holder) = zk_ensemble_scenario(ttl).await;
+    let name = "zk-stop-leader";
+    let guard = hold(&holder, name, &register).await;
+    let (sessions, mut granted) = queue_contenders(&backend, name, 8, ttl, &register).await;
+    let mut queue = queued_tokens(&backend, name).await;
+
+    let old_leader = zk.wait_for_leader().await.unwrap();
+    let on_leader = zk_clients(zk.member(old_leader)).await;
+    zk.stop_member(old_leader).await.unwrap();
+    let stopped_at = Instant::now();
+    let unknown = zk_release_during_fault(guard, &holder, &register).await;
+    drain(&mut granted, 4, Duration::from_secs(30)).await;
+    let four_granted = stopped_at.elapsed();
+    let new_leader = zk.wait_for_leader().await.unwrap();
+    assert_ne!(new_leader, old_leader);
+    zk.start_member(old_leader).await.unwrap();
+    drain(&mut granted, 4, Duration::from_secs(30)).await;
+    assert!(
+        !holder.is_lost() && sessions.iter().all(|s| !s.is_lost()),
+        "a session was lost to the leader change"
+    );
+    // A lock taken in the new epoch: its czxid, and so its token, is higher still.
+    let after = hold(&holder, name, &register).await;
+    queue.push(after.fencing_token().get());
+    release(after, &register).await;
+    println!(
+        "zk leader stopped: {on_leader} of 10 client sessions were on it; four grants {four_granted:?} after it was killed (member {old_leader} -> {new_leader}); release outcome unknown: {unknown}"
+    );
+    register.assert_safe(
+        "ZooKeeper: leader stopped mid-queue, restarted",
+        "queue drains in FIFO order, no overlap, tokens increase across the new epoch",
+        Some(&queue),
+    );
+}
+
+/// A follower is paused (clients on it move to another member once their connection
+/// times out) while three contenders drain a queue; then the leader is paused while three
+/// more do (the other two elect a new leader). Grants go on with a quorum, without overlap,
+/// and the holder takes the lock again once the old leader is back.
+///
+/// A client notices a frozen member after 2/5 of its session timeout (8 s here), and
+/// zookeeper-client, which reshuffles its members after each connection, may try the frozen
+/// one again first: a lease's connection can then stall twice that, about 17 s with a 20 s
+/// TTL (measured), which its Session's deadline (TTL after the last answered renewal was
+/// sent) still covers when the last renewal was recent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_follower_then_leader_paused() {
+    let _one_at_a_time = CLUSTER.lock().await;
+    let ttl = Duration::from_secs(20);
+    let (zk, backend, register, holder) = zk_ensemble_scenario(ttl).await;
+    let name = "zk-pause";
+
+    let first_leader = zk.wait_for_leader().await.unwrap();
+    let follower = (first_leader + 1) % 3;
+    let guard = hold(&holder, name, &register).await;
+    let (_s1, mut granted) = queue_contenders(&backend, name, 3, ttl, &register).await;
+    let on_follower = zk_clients(zk.member(follower)).await;
+    zk.pause_member(follower).await.unwrap();
+    let paused_at = Instant::now();
+    let unknown_follower = zk_release_during_fault(guard, &holder, &register).await;
+    drain(&mut granted, 3, Duration::from_secs(30)).await;
+    let follower_drained = paused_at.elapsed();
+    zk.unpause_member(follower).await.unwrap();
+
+    let guard = hold(&holder, name, &register).await;
+    let (_s2, mut granted) = queue_contenders(&backend, name, 3, ttl, &register).await;
+    let paused_leader = zk.wait_for_leader().await.unwrap();
+    let on_leader = zk_clients(zk.member(paused_leader)).await;
+    zk.pause_member(paused_leader).await.unwrap();
+    let paused_at = Instant::now();
+    let unknown_leader = zk_release_during_fault(guard, &holder, &register).await;
+    drain(&mut granted, 3, Duration::from_secs(40)).await;
+    let leader_drained = paused_at.elapsed();
+    zk.unpause_member(paused_leader).await.unwrap();
+    let guard = within(
+        "a lock after unpausing",
+        Duration::from_secs(30),
+        hold(&holder, name, &register),
+    )
+    .await;
+    release(guard, &register).await;
+    println!(
+        "zk pauses: queue of 3 drained {follower_drained:?} after a follower was paused ({on_follower} client sessions on it), {leader_drained:?} after the leader was ({on_leader} on it); release outcome unknown: {unknown_follower}, {unknown_leader}"
+    );
+    register.assert_safe(
+        "ZooKeeper: a follower, then the leader paused",
+        "grants continue with a quorum, no overlap",
+        None,
+    );
+}
+
+/// A holder cut off from ZooKeeper by a proxy is told (`lost()`) before the server expires
+/// its session, so before its successor is granted; its late write is fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_client_cut_off_by_a_proxy() {
+    let node = ZkNode::shared();
+    let proxy = Proxy::start(&node.connect_string()).await;
+    let behind = zk_behind(&proxy).await;
+    let direct = zk_connect(&node.connect_string(), Duration::from_secs(10)).await;
+    let times = cut_off_holder_is_told(
+        &proxy,
+        &behind,
+        &direct,
+        &MemoryFence::new(),
+        &name("zk-proxy"),
+        "ZooKeeper: client cut off by a proxy",
+        "lost() before the server expires the session; successor holds; late write fenced",
+    )
+    .await;
+    assert!(
+        times.lost <= times.expired,
+        "the server expired the session before the holder was told: {times:?}"
+    );
+    proxy.heal();
+}
+
+/// `baton lock` on ZooKeeper killed with SIGKILL: its node goes when the server expires its
+/// session, and the successor holds within TTL + 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_holder_process_killed() {
+    let node = ZkNode::shared();
+    let backend = zk_connect(&node.connect_string(), Duration::from_secs(10)).await;
+    killed_holder_is_followed(
+        &["--endpoints", &node.url()],
+        &backend,
+        "ZooKeeper: holder killed with SIGKILL",
+    )
+    .await;
+}
+
+/// A waiter cut off (by a proxy) past its session timeout: meanwhile the holder releases, so
+/// that on the server the waiter's node, its session not yet expired, is at the head. The
+/// waiter's `lock()` ends with an error, never the lock; the server expires the session and
+/// its node goes; once the connection heals, the client is told the session is gone and the
+/// session takes nothing more. The contender behind it is granted only after the waiter was
+/// told, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_session_expired_while_waiting() {
+    let node = ZkNode::shared();
+    let proxy = Proxy::start(&node.connect_string()).await;
+    let name = name("zk-expired-waiter");
+    let register = Arc::new(FencedRegister::default());
+    let direct = zk_connect(&node.connect_string(), Duration::from_secs(10)).await;
+    let behind = zk_behind(&proxy).await;
+    let holder = session(&direct, Duration::from_secs(30)).await;
+    let guard = hold(&holder, &name, &register).await;
+
+    let ttl = Duration::from_secs(3);
+    let cut_off = session(&behind, ttl).await;
+    let waiter = support::spawn_queued(&direct, &cut_off, &name, 2).await;
+    // The instant the waiter's lock() ends, taken where it happens.
+    let waiter = tokio::spawn(async move { (waiter.await.unwrap(), Instant::now()) });
+    let waiting_entry = direct.entries(&name).await.unwrap().remove(1);
+    let next_session = session(&direct, Duration::from_secs(30)).await;
+    let next = support::spawn_queued(&direct, &next_session, &name, 3).await;
+    let next = tokio::spawn(async move { (next.await.unwrap(), Instant::now()) });
+    let expired = tokio::spawn({
+        let (direct, entry) = (direct.clone(), waiting_entry.clone());
+        async move { direct.wait_gone(&entry).await.map(|()| Instant::now()) }
+    });
+
+    proxy.black_hole();
+    let cut_at = Instant::now();
+    // The waiter's node is now the head, on the server, while its session lives there.
+    release(guard, &register).await;
+    let expired_at = within("the server's expiry", ttl * 3, expired)
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.heal();
+    let (result, told_at) = within("the waiter's answer", ttl * 3, waiter)
+        .await
+        .unwrap();
+    support::assert_lost(&result.map(|g| g.key().to_owned()));
+    assert!(cut_off.is_lost(), "the waiter's session is lost");
+    let (next, granted_at) = within("the next contender", ttl * 3, next).await.unwrap();
+    let next = next.unwrap();
+    assert!(
+        told_at <= granted_at,
+        "the waiter was told after its successor was granted"
+    );
+    assert!(register.enter(next.fencing_token().get()));
+    assert!(
+        next.fencing_token().get() > waiting_entry.token().get(),
+        "tokens go on increasing"
+    );
+    let left: Vec<String> = direct
+        .entries(&name)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.key().to_owned())
+        .collect();
+    assert_eq!(
+        left,
+        [next.key().to_owned()],
+        "the expired waiter's node is gone"
+    );
+    // The dead session takes nothing more, even with the connection back.
+    let again = Mutex::new(&cut_off, &name).unwrap().try_lock().await;
+    assert!(again.is_err(), "a lost session took the lock again");
+    println!(
+        "zk expired waiter: after the cut, lock() failed {:?}, the server's expiry seen {:?}, the next contender granted {:?}",
+        told_at.saturating_duration_since(cut_at),
+        expired_at - cut_at,
+        granted_at - cut_at
+    );
+    register.exit(next.fencing_token().get());
+    next.unlock().await.unwrap();
+    register.assert_safe(
+        "ZooKeeper: session expired while waiting",
+        "the waiter gets an error, never the lock; its node goes; the next contender is granted after it is told",
+        None,
     );
 }
