@@ -1267,11 +1267,10 @@ async fn zk_leader_stopped_mid_queue_then_restarted() {
 /// more do (the other two elect a new leader). Grants go on with a quorum, without overlap,
 /// and the holder takes the lock again once the old leader is back.
 ///
-/// A client notices a frozen member after 2/5 of its session timeout (8 s here), and
-/// zookeeper-client, which reshuffles its members after each connection, may try the frozen
-/// one again first: a lease's connection can then stall twice that, about 17 s with a 20 s
-/// TTL (measured), which its Session's deadline (TTL after the last answered renewal was
-/// sent) still covers when the last renewal was recent.
+/// A client notices a frozen member after its connection's idle limit, and zookeeper-client,
+/// which reshuffles its members after each connection, may try the frozen one again first.
+/// With the client's default limit (2/5 of the session timeout) a lease's connection stalled
+/// about 17 s of a 20 s TTL (measured); the backend sets the limit to 1/5 of the timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zk_follower_then_leader_paused() {
     let _one_at_a_time = CLUSTER.lock().await;

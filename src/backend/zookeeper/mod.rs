@@ -308,8 +308,14 @@ pub(super) async fn collect(
 
 /// Opens a session on `connect` with `timeout`, within `limit`.
 async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Client, BoxError> {
+    // The client's default idle limit is 2/5 of the session timeout, and after a lost
+    // connection it may pick the same frozen member again: two such tries cost 0.8 x the
+    // TTL, past what baton's Session tolerates before it calls the lease lost (measured in
+    // the ensemble pause scenario). A fifth of the timeout leaves room for four tries; pings
+    // go out every 3/8 of it.
     let connecting = Client::connector()
         .with_session_timeout(timeout)
+        .with_connection_timeout(timeout / 5)
         .connect(connect);
     match tokio::time::timeout(limit, connecting).await {
         Ok(Ok(client)) => Ok(client),
