@@ -1,7 +1,6 @@
 //! etcd fixtures: one member ([`EtcdNode`]) or three ([`EtcdCluster`]), in containers; one
 //! member may serve TLS ([`EtcdTls`]).
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, OnceLock};
@@ -11,7 +10,7 @@ use testcontainers::{ContainerAsync, GenericImage};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use super::fixture::{FixtureError, Server, Watchdog, free_port, or_local};
+use super::fixture::{FixtureError, Server, Watchdog, free_port, or_local, start_shared};
 use super::tls::{CertPem, TestCa};
 use crate::{EtcdBackend, EtcdOptions};
 
@@ -536,32 +535,6 @@ impl EtcdNode {
     /// As [`EtcdBackend::connect`].
     pub async fn backend(&self) -> crate::Result<EtcdBackend> {
         EtcdBackend::connect(&self.endpoints, self.options.clone()).await
-    }
-}
-
-/// Starts a node with `start` on a thread and runtime of their own, which live as long as the
-/// process (the process's watchdog removes it when the process exits).
-#[allow(clippy::expect_used)]
-fn start_shared<F, Fut>(what: &str, start: F) -> EtcdNode
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: Future<Output = Result<EtcdNode, FixtureError>>,
-{
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a runtime for the shared etcd fixture");
-        rt.block_on(async move {
-            let _ = tx.send(start().await);
-            // Keep this runtime (and so the container's client) alive.
-            std::future::pending::<()>().await;
-        });
-    });
-    match rx.recv().expect("the fixture thread answers") {
-        Ok(node) => node,
-        Err(e) => panic!("could not start the shared {what} fixture: {e:?}"),
     }
 }
 

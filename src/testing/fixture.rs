@@ -369,7 +369,7 @@ impl Server {
 
     /// The working directory of a fallback process on `port`: in the system's temporary
     /// directory, named after this server, the test process and the port.
-    #[cfg(feature = "zookeeper")]
+    #[cfg(any(feature = "redis", feature = "zookeeper"))]
     pub(crate) fn work_dir(&self, port: u16) -> std::path::PathBuf {
         let name = format!("baton-{}-{}-{port}", self.name, std::process::id());
         std::env::temp_dir().join(name)
@@ -441,15 +441,45 @@ impl Watchdog {
     }
 }
 
-#[cfg(feature = "zookeeper")]
-pub(crate) use node::{Instance, ServerProcess, exchange, start_shared};
+/// Starts a fixture on a runtime of its own, on a thread that keeps that runtime (and so
+/// the container's client) alive until the process exits: what a `shared()` fixture does.
+///
+/// # Panics
+/// If the thread's runtime cannot be built or `start` fails: a test cannot run without its
+/// fixture.
+#[allow(clippy::expect_used)]
+pub(crate) fn start_shared<T, F, Fut>(server: &'static str, start: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<T, FixtureError>>,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for a shared fixture");
+        rt.block_on(async move {
+            let _ = tx.send(start().await);
+            // Keep this runtime (and so the container's client) alive.
+            std::future::pending::<()>().await;
+        });
+    });
+    match rx.recv().expect("the fixture thread answers") {
+        Ok(fixture) => fixture,
+        Err(e) => panic!("could not start the shared {server} fixture: {e}"),
+    }
+}
+
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+pub(crate) use node::{Instance, ServerProcess, exchange};
 
 /// A fixture node's engine: a server in a container, a local process (the fallback), or an
 /// external server, stopped, started again and paused the same way whatever the server. The
-/// ZooKeeper fixtures run on it; the Redis fixtures still have their own copy of it.
-#[cfg(feature = "zookeeper")]
+/// Redis and ZooKeeper fixtures run on it.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 mod node {
-    use std::future::Future;
     use std::io::{Read, Write};
     use std::net::ToSocketAddrs;
     use std::path::{Path, PathBuf};
@@ -528,37 +558,6 @@ mod node {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
         lines[lines.len().saturating_sub(5)..].join(" | ")
-    }
-
-    /// Starts a fixture on a runtime of its own, on a thread that keeps that runtime (and so
-    /// the container's client) alive until the process exits: what a `shared()` fixture does.
-    ///
-    /// # Panics
-    /// If the thread's runtime cannot be built or `start` fails: a test cannot run without its
-    /// fixture.
-    #[allow(clippy::expect_used)]
-    pub(crate) fn start_shared<T, F, Fut>(server: &'static str, start: F) -> T
-    where
-        T: Send + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, FixtureError>>,
-    {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime for a shared fixture");
-            rt.block_on(async move {
-                let _ = tx.send(start().await);
-                // Keep this runtime (and so the container's client) alive.
-                std::future::pending::<()>().await;
-            });
-        });
-        match rx.recv().expect("the fixture thread answers") {
-            Ok(fixture) => fixture,
-            Err(e) => panic!("could not start the shared {server} fixture: {e}"),
-        }
     }
 
     /// A server run as a child process (the fallback when Docker is unavailable), which can be

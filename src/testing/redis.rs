@@ -1,17 +1,15 @@
 //! Redis fixtures: one server ([`RedisNode`]) or several independent ones ([`RedisNodes`]),
 //! in containers, that fault tests can stop, restart and pause.
 
-use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use testcontainers::{ContainerAsync, GenericImage};
-use tokio::process::{Child, Command};
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 
-use super::fixture::{FixtureError, Server, Watchdog, free_port, free_ports, or_local};
+use super::fixture::{
+    FixtureError, Instance, Server, ServerProcess, exchange, free_port, free_ports, start_shared,
+};
 
 /// The image used when `BATON_REDIS_IMAGE` is not set: the one `scripts/build-redis-image.sh`
 /// builds from Debian's `redis-server`. A fixture that finds it missing builds it with that
@@ -26,13 +24,6 @@ const REDIS: Server = Server {
     ready: "Ready to accept connections",
     build_script: include_str!("../../scripts/build-redis-image.sh"),
 };
-
-/// How long a server started again, or a fallback process, has to answer `PING`.
-const READY_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a killed fallback process has to exit.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The pause between two readiness (or exit) checks.
-const POLL: Duration = Duration::from_millis(25);
 
 /// The arguments every server gets: loopback only, no persistence (a restart loses the data,
 /// which is what fault tests want), no protected mode (no password is set). `extra` comes
@@ -58,175 +49,23 @@ fn server_args(port: u16, extra: &[String]) -> Vec<String> {
 }
 
 /// Whether a server answers `PING` with `+PONG` on 127.0.0.1:`port` (not while it is still
-/// loading, paused or stopped).
-async fn ping(port: u16) -> bool {
-    // Blocking std I/O on the blocking pool: the library's tokio has no `net` feature.
-    let answered = tokio::task::spawn_blocking(move || -> std::io::Result<bool> {
-        let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let mut stream =
-            std::net::TcpStream::connect_timeout(&address, Duration::from_millis(250))?;
-        stream.set_read_timeout(Some(Duration::from_millis(500)))?;
-        stream.set_write_timeout(Some(Duration::from_millis(500)))?;
-        stream.write_all(b"PING\r\n")?;
-        let mut reply = Vec::new();
-        let mut buf = [0_u8; 64];
-        while !reply.ends_with(b"\r\n") {
-            let n = stream.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            reply.extend_from_slice(&buf[..n]);
-        }
-        Ok(reply.starts_with(b"+PONG"))
-    })
-    .await;
-    matches!(answered, Ok(Ok(true)))
-}
-
-/// Polls [`ping`] until the server answers, for at most [`READY_TIMEOUT`].
-async fn wait_ready(port: u16) -> Result<(), FixtureError> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    while !ping(port).await {
-        if Instant::now() >= deadline {
-            return Err(FixtureError::NotReady {
-                server: REDIS.name,
-                address: format!("127.0.0.1:{port}"),
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    Ok(())
-}
-
-/// The last lines of a log file, joined on one line, for an error message.
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(5)..].join(" | ")
-}
-
-/// A `redis-server` run as a child process (the fallback when Docker is unavailable), which
-/// can be stopped and started again on the same port. Its working directory, in the system's
-/// temporary directory, holds its log.
-#[derive(Debug)]
-struct RedisProcess {
-    port: u16,
-    args: Vec<String>,
-    dir: PathBuf,
-    /// `None` while stopped.
-    child: Option<Child>,
-}
-
-impl RedisProcess {
-    /// Prepares the working directory; [`start`](Self::start) runs the server.
-    fn new(port: u16, extra: &[String]) -> std::io::Result<Self> {
-        let dir = std::env::temp_dir().join(format!("baton-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let mut args = vec!["--dir".to_owned(), dir.to_string_lossy().into_owned()];
-        args.extend(server_args(port, extra));
-        Ok(RedisProcess {
-            port,
-            args,
-            dir,
-            child: None,
+/// loading, paused or stopped): the fixtures' readiness probe.
+fn ping(port: u16) -> BoxFuture<'static, bool> {
+    Box::pin(async move {
+        let reply = exchange(format!("127.0.0.1:{port}"), b"PING\r\n".to_vec(), |reply| {
+            reply.ends_with(b"\r\n")
         })
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.join("redis.log")
-    }
-
-    /// Spawns the server and waits until it answers `PING`; does nothing if it runs already.
-    async fn start(&mut self) -> Result<(), FixtureError> {
-        if let Some(child) = &mut self.child
-            && child.try_wait()?.is_none()
-        {
-            return Ok(());
-        }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())?;
-        // Its output goes to a file, not a pipe: nothing has to drain it, whichever runtime
-        // started it and whether or not that runtime still runs.
-        let mut child = Command::new("redis-server")
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| FixtureError::Spawn {
-                server: REDIS.name,
-                source,
-            })?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            if let Some(status) = child.try_wait()? {
-                return Err(REDIS.process_error(format!(
-                    "redis-server exited ({status}); its log: {}",
-                    log_tail(&self.log_path())
-                )));
-            }
-            if ping(self.port).await {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                // kill_on_drop stops it as `child` drops.
-                return Err(REDIS.process_error(format!(
-                    "redis-server did not answer PING in time; its log: {}",
-                    log_tail(&self.log_path())
-                )));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    /// Kills the server (SIGKILL) and waits until it has exited, so that its port is free.
-    async fn stop(&mut self) -> Result<(), FixtureError> {
-        let Some(mut child) = self.child.take() else {
-            return Ok(());
-        };
-        child.start_kill()?;
-        // Polled rather than awaited with `wait`: the child may have been spawned on another
-        // runtime (the shared node's).
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        while child.try_wait()?.is_none() {
-            if Instant::now() >= deadline {
-                return Err(REDIS.process_error("redis-server did not exit after SIGKILL"));
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        Ok(())
-    }
-
-    /// The shell command that kills the running process, if any, and removes the working
-    /// directory.
-    fn cleanup(&self) -> String {
-        let dir = self.dir.to_string_lossy().replace('\'', r"'\''");
-        match self.child.as_ref().and_then(Child::id) {
-            Some(pid) => format!("kill {pid} 2>/dev/null; rm -rf '{dir}'"),
-            None => format!("rm -rf '{dir}'"),
-        }
-    }
+        .await;
+        matches!(reply, Ok(reply) if reply.starts_with(b"+PONG"))
+    })
 }
 
-impl Drop for RedisProcess {
-    fn drop(&mut self) {
-        // Stopped by its own PID (kill_on_drop would too, but only once the Child drops).
-        if let Some(child) = &mut self.child {
-            let _ = child.start_kill();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-#[derive(Debug)]
-enum Running {
-    Container(Box<ContainerAsync<GenericImage>>),
-    Process(Box<tokio::sync::Mutex<RedisProcess>>),
-    External,
+/// What the local fallback runs: `redis-server` from `PATH`, its files in its working
+/// directory.
+fn local_process(port: u16, extra: &[String]) -> std::io::Result<ServerProcess> {
+    let mut args = vec!["--dir".to_owned(), ".".to_owned()];
+    args.extend(server_args(port, extra));
+    ServerProcess::new(REDIS, port, ping, "redis-server", args)
 }
 
 /// One Redis server for tests, with persistence off.
@@ -236,10 +75,8 @@ enum Running {
 /// [`pause`](Self::pause) it. See the [module docs](super) for the environment it reads.
 #[derive(Debug)]
 pub struct RedisNode {
-    port: u16,
     url: String,
-    running: Running,
-    watchdog: Option<Watchdog>,
+    instance: Instance,
 }
 
 impl RedisNode {
@@ -267,11 +104,10 @@ impl RedisNode {
             if !args.is_empty() {
                 tracing::warn!(?args, %url, "BATON_REDIS_URL is set: extra arguments ignored");
             }
+            let reason = "the server is external (BATON_REDIS_URL); the test did not start it";
             return Ok(RedisNode {
-                port: port_of(&url),
+                instance: Instance::external(REDIS, port_of(&url), reason),
                 url,
-                running: Running::External,
-                watchdog: None,
             });
         }
         RedisNode::start_on(free_port()?, args).await
@@ -280,28 +116,12 @@ impl RedisNode {
     /// Starts a server on `port`, in a container or (when allowed) as a local process.
     async fn start_on(port: u16, args: &[&str]) -> Result<RedisNode, FixtureError> {
         let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
-        let (running, watchdog) = match REDIS.start_container(server_args(port, &extra)).await {
-            // The process's watchdog removes the container if this process dies.
-            Ok(container) => (Running::Container(Box::new(container)), None),
-            Err(e) => {
-                or_local(&REDIS, e, || async {
-                    let mut process = RedisProcess::new(port, &extra)?;
-                    process.start().await?;
-                    // Killed by its PID if this process dies; told each new PID.
-                    let watchdog = Watchdog::spawn(&process.cleanup());
-                    Ok((
-                        Running::Process(Box::new(tokio::sync::Mutex::new(process))),
-                        watchdog,
-                    ))
-                })
-                .await?
-            }
-        };
+        let fallback = || local_process(port, &extra);
+        let instance =
+            Instance::start(REDIS, port, ping, server_args(port, &extra), fallback).await?;
         Ok(RedisNode {
-            port,
             url: format!("redis://127.0.0.1:{port}"),
-            running,
-            watchdog,
+            instance,
         })
     }
 
@@ -316,26 +136,9 @@ impl RedisNode {
     ///
     /// # Panics
     /// If the node cannot be started: a test cannot run without it.
-    #[allow(clippy::expect_used)]
     pub fn shared() -> &'static RedisNode {
         static SHARED: OnceLock<RedisNode> = OnceLock::new();
-        SHARED.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime for the shared redis fixture");
-                rt.block_on(async move {
-                    let _ = tx.send(RedisNode::start().await);
-                    // Keep this runtime (and so the container's client) alive.
-                    std::future::pending::<()>().await;
-                });
-            });
-            rx.recv()
-                .expect("the fixture thread answers")
-                .expect("start the shared redis fixture")
-        })
+        SHARED.get_or_init(|| start_shared(REDIS.name, RedisNode::start))
     }
 
     /// The URL to connect to, `redis://127.0.0.1:<port>` (or `BATON_REDIS_URL` as given).
@@ -346,13 +149,13 @@ impl RedisNode {
     /// The port the server listens on (for `BATON_REDIS_URL`, the URL's port, 6379 if it
     /// names none).
     pub fn port(&self) -> u16 {
-        self.port
+        self.instance.port()
     }
 
     /// Whether this node runs in a container (not the `redis-server`-on-PATH fallback, nor a
     /// server named by `BATON_REDIS_URL`).
     pub fn is_container(&self) -> bool {
-        matches!(self.running, Running::Container(_))
+        self.instance.is_container()
     }
 
     /// Kills the server at once (no shutdown: clients see their connections reset); its data
@@ -365,19 +168,7 @@ impl RedisNode {
     /// The container runtime's error; [`FixtureError::Process`] if the local process does not
     /// exit; [`FixtureError::Unsupported`] for a server named by `BATON_REDIS_URL`.
     pub async fn stop(&self) -> Result<(), FixtureError> {
-        match &self.running {
-            Running::Container(c) => c
-                .stop_with_timeout(Some(0))
-                .await
-                .map_err(|source| REDIS.container_error(source)),
-            Running::Process(p) => {
-                let mut process = p.lock().await;
-                let stopped = process.stop().await;
-                self.watch(&process);
-                stopped
-            }
-            Running::External => Err(external("stop")),
-        }
+        self.instance.stop().await
     }
 
     /// Starts the server again after [`stop`](Self::stop), empty, on the same port, and
@@ -392,21 +183,7 @@ impl RedisNode {
     /// the local process; [`FixtureError::Unsupported`] for a server named by
     /// `BATON_REDIS_URL`.
     pub async fn start_again(&self) -> Result<(), FixtureError> {
-        match &self.running {
-            Running::Container(c) => {
-                c.start()
-                    .await
-                    .map_err(|source| REDIS.container_error(source))?;
-                wait_ready(self.port).await
-            }
-            Running::Process(p) => {
-                let mut process = p.lock().await;
-                let started = process.start().await;
-                self.watch(&process);
-                started
-            }
-            Running::External => Err(external("start")),
-        }
+        self.instance.start_again().await
     }
 
     /// [`stop`](Self::stop), then [`start_again`](Self::start_again): the server comes back
@@ -430,9 +207,9 @@ impl RedisNode {
     /// As [`start`](Self::start); [`FixtureError::NotReady`] if it does not synchronise within
     /// 30 s.
     pub async fn start_replica(&self) -> Result<RedisNode, FixtureError> {
-        let port = self.port.to_string();
+        let port = self.port().to_string();
         let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let info: Result<String, _> = replica.command("INFO", &["replication"]).await;
             if info.is_ok_and(|i| i.contains("master_link_status:up")) {
@@ -441,10 +218,10 @@ impl RedisNode {
             if Instant::now() >= deadline {
                 return Err(FixtureError::NotReady {
                     server: REDIS.name,
-                    address: format!("127.0.0.1:{} (replica in sync)", replica.port),
+                    address: format!("127.0.0.1:{} (replica in sync)", replica.port()),
                 });
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
 
@@ -508,10 +285,7 @@ impl RedisNode {
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
     pub async fn pause(&self) -> Result<(), FixtureError> {
-        self.container("pause")?
-            .pause()
-            .await
-            .map_err(|source| REDIS.container_error(source))
+        self.instance.pause().await
     }
 
     /// Unfreezes the server after [`pause`](Self::pause).
@@ -520,29 +294,7 @@ impl RedisNode {
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
     pub async fn unpause(&self) -> Result<(), FixtureError> {
-        self.container("unpause")?
-            .unpause()
-            .await
-            .map_err(|source| REDIS.container_error(source))
-    }
-
-    /// Points the watchdog (a local process's) at the process as it now is: the new PID after
-    /// a start, none after a stop (so that it never kills a PID the system reused).
-    fn watch(&self, process: &RedisProcess) {
-        if let Some(watchdog) = &self.watchdog {
-            watchdog.set(&process.cleanup());
-        }
-    }
-
-    fn container(&self, op: &'static str) -> Result<&ContainerAsync<GenericImage>, FixtureError> {
-        match &self.running {
-            Running::Container(c) => Ok(c),
-            Running::Process(_) => Err(FixtureError::Unsupported {
-                op,
-                reason: "the node runs as a local process, not in a container",
-            }),
-            Running::External => Err(external(op)),
-        }
+        self.instance.unpause().await
     }
 
     /// A backend connected to this node, without a restart grace: the node was started for
@@ -555,13 +307,6 @@ impl RedisNode {
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
         let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
         crate::RedisBackend::connect(&self.url(), options).await
-    }
-}
-
-fn external(op: &'static str) -> FixtureError {
-    FixtureError::Unsupported {
-        op,
-        reason: "the server is external (BATON_REDIS_URL); the test did not start it",
     }
 }
 
