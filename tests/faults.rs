@@ -25,7 +25,8 @@ use tokio::time::Instant;
 
 /// The cluster scenarios (etcd clusters, ZooKeeper ensembles) run one at a time: three
 /// clusters (nine members) at once on a 2-core machine starve each other's elections and
-/// measure the machine, not baton.
+/// measure the machine, not baton. The ZooKeeper scenarios on one server take it too: a JVM
+/// starting beside an etcd pause scenario once starved it until the holder's lease expired.
 static CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn name(test: &str) -> String {
@@ -1321,6 +1322,7 @@ async fn zk_follower_then_leader_paused() {
 /// its session, so before its successor is granted; its late write is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zk_client_cut_off_by_a_proxy() {
+    let _one_at_a_time = CLUSTER.lock().await;
     let node = ZkNode::shared();
     let proxy = Proxy::start(&node.connect_string()).await;
     let behind = zk_behind(&proxy).await;
@@ -1346,6 +1348,7 @@ async fn zk_client_cut_off_by_a_proxy() {
 /// session, and the successor holds within TTL + 3 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zk_holder_process_killed() {
+    let _one_at_a_time = CLUSTER.lock().await;
     let node = ZkNode::shared();
     let backend = zk_connect(&node.connect_string(), Duration::from_secs(10)).await;
     killed_holder_is_followed(
@@ -1364,6 +1367,7 @@ async fn zk_holder_process_killed() {
 /// told, with a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zk_session_expired_while_waiting() {
+    let _one_at_a_time = CLUSTER.lock().await;
     let node = ZkNode::shared();
     let proxy = Proxy::start(&node.connect_string()).await;
     let name = name("zk-expired-waiter");
