@@ -252,12 +252,15 @@ fn container() -> CreateOptions<'static> {
 }
 
 /// Every entry of `queue` (its node and the nodes of nested names), oldest first, each with
-/// its data version. With `strict`, nodes named in the other layout are refused.
+/// its data version. With `strict`, nodes named in the other layout are refused. `known` is
+/// an entry this client has just created (data version 0): it is taken as it is, not read
+/// again, so that a queue holding only it costs one request (a listing), as Curator's does.
 pub(super) async fn collect(
     client: &Client,
     layout: ZkLayout,
     queue: &str,
     strict: bool,
+    known: Option<&Entry>,
 ) -> Result<Vec<(Entry, i32)>, Failure> {
     let mut dirs = vec![queue.to_owned()];
     let mut out = Vec::new();
@@ -277,6 +280,20 @@ pub(super) async fn collect(
                 layout: layout.other().name(),
             }));
         }
+        let children: Vec<String> = children
+            .into_iter()
+            .filter(|name| match known {
+                Some(entry)
+                    if entry.key().len() == dir.len() + 1 + name.len()
+                        && entry.key().starts_with(dir.as_str())
+                        && entry.key().ends_with(name.as_str()) =>
+                {
+                    out.push((entry.clone(), 0));
+                    false
+                }
+                _ => true,
+            })
+            .collect();
         for chunk in children.chunks(MULTI_READ_MAX) {
             let mut reader = client.new_multi_reader();
             for name in chunk {
@@ -547,7 +564,7 @@ impl ZkBackend {
         client: Option<&Client>,
         queue: &str,
     ) -> Result<Vec<(Entry, i32)>> {
-        self.read_queue_as(op, client, queue, true).await
+        self.read_queue_as(op, client, queue, true, None).await
     }
 
     /// [`read_queue`](Self::read_queue), tolerating nodes of the other layout unless `strict`.
@@ -557,6 +574,7 @@ impl ZkBackend {
         client: Option<&Client>,
         queue: &str,
         strict: bool,
+        known: Option<&Entry>,
     ) -> Result<Vec<(Entry, i32)>> {
         let layout = self.inner.options.layout;
         if let Some(client) = client {
@@ -564,7 +582,7 @@ impl ZkBackend {
             let read = self
                 .lease_attempts(op, || {
                     let client = client.clone();
-                    async move { collect(&client, layout, queue, strict).await }
+                    async move { collect(&client, layout, queue, strict, known).await }
                 })
                 .await;
             match read {
@@ -579,7 +597,7 @@ impl ZkBackend {
                 let dir = dir.clone();
                 async move {
                     sync(&client, &dir).await?;
-                    collect(&client, layout, queue, strict).await
+                    collect(&client, layout, queue, strict, None).await
                 }
             })
             .await?;
@@ -743,7 +761,9 @@ impl ZkBackend {
             };
             let failure = match created {
                 Ok(entry) => {
-                    let entries = match self.read_queue("enqueue", Some(&client), queue).await {
+                    let read =
+                        self.read_queue_as("enqueue", Some(&client), queue, true, Some(&entry));
+                    let entries = match read.await {
                         Ok(entries) => entries,
                         Err(Error::ForeignLayout {
                             queue: q,
@@ -979,7 +999,7 @@ impl Backend for ZkBackend {
         // Foreign nodes are tolerated: the entry looked for may be one whose enqueue was
         // refused because of them.
         let entries = self
-            .read_queue_as("find_entry", client.as_ref(), queue, false)
+            .read_queue_as("find_entry", client.as_ref(), queue, false, None)
             .await?;
         let mut found = None;
         for (e, _) in entries {

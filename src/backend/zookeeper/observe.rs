@@ -357,7 +357,7 @@ impl Observer {
             zookeeper_client::Error::NoNode => Ok(()),
             e => Err(fail(Failure::Zk(e))),
         })?;
-        let nodes = collect(client, layout, &self.queue, false)
+        let nodes = collect(client, layout, &self.queue, false, None)
             .await
             .map_err(fail)?;
         let mut listed: Vec<_> = nodes
