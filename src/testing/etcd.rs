@@ -639,6 +639,10 @@ impl EtcdCluster {
     /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's
     /// error; [`FixtureError::NotReady`] if the member is not healthy within 30 s (a cluster
     /// without quorum never is).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the member may or may not have been started; nothing else
+    /// changes.
     pub async fn start_member(&self, i: usize) -> Result<(), FixtureError> {
         self.member(i)?
             .start()
@@ -654,6 +658,9 @@ impl EtcdCluster {
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; [`FixtureError::NotReady`]
     /// if the member is not healthy within 30 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads (its probe connections close when dropped).
     pub async fn wait_healthy(&self, i: usize) -> Result<(), FixtureError> {
         let spec = self.specs.get(i).ok_or(FixtureError::NoSuchMember {
             index: i,
