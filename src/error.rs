@@ -226,10 +226,20 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The server rejected the credentials, or the user lacks permission.
+    /// The server rejected the credentials (or wants some and got none).
     #[error("authentication failed")]
     Auth {
         /// The server's answer.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The server accepted the credentials but refused a command: the user lacks a
+    /// permission baton needs (on Redis, an ACL without `+info`, `+eval`/`+evalsha`,
+    /// `+blpop` or `+time`; docs/redis.md lists them). Nothing was applied.
+    #[error("permission denied by the server: the user lacks a permission baton needs")]
+    Permission {
+        /// The server's answer (it names the command).
         #[source]
         source: BoxError,
     },

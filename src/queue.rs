@@ -163,7 +163,8 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
                     Err(_) => Trace::Unknown(slot),
                 },
                 Trace::Unknown(slot) => {
-                    match backend.find_entry(slot.parts().0, slot.parts().1).await {
+                    let (queue, tag) = slot.parts();
+                    match backend.abandon(queue, tag, session.lease_id()).await {
                         // Ours: our tag, our lease. The in-process slot we hold (or a tag used
                         // once) means no other task of this session created it.
                         Ok(Some(entry)) if entry.lease() == Some(session.lease_id()) => {

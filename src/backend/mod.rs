@@ -344,7 +344,7 @@ pub enum HeadEvent {
 ///   turn an unknown outcome into a definite one it cannot prove: a conditional write whose
 ///   retry finds its condition failed, after an attempt that may have been applied, answers
 ///   `OutcomeUnknown`, not `Ok(false)`. Callers that must know look again
-///   ([`find_entry`](Backend::find_entry) after a failed `enqueue`, a new conditional delete
+///   ([`abandon`](Backend::abandon) after a failed `enqueue`, a new conditional delete
 ///   after a failed delete). [`revoke_lease`](Backend::revoke_lease) and
 ///   [`keep_alive`](Backend::keep_alive) are idempotent and retried like reads.
 ///
@@ -389,6 +389,22 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The entry `<queue>/<tag>`, if it exists: how a caller whose
     /// [`enqueue`](Backend::enqueue) failed learns whether it was applied.
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>>;
+
+    /// The entry `<queue>/<tag>` of `lease`, if it exists, for a caller that gave up on an
+    /// [`enqueue`](Backend::enqueue) of it (failed, or dropped in flight): like
+    /// [`find_entry`](Backend::find_entry), and moreover no `enqueue` of that tag for that
+    /// lease sent before this call creates the entry after it answered. A request can reach
+    /// the server long after it was sent (held up on a connection its client gave up on);
+    /// without this, such a request would create an entry nobody waits for, bound to a live
+    /// lease, and block the queue for as long as the lease lives.
+    ///
+    /// The default is [`find_entry`](Backend::find_entry): right for a backend whose
+    /// requests cannot arrive once their caller gave up on them. The Redis backend overrides
+    /// it.
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        let _ = lease;
+        self.find_entry(queue, tag).await
+    }
 
     /// The newest live entry of `mine`'s queue created before `mine`, or `None` if `mine` is
     /// the head. Fails with [`Error::EntryGone`](crate::Error::EntryGone) if `mine` itself no

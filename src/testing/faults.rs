@@ -27,6 +27,8 @@ pub enum Call {
     Enqueue,
     /// [`Backend::find_entry`].
     FindEntry,
+    /// [`Backend::abandon`].
+    Abandon,
     /// [`Backend::predecessor`].
     Predecessor,
     /// [`Backend::ahead`].
@@ -413,6 +415,11 @@ impl Backend for FaultyBackend {
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
         self.run(Call::FindEntry, self.inner.find_entry(queue, tag))
+            .await
+    }
+
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        self.run(Call::Abandon, self.inner.abandon(queue, tag, lease))
             .await
     }
 

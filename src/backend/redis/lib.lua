@@ -3,9 +3,13 @@
 --
 -- Keys (all under P; see docs/redis.md):
 --   P.."seq"          counter of tokens, lease ids and mailbox ids (never goes backwards)
+--   P.."gen"          hash: the epoch (run: the server's run_id, start: the first counter
+--                     value of the epoch, since: when the epoch began, server ms)
 --   P.."leases"       sorted set: lease id -> deadline (server clock, ms)
 --   P.."ttl"          hash: lease id -> TTL (ms) it was granted with
 --   P.."lease:"..id   set of the entry keys of a lease
+--   P.."st:"..id..":"..K  the stamp of lease id's last enqueue call for entry K, kept until
+--                     that call's deadline (a request that arrives late creates nothing)
 --   P.."e:"..K        hash of entry K: v (value), t (token), l (lease)
 --   P.."q:"..Q        sorted set: entry key -> token, for every entry under Q (nested names too)
 --   P.."w:"..K        set of mailboxes waiting for entry K to go
@@ -27,28 +31,24 @@ local function num(x)
   return string.format('%.0f', x)
 end
 
--- The next value of the counter: one more than the last, and never below the server's clock
--- in microseconds, so that a Redis restarted without its data (or a promoted replica that
--- missed writes) still hands out larger values than before, as long as its clock has not
--- gone back by more than the outage lasted.
---
--- The first value of a fresh store (a new server, or one that lost its data: restarted
--- without persistence) also records since when the server has been up, in P.."since":
--- clients wait out their restart grace from then before they grant anything, so that a
--- holder from before the loss, which believes it holds until its lease would have expired,
--- never overlaps a new one (RedisOptions::with_restart_grace).
-local function next_seq()
-  local cur = redis.call('GET', P .. 'seq')
-  if not cur then
-    local info = redis.call('INFO', 'server')
-    local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
-    redis.call('SET', P .. 'since', num(NOW_MS - up * 1000))
-  end
-  local n = math.max(tonumber(cur or '0') + 1, NOW_US)
+-- The epoch this script runs in: the first counter value of the epoch (every lease and entry
+-- of the epoch has an id or token at least this) and when it began (server ms), both set by
+-- `epoch` below, which every script calls first.
+local EPOCH, SINCE
+-- The server's run_id, read by `epoch`.
+local RUN
+
+-- The next value of the counter: one more than the last, never below the server's clock in
+-- microseconds (so that a store that lost or rolled back its data still counts on from where
+-- it was, as long as the clock has not gone back by more than the outage lasted), and above
+-- `floor`, the highest value the calling client has seen (so that it also counts on when the
+-- new server's clock is behind the old one's).
+local function next_seq(floor)
+  local n = math.max(tonumber(redis.call('GET', P .. 'seq') or '0') + 1, NOW_US,
+    (tonumber(floor or '0') or 0) + 1)
   redis.call('SET', P .. 'seq', num(n))
   return n
 end
-
 -- The queues containing key K: the names before each '/', longest first.
 local function queues_of(k)
   local out = {}
@@ -88,7 +88,12 @@ local function wake(set, msg)
   redis.call('DEL', set)
 end
 
+-- The deadline of lease `id` (server ms), or nil if it is gone. A lease of an earlier epoch
+-- is gone whatever the state says (epoch() removed those it found).
 local function lease_deadline(id)
+  if not id or (tonumber(id) or 0) < EPOCH then
+    return nil
+  end
   local d = redis.call('ZSCORE', P .. 'leases', id)
   if d then
     return tonumber(d)
@@ -114,8 +119,8 @@ local function log_head(q)
     end
     for _, member in ipairs(batch) do
       local e = redis.call('HMGET', P .. 'e:' .. member, 't', 'v', 'l')
-      local d = e[3] and redis.call('ZSCORE', P .. 'leases', e[3])
-      if d and tonumber(d) > NOW_MS then
+      local d = lease_deadline(e[3])
+      if d and d > NOW_MS then
         k, t, v, l = member, e[1] or '', e[2] or '', e[3]
         break
       end
@@ -154,18 +159,56 @@ local function remove_entry(k, changed)
   wake(P .. 'w:' .. k, 'g' .. (e[2] or '') .. ' ' .. k)
 end
 
--- Ends lease `id`: every entry bound to it goes.
-local function reap(id)
-  local changed = {}
+-- Ends lease `id`: every entry bound to it goes. The queues whose head may have changed are
+-- logged, or added to `changed` when given (for the caller to log once it is done).
+local function reap(id, changed)
+  local mine = changed or {}
   for _, k in ipairs(redis.call('SMEMBERS', P .. 'lease:' .. id)) do
-    remove_entry(k, changed)
+    remove_entry(k, mine)
   end
-  for q in pairs(changed) do
-    log_head(q)
+  if not changed then
+    for q in pairs(mine) do
+      log_head(q)
+    end
   end
   redis.call('DEL', P .. 'lease:' .. id)
   redis.call('ZREM', P .. 'leases', id)
   redis.call('HDEL', P .. 'ttl', id)
+end
+
+-- Makes sure the state this script is about to read is the one every earlier grant was made
+-- on. baton's state can go back in time without anything in it saying so: a Redis restarted
+-- from a snapshot (or an AOF that lost its last writes), a replica promoted after missing
+-- writes, a full resync, a flush or deletion of baton's keys. Each of these either changes
+-- the server's run_id (a new process, or another server) or loses P.."gen"; a client that
+-- has seen a counter value the state has not reached (`floor`) proves a rollback too. Then
+-- a new epoch starts: every lease from before is void (its entries go, their waiters are
+-- woken, their owners' next renewal fails, so the owners learn they lost), the counter jumps
+-- above everything handed out before, and `since` starts the restart grace that clients wait
+-- out before they grant anything (RedisOptions::with_restart_grace): a holder from before
+-- may not have heard yet, and believes it holds until its lease would have expired.
+local function new_epoch(floor)
+  EPOCH, SINCE = next_seq(floor), num(NOW_MS)
+  -- Every lease of the state as it is now is from before.
+  local changed = {}
+  for _, id in ipairs(redis.call('ZRANGE', P .. 'leases', 0, -1)) do
+    reap(id, changed)
+  end
+  for q in pairs(changed) do
+    log_head(q)
+  end
+  redis.call('HSET', P .. 'gen', 'run', RUN, 'start', num(EPOCH), 'since', SINCE)
+end
+
+local function epoch(floor)
+  RUN = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+  local gen = redis.call('HMGET', P .. 'gen', 'run', 'start', 'since')
+  local seq = tonumber(redis.call('GET', P .. 'seq') or '0')
+  if gen[1] == RUN and gen[2] and gen[3] and seq >= (tonumber(floor or '0') or 0) then
+    EPOCH, SINCE = tonumber(gen[2]), gen[3]
+    return
+  end
+  new_epoch(floor)
 end
 
 -- Ends up to `n` leases whose deadline passed (those of crashed owners).
@@ -183,6 +226,14 @@ local function live(k, t)
     return nil
   end
   local d = lease_deadline(e[3])
+  if not d and (tonumber(e[3]) or 0) >= EPOCH then
+    -- A lease of this epoch ends with its entries, in one script: an entry whose lease is
+    -- missing means baton's keys were deleted in part behind its back. Its owner may still
+    -- hold, and others may be missing too: start over as after any loss, and have the client
+    -- send its request again (TRYAGAIN is retried), now on the new epoch.
+    new_epoch(nil)
+    error({ err = 'TRYAGAIN baton: part of its state was deleted; a new epoch began' })
+  end
   if not d or d <= NOW_MS then
     reap(e[3])
     return nil

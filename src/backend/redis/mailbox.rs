@@ -22,8 +22,15 @@ use crate::error::{Error, Result};
 /// mark well within this.
 const ALIVE: Duration = Duration::from_secs(30);
 
-/// How long one blocking read waits on the server before the reader renews the mark.
-const BLOCK: Duration = Duration::from_secs(5);
+/// How long one blocking read waits on the server before the reader looks at the epoch (and
+/// renews the mark when due).
+const BLOCK: Duration = Duration::from_secs(1);
+
+/// How often the reader asks the server for its epoch while anyone waits: a loss of the
+/// server's state (restart, failover, flush) also loses the waiters' registrations, so their
+/// wake-ups would never come; a new epoch makes every waiter ask again. A wake-up lost with
+/// the state is so late by at most this plus [`BLOCK`] plus a request.
+pub(super) const EPOCH_CHECK: Duration = Duration::from_secs(1);
 
 /// The topic of a wait for entry `key` with token `token` to go: the wake-up the scripts push
 /// when they remove it (`g<token> <key>`, see `remove_entry` in lib.lua).
@@ -90,6 +97,11 @@ impl Waits {
         self.delivered.load(Ordering::Relaxed)
     }
 
+    /// Whether anyone waits.
+    fn anyone(&self) -> bool {
+        !self.topics().is_empty()
+    }
+
     /// Wakes every waiter to ask the server again (wake-ups may have been lost).
     fn wake_all(&self) {
         for (_, t) in self.topics().values() {
@@ -144,9 +156,10 @@ impl Mailbox {
         client: &redis::Client,
         conn: ConnectionManager,
         options: &RedisOptions,
+        floor: Arc<AtomicU64>,
     ) -> Result<Mailbox> {
         let mut probe = conn.clone();
-        let id: String = tokio::time::timeout(
+        let (id, epoch): (String, u64) = tokio::time::timeout(
             options.connect_timeout,
             SCRIPTS
                 .mailbox
@@ -154,6 +167,7 @@ impl Mailbox {
                 .arg(options.prefix.as_str())
                 .arg("")
                 .arg(ALIVE.as_millis().to_string())
+                .arg(floor.load(Ordering::Relaxed).to_string())
                 .invoke_async(&mut probe),
         )
         .await
@@ -163,6 +177,7 @@ impl Mailbox {
             at: Default::default(),
         })?
         .map_err(|e| super::redis_err("connect", e))?;
+        floor.fetch_max(epoch, Ordering::Relaxed);
         let waits = Arc::new(Waits::default());
         let reader = Reader {
             client: client.clone(),
@@ -172,6 +187,8 @@ impl Mailbox {
             waits: Arc::clone(&waits),
             connect_timeout: options.connect_timeout,
             request_timeout: options.request_timeout,
+            floor,
+            epoch,
         };
         Ok(Mailbox {
             id,
@@ -204,10 +221,14 @@ struct Reader {
     waits: Arc<Waits>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// The backend's highest counter value seen (see `Shared::floor`).
+    floor: Arc<AtomicU64>,
+    /// The epoch of the server's state, as last seen.
+    epoch: u64,
 }
 
 impl Reader {
-    async fn run(self) {
+    async fn run(mut self) {
         let mut blocking: Option<MultiplexedConnection> = None;
         // When the last mark that the server confirmed was sent (the mark lasts ALIVE from
         // the server's receipt, so from no earlier than this).
@@ -222,16 +243,33 @@ impl Reader {
             tokio::time::sleep(pause)
         };
         loop {
-            // Renew the mark a few times per ALIVE, not per wake-up.
-            if marked.is_none_or(|at| at.elapsed() >= ALIVE / 3) {
+            // Renew the mark a few times per ALIVE, and look at the epoch every EPOCH_CHECK
+            // while anyone waits; not per wake-up.
+            let due = if self.waits.anyone() {
+                EPOCH_CHECK
+            } else {
+                ALIVE / 3
+            };
+            if marked.is_none_or(|at| at.elapsed() >= due) {
                 let sent = Instant::now();
-                if let Err(e) = self.mark_alive().await {
-                    tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
-                    fail(&mut backoff).await;
-                    continue;
-                }
+                let epoch = match self.mark_alive().await {
+                    Ok(epoch) => epoch,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
+                        fail(&mut backoff).await;
+                        continue;
+                    }
+                };
                 if marked.is_some_and(|at| sent.saturating_duration_since(at) >= ALIVE) {
                     // The mark lapsed: wake-ups sent meanwhile were dropped.
+                    self.waits.wake_all();
+                }
+                if epoch != self.epoch {
+                    tracing::warn!(
+                        epoch,
+                        "Redis lost or rolled back baton's state (a restart, a failover or a flush): every lease from before is void, and nothing is granted until the restart grace has passed"
+                    );
+                    self.epoch = epoch;
                     self.waits.wake_all();
                 }
                 marked = Some(sent);
@@ -285,7 +323,8 @@ impl Reader {
         }
     }
 
-    async fn mark_alive(&self) -> Result<(), redis::RedisError> {
+    /// Marks the mailbox alive; answers the epoch of the server's state.
+    async fn mark_alive(&self) -> Result<u64, redis::RedisError> {
         let mut conn = self.conn.clone();
         let marked = tokio::time::timeout(
             self.request_timeout,
@@ -295,11 +334,16 @@ impl Reader {
                 .arg(self.prefix.as_str())
                 .arg(self.id.as_str())
                 .arg(ALIVE.as_millis().to_string())
-                .invoke_async::<Value>(&mut conn),
+                .arg(self.floor.load(Ordering::Relaxed).to_string())
+                .invoke_async::<(String, u64)>(&mut conn),
         )
         .await;
         match marked {
-            Ok(answer) => answer.map(drop),
+            Ok(answer) => {
+                let (_, epoch) = answer?;
+                self.floor.fetch_max(epoch, Ordering::Relaxed);
+                Ok(epoch)
+            }
             Err(elapsed) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed).into()),
         }
     }

@@ -8,7 +8,7 @@ mod scripts;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -180,7 +180,56 @@ struct Shared {
     requests: AtomicU64,
     /// The restart grace was reported (once per backend).
     grace_told: std::sync::atomic::AtomicBool,
+    /// The highest counter value (token, lease id, epoch) this backend has seen: sent with
+    /// the requests that take new values, so that the server never hands out a lower one
+    /// (and knows its state went back in time if its counter is below it).
+    floor: Arc<AtomicU64>,
+    /// The stamp of the last `enqueue` call: stamps increase from call to call, so the server
+    /// can tell a request that arrives after a later call of the same lease for the same
+    /// entry (see `enqueue` in scripts.rs).
+    stamps: AtomicU64,
+    clock: ServerClock,
 }
+
+/// An estimate of the server's clock, from the times its scripts answer with: never ahead of
+/// the server's (a time read on the server before the answer came back, taken as the time
+/// of its arrival), behind by at most a round trip.
+#[derive(Debug)]
+struct ServerClock {
+    base: Instant,
+    /// Server ms minus ms since `base`, at the last answer that told the time.
+    offset: AtomicI64,
+}
+
+impl ServerClock {
+    fn new(server_ms: i64) -> ServerClock {
+        ServerClock {
+            base: Instant::now(),
+            offset: AtomicI64::new(server_ms),
+        }
+    }
+
+    fn local_ms(&self) -> i64 {
+        i64::try_from(self.base.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn now(&self) -> i64 {
+        self.local_ms()
+            .saturating_add(self.offset.load(Ordering::Relaxed))
+    }
+
+    /// The server said its clock read `server_ms` (just now, as far as we can tell).
+    fn told(&self, server_ms: i64) {
+        self.offset
+            .store(server_ms.saturating_sub(self.local_ms()), Ordering::Relaxed);
+    }
+}
+
+/// Added to an `enqueue` call's deadline on the server's clock, for the error of our estimate
+/// of that clock (a round trip) and drift: a request that arrives this late, after its caller
+/// gave up, is still refused, because the caller's cleanup ([`Backend::abandon`]) makes sure
+/// of it.
+const DEADLINE_SLACK: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -235,11 +284,21 @@ fn never_sent(e: &RedisError) -> bool {
 
 fn redis_err(op: &'static str, e: RedisError) -> Error {
     match e.kind() {
-        ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
-            Error::Auth {
-                source: Box::new(e),
-            }
-        }
+        ErrorKind::AuthenticationFailed => Error::Auth {
+            source: Box::new(e),
+        },
+        // A server that wants a password and got none answers NOAUTH to every command.
+        _ if e.code() == Some("NOAUTH") => Error::Auth {
+            source: Box::new(e),
+        },
+        ErrorKind::Server(ServerErrorKind::NoPerm) => Error::Permission {
+            source: Box::new(e),
+        },
+        // What a script gets when the user may not run one of the commands it calls (Redis 7
+        // answers ERR, not NOPERM, for those).
+        _ if e.to_string().contains("can't run this command") => Error::Permission {
+            source: Box::new(e),
+        },
         _ => Error::Backend {
             op,
             source: Box::new(e),
@@ -422,7 +481,16 @@ impl RedisBackend {
         .map_err(|e| redis_err("connect", e))?;
         check_version(&info)?;
         check_eviction(&mut probe).await?;
-        let mailbox = Mailbox::open(&client, conn.clone(), &options)
+        let (secs, micros): (i64, i64) = tokio::time::timeout(
+            options.connect_timeout,
+            redis::cmd("TIME").query_async(&mut probe),
+        )
+        .await
+        .map_err(|elapsed| failed(Box::new(elapsed)))?
+        .map_err(|e| redis_err("connect", e))?;
+        let clock = ServerClock::new(secs * 1000 + micros / 1000);
+        let floor = Arc::new(AtomicU64::new(0));
+        let mailbox = Mailbox::open(&client, conn.clone(), &options, Arc::clone(&floor))
             .await
             .map_err(|e| match e {
                 Error::Backend { source, .. } => failed(source),
@@ -437,8 +505,35 @@ impl RedisBackend {
                 mailbox,
                 requests: AtomicU64::new(0),
                 grace_told: std::sync::atomic::AtomicBool::new(false),
+                floor,
+                stamps: AtomicU64::new(0),
+                clock,
             }),
         })
+    }
+
+    /// Remembers a counter value the server handed out (see `Shared::floor`).
+    fn seen(&self, value: u64) {
+        self.inner.floor.fetch_max(value, Ordering::Relaxed);
+    }
+
+    fn floor(&self) -> String {
+        self.inner.floor.load(Ordering::Relaxed).to_string()
+    }
+
+    /// The server's clock when a call started now must have been given up on by its caller
+    /// (every attempt of it sent and timed out), with slack for our estimate of that clock.
+    fn call_deadline(&self) -> i64 {
+        let budget = self
+            .inner
+            .options
+            .retry_for
+            .saturating_add(self.inner.options.request_timeout)
+            .saturating_add(DEADLINE_SLACK);
+        self.inner
+            .clock
+            .now()
+            .saturating_add(i64::try_from(budget.as_millis()).unwrap_or(i64::MAX))
     }
 
     /// How many requests this backend (all its clones) has sent, retries included.
@@ -609,8 +704,14 @@ impl RedisBackend {
             _ => return Err(malformed("ahead")),
         }
         let ahead = entries("ahead", answer.next().ok_or_else(|| malformed("ahead"))?)?;
+        if let Some(newest) = ahead.first() {
+            self.seen(newest.token().get());
+        }
         let value = answer.next().as_ref().and_then(bytes).map(<[u8]>::to_vec);
         let (since, now) = (answer.next(), answer.next());
+        if let Some(now) = now.as_ref().and_then(number) {
+            self.inner.clock.told(now);
+        }
         Ok((
             self.with_grace(ahead, limit, since.as_ref(), now.as_ref()),
             value,
@@ -719,6 +820,31 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// One `enqueue` call (its attempts share a stamp and a deadline): the script's answer.
+    async fn enqueue_once(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Vec<Value>> {
+        let stamp = self.inner.stamps.fetch_add(1, Ordering::SeqCst) + 1;
+        let args = Args::new(self)
+            .arg(queue)
+            .arg(tag)
+            .arg(lease.get().to_string())
+            .arg(value)
+            .arg(stamp.to_string())
+            .arg(self.call_deadline().to_string())
+            .arg(self.floor());
+        let (answer, _) = self
+            .eval("enqueue", Kind::Write, &SCRIPTS.enqueue, args)
+            .await?;
+        items(answer).ok_or_else(|| malformed("enqueue"))
+    }
+}
+
 /// Refuses a server older than [`MINIMUM_VERSION`], from the `INFO server` text.
 fn check_version(info: &str) -> Result<()> {
     let version = info
@@ -782,11 +908,12 @@ impl Backend for RedisBackend {
             ));
         }
         // A retried grant may leave an extra lease behind; it holds nothing and expires.
-        let args = Args::new(self).arg(ms.to_string());
+        let args = Args::new(self).arg(ms.to_string()).arg(self.floor());
         let (id, _) = self
             .eval("grant_lease", Kind::Write, &SCRIPTS.grant, args)
             .await?;
         let id = number(&id).ok_or_else(|| malformed("grant_lease"))?;
+        self.seen(u64::try_from(id).unwrap_or(0));
         Ok(Lease::new(LeaseId::new(id), Duration::from_millis(ms)))
     }
 
@@ -810,19 +937,31 @@ impl Backend for RedisBackend {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Enqueued> {
-        // Create-if-absent: a retry after an attempt that was applied finds the entry.
-        let args = Args::new(self)
-            .arg(queue)
-            .arg(tag)
-            .arg(lease.get().to_string())
-            .arg(value);
-        let (answer, _) = self
-            .eval("enqueue", Kind::Write, &SCRIPTS.enqueue, args)
-            .await?;
-        let answer = items(answer).ok_or_else(|| malformed("enqueue"))?;
+        // Create-if-absent: a retry after an attempt that was applied finds the entry. Every
+        // attempt of this call carries the same stamp and deadline: the server creates the
+        // entry only for a call no later call has overtaken, before the deadline.
+        let mut answer = self.enqueue_once(queue, tag, lease, value).await?;
+        if answer.first().and_then(number) == Some(2) {
+            // Refused as late although we still wait for it: our estimate of the server's
+            // clock was off (its clock stepped). Learn it again and ask once more, as a new
+            // call.
+            tracing::warn!(endpoint = %self.inner.endpoint, "Redis refused an enqueue as late: its clock may have stepped; asking again");
+            let now = self.server_ms().await?;
+            self.inner.clock.told(now);
+            answer = self.enqueue_once(queue, tag, lease, value).await?;
+        }
         match answer.first().and_then(number) {
             Some(0) => return Err(Error::SessionLost(LostReason::Revoked)),
             Some(1) => {}
+            Some(2) => {
+                return Err(Error::Backend {
+                    op: "enqueue",
+                    source: "the server refused the request as late twice: is its clock stepping?"
+                        .into(),
+                    at: Default::default(),
+                }
+                .at_endpoint(&self.label()));
+            }
             _ => return Err(malformed("enqueue")),
         }
         let mine = answer
@@ -831,11 +970,15 @@ impl Backend for RedisBackend {
             .transpose()?
             .flatten()
             .ok_or_else(|| malformed("enqueue"))?;
+        self.seen(mine.token().get());
         let predecessor = answer
             .get(2)
             .map(|e| entry("enqueue", e))
             .transpose()?
             .flatten();
+        if let Some(now) = answer.get(4).and_then(number) {
+            self.inner.clock.told(now);
+        }
         let predecessor = self
             .with_grace(
                 predecessor.into_iter().collect(),
@@ -852,6 +995,20 @@ impl Backend for RedisBackend {
         entry(
             "find_entry",
             &self.read_eval("find_entry", &SCRIPTS.find, args).await?,
+        )
+    }
+
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        // Every enqueue call this backend started so far has a stamp up to this one; the
+        // latest deadline any of them can have is the one a call starting now would get.
+        let args = Args::new(self)
+            .arg(format!("{queue}/{tag}"))
+            .arg(lease.get().to_string())
+            .arg(self.inner.stamps.load(Ordering::SeqCst).to_string())
+            .arg(self.call_deadline().to_string());
+        entry(
+            "abandon",
+            &self.read_eval("abandon", &SCRIPTS.abandon, args).await?,
         )
     }
 
@@ -1013,6 +1170,7 @@ impl Backend for RedisBackend {
             reported: None,
             pending: VecDeque::new(),
             started: false,
+            epoch: None,
             delay: None,
             backoff: Duration::from_millis(25),
         };
@@ -1046,6 +1204,9 @@ struct Observer {
     reported: Option<Option<(u64, Vec<u8>)>>,
     pending: VecDeque<Result<HeadEvent>>,
     started: bool,
+    /// The epoch of the server's state when the observer (re)started: a new one means the
+    /// heads logged before may be gone or rolled back (see `epoch` in lib.lua).
+    epoch: Option<u64>,
     delay: Option<Duration>,
     backoff: Duration,
 }
@@ -1090,7 +1251,8 @@ impl Observer {
             .backend
             .read_eval("observe", &SCRIPTS.observe, args)
             .await?;
-        let (id, head) = logged(answer)?.ok_or_else(|| malformed("observe"))?;
+        let (id, head, epoch) = logged(answer)?.ok_or_else(|| malformed("observe"))?;
+        self.epoch = Some(epoch);
         if self.started {
             self.pending.push_back(Ok(HeadEvent::Skipped));
             self.reported = None;
@@ -1157,22 +1319,34 @@ impl Observer {
             .backend
             .read_eval("observe", &SCRIPTS.observe, args)
             .await?;
-        if logged(kept)?.is_none() {
-            self.last_id = None;
+        match logged(kept)? {
+            Some((_, _, epoch)) if Some(epoch) == self.epoch => {}
+            // Gone with a restarted server, or a new epoch: start over (reported as skipped).
+            _ => self.last_id = None,
         }
         Ok(())
     }
 }
 
-/// The answer of the `observe` script: `{id, k, t, v, l}`, or `{}` when the log is gone.
-fn logged(answer: Value) -> Result<Option<(String, Option<Entry>)>> {
+/// The answer of the `observe` script: `{id, k, t, v, l, epoch}`, or `{}` when the log is
+/// gone.
+fn logged(answer: Value) -> Result<Option<(String, Option<Entry>, u64)>> {
     let fields = items(answer).ok_or_else(|| malformed("observe"))?;
     if fields.is_empty() {
         return Ok(None);
     }
     let text = |i: usize| fields.get(i).and_then(bytes).unwrap_or_default();
     let id = String::from_utf8_lossy(text(0)).into_owned();
-    Ok(Some((id, head_of(text(1), text(2), text(3), text(4))?)))
+    let epoch = fields
+        .get(5)
+        .and_then(number)
+        .and_then(|e| u64::try_from(e).ok())
+        .ok_or_else(|| malformed("observe"))?;
+    Ok(Some((
+        id,
+        head_of(text(1), text(2), text(3), text(4))?,
+        epoch,
+    )))
 }
 
 fn head_of(key: &[u8], token: &[u8], value: &[u8], lease: &[u8]) -> Result<Option<Entry>> {

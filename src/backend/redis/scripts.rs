@@ -20,6 +20,7 @@ pub(super) struct Scripts {
     pub(super) lease_ttl: Script,
     pub(super) enqueue: Script,
     pub(super) find: Script,
+    pub(super) abandon: Script,
     pub(super) ahead: Script,
     pub(super) oldest: Script,
     pub(super) delete: Script,
@@ -33,11 +34,12 @@ pub(super) struct Scripts {
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    // ARGV: ttl (ms). -> lease id. Ends a few expired leases first (crashed owners').
+    // ARGV: ttl (ms), floor. -> lease id. Ends a few expired leases first (crashed owners').
     grant: script(
         r"
+epoch(ARGV[3])
 reap_expired(16)
-local id = num(next_seq())
+local id = num(next_seq(ARGV[3]))
 redis.call('ZADD', P .. 'leases', num(NOW_MS + tonumber(ARGV[2])), id)
 redis.call('HSET', P .. 'ttl', id, ARGV[2])
 return id
@@ -46,6 +48,7 @@ return id
     // ARGV: lease. -> ttl (ms) after the renewal, or nil if the lease is gone.
     keep_alive: script(
         r"
+epoch()
 reap_expired(16)
 local d = lease_deadline(ARGV[2])
 if not d then
@@ -63,6 +66,7 @@ return ttl
     // ARGV: lease.
     revoke: script(
         r"
+epoch()
 reap(ARGV[2])
 return 1
 ",
@@ -70,6 +74,7 @@ return 1
     // ARGV: lease. -> ms left, or nil. Reads only.
     lease_ttl: script(
         r"
+epoch()
 local d = lease_deadline(ARGV[2])
 if not d or d <= NOW_MS then
   return false
@@ -77,10 +82,14 @@ end
 return num(d - NOW_MS)
 ",
     ),
-    // ARGV: queue, tag, lease, value. -> {0} if the lease is gone, else {1, entry, predecessor,
-    // since, now} (since: see next_seq; now: the server's clock, ms).
+    // ARGV: queue, tag, lease, value, stamp, deadline (server ms), floor. -> {0} if the lease
+    // is gone; {2} if the entry is not there and this call is one its caller has given up on
+    // (past its deadline, or a later call of the same lease for the same entry came first:
+    // a request delivered late creates nothing); else {1, entry, predecessor, since, now}
+    // (since: when the epoch began, see `epoch`; now: the server's clock, ms).
     enqueue: script(
         r"
+epoch(ARGV[8])
 local q, lease = ARGV[2], ARGV[4]
 local k = q .. '/' .. ARGV[3]
 local d = lease_deadline(lease)
@@ -92,7 +101,13 @@ if not d or d <= NOW_MS then
 end
 local mine = live(k)
 if not mine then
-  local t = num(next_seq())
+  local deadline = tonumber(ARGV[7])
+  local stamp = P .. 'st:' .. lease .. ':' .. k
+  if NOW_MS > deadline or tonumber(ARGV[6]) <= tonumber(redis.call('GET', stamp) or '0') then
+    return { 2 }
+  end
+  redis.call('SET', stamp, ARGV[6], 'PX', math.max(1, deadline - NOW_MS))
+  local t = num(next_seq(ARGV[8]))
   redis.call('HSET', P .. 'e:' .. k, 'v', ARGV[5], 't', t, 'l', lease)
   redis.call('SADD', P .. 'lease:' .. lease, k)
   for _, qq in ipairs(queues_of(k)) do
@@ -101,12 +116,26 @@ if not mine then
   end
   mine = { k, ARGV[5], t, lease }
 end
-return { 1, mine, before(q, mine[3], 1)[1] or false, redis.call('GET', P .. 'since'), num(NOW_MS) }
+return { 1, mine, before(q, mine[3], 1)[1] or false, SINCE, num(NOW_MS) }
 ",
     ),
     // ARGV: key. -> the live entry or nil.
     find: script(
         r"
+epoch()
+return live(ARGV[2]) or false
+",
+    ),
+    // ARGV: key, lease, stamp, deadline (server ms). -> the live entry or nil, after making
+    // sure that no enqueue call of that lease for that key with a stamp up to `stamp` creates
+    // it later (the cleanup of an abandoned acquisition).
+    abandon: script(
+        r"
+epoch()
+local stamp = P .. 'st:' .. ARGV[3] .. ':' .. ARGV[2]
+if tonumber(ARGV[4]) > tonumber(redis.call('GET', stamp) or '0') then
+  redis.call('SET', stamp, ARGV[4], 'PX', math.max(1, tonumber(ARGV[5]) - NOW_MS))
+end
 return live(ARGV[2]) or false
 ",
     ),
@@ -114,6 +143,7 @@ return live(ARGV[2]) or false
     // {1, entries newest first, value of the plain key, since, now}.
     ahead: script(
         r"
+epoch()
 if not live(ARGV[3], ARGV[4]) then
   return { 0 }
 end
@@ -121,19 +151,20 @@ local value = false
 if ARGV[6] then
   value = redis.call('GET', P .. 'k:' .. ARGV[6])
 end
-return { 1, before(ARGV[2], ARGV[4], tonumber(ARGV[5])), value, redis.call('GET', P .. 'since'),
-  num(NOW_MS) }
+return { 1, before(ARGV[2], ARGV[4], tonumber(ARGV[5])), value, SINCE, num(NOW_MS) }
 ",
     ),
     // ARGV: queue, limit. -> up to limit live entries, oldest first.
     oldest: script(
         r"
+epoch()
 return oldest(ARGV[2], tonumber(ARGV[3]))
 ",
     ),
     // ARGV: key, token. -> 1 if that incarnation was deleted now, else 0.
     delete: script(
         r"
+epoch()
 if not live(ARGV[2], ARGV[3]) then
   return 0
 end
@@ -144,6 +175,7 @@ return 1
     // ARGV: key, token, value. -> 1 if updated, else 0.
     update: script(
         r"
+epoch()
 if not live(ARGV[2], ARGV[3]) then
   return 0
 end
@@ -157,6 +189,7 @@ return 1
     // ARGV: key, token, then ops: 'p', key, value | 'd', key. -> 1 if applied, else 0.
     guarded: script(
         r"
+epoch()
 if not live(ARGV[2], ARGV[3]) then
   return 0
 end
@@ -176,6 +209,7 @@ return 1
     // ARGV: key, '1' (expected present) or '0', expected, new. -> 1 if set, else 0.
     swap: script(
         r"
+epoch()
 local cur = redis.call('GET', P .. 'k:' .. ARGV[2])
 if ARGV[3] == '1' then
   if cur ~= ARGV[4] then
@@ -192,6 +226,7 @@ return 1
     // has left (the mailbox is told when it goes).
     watch_gone: script(
         r"
+epoch()
 local e = live(ARGV[2], ARGV[3])
 if not e then
   return -1
@@ -204,6 +239,7 @@ return num(lease_deadline(e[4]) - NOW_MS)
     // the one seen, else {0} (the mailbox is told when it changes).
     watch_value: script(
         r"
+epoch()
 local cur = redis.call('GET', P .. 'k:' .. ARGV[2])
 local same
 if ARGV[3] == '1' then
@@ -218,22 +254,26 @@ register(P .. 'kw:' .. ARGV[2], ARGV[5])
 return { 0 }
 ",
     ),
-    // ARGV: mailbox id or '' (new), alive ms. -> the mailbox id, marked alive for that long.
+    // ARGV: mailbox id or '' (new), alive ms, floor. -> {mailbox id, epoch}, the mailbox
+    // marked alive for that long. A reader that sees the epoch change wakes every waiter:
+    // the registrations of the epoch before are gone.
     mailbox: script(
         r"
+epoch(ARGV[4])
 local id = ARGV[2]
 if id == '' then
-  id = num(next_seq())
+  id = num(next_seq(ARGV[4]))
 end
 redis.call('SET', P .. 'mba:' .. id, '1', 'PX', ARGV[3])
-return id
+return { id, num(EPOCH) }
 ",
     ),
-    // ARGV: queue, '1' to start over (else only keep the log alive). -> {id, k, t, v, l} of
-    // the head last logged (k '' when the queue is empty), or {} when not starting over and
+    // ARGV: queue, '1' to start over (else only keep the log alive). -> {id, k, t, v, l, epoch}
+    // of the head last logged (k '' when the queue is empty), or {} when not starting over and
     // the log is gone.
     observe: script(
         r"
+epoch()
 local q = ARGV[2]
 local hl = P .. 'hl:' .. q
 if ARGV[3] ~= '1' and redis.call('EXISTS', hl) == 0 then
@@ -251,7 +291,7 @@ end
 redis.call('PEXPIRE', hl, 3600000)
 redis.call('PEXPIRE', P .. 'h:' .. q, 3600000)
 local last = redis.call('HMGET', hl, 'id', 'k', 't', 'v', 'l')
-return { last[1], last[2], last[3], last[4], last[5] }
+return { last[1], last[2], last[3], last[4], last[5], num(EPOCH) }
 ",
     ),
 });

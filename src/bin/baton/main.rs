@@ -257,7 +257,7 @@ impl From<Error> for Failure {
         let code = match &e {
             Error::InvalidArgument(_) | Error::LimitMismatch { .. } => exit::USAGE,
             Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => exit::UNAVAILABLE,
-            Error::Auth { .. } => exit::AUTH,
+            Error::Auth { .. } | Error::Permission { .. } => exit::AUTH,
             Error::Locked { .. } => exit::TIMEOUT,
             Error::SessionLost(_)
             | Error::EntryGone { .. }
