@@ -1,8 +1,12 @@
-//! A loopback TCP proxy for fault tests: cut a client off from a server, or drop only the
-//! server's answers, then heal. baton's own fault tests use it; so can yours.
+//! A loopback TCP proxy for fault tests: cut a client off from a server, drop only the
+//! server's answers, hold requests back and deliver them late, or move clients to another
+//! server, then heal. baton's own fault tests use it; so can yours.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex as StdMutex};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -10,7 +14,12 @@ use tokio::sync::watch;
 /// forwarding (the connections stay open, everything sent is dropped, as on a cut network);
 /// `drop_answers` forwards requests but drops what the server sends back (a request is
 /// applied, its answer lost); `heal` closes the connections of the outage, as TCP eventually
-/// would, and forwards new ones again. It stops when dropped.
+/// would, and forwards new ones again. `hold_requests` keeps what clients send from the
+/// server; after `heal` the clients' side of those connections is closed (they reconnect and
+/// retry), and [`deliver_held`](Proxy::deliver_held) later sends what was held to the server
+/// on the old connections: requests that arrive after their clients gave up on them.
+/// `redirect` sends new connections to another server (a failover behind a fixed address).
+/// It stops when dropped.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,6 +35,18 @@ pub struct Proxy {
     addr: SocketAddr,
     /// (what is forwarded, generation): connections of an older generation are closed.
     state: watch::Sender<(Flow, u64)>,
+    /// Where new connections go.
+    upstream: Arc<StdMutex<SocketAddr>>,
+    /// What `hold_requests` kept back.
+    held: Arc<Held>,
+}
+
+/// What the proxy kept back: every byte held so far (for tests to wait on), and the server
+/// connections parked by `heal` with what they still have to send.
+#[derive(Debug)]
+struct Held {
+    bytes: watch::Sender<Vec<u8>>,
+    parked: StdMutex<Vec<(Vec<u8>, TcpStream)>>,
 }
 
 /// What the proxy forwards.
@@ -34,6 +55,8 @@ enum Flow {
     Both,
     RequestsOnly,
     Nothing,
+    /// Requests are kept back (answers still flow).
+    HoldRequests,
 }
 
 impl Proxy {
@@ -47,36 +70,50 @@ impl Proxy {
     /// # Cancel safety
     /// Cancel safe: the proxy runs only once this returns.
     pub async fn start(upstream: &str) -> std::io::Result<Proxy> {
-        let invalid =
-            |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_owned());
-        let upstream: SocketAddr = upstream
-            .trim_start_matches("http://")
-            .parse()
-            .map_err(|_| invalid("expected ip:port or http://ip:port"))?;
-        if !upstream.ip().is_loopback() {
-            return Err(invalid("the proxy forwards to the loopback interface only"));
-        }
+        let upstream = loopback(upstream)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (state, rx) = watch::channel((Flow::Both, 0u64));
+        let upstream = Arc::new(StdMutex::new(upstream));
+        let held = Arc::new(Held {
+            bytes: watch::channel(Vec::new()).0,
+            parked: StdMutex::new(Vec::new()),
+        });
+        let (to, kept) = (Arc::clone(&upstream), Arc::clone(&held));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let rx = rx.clone();
+                let (rx, held) = (rx.clone(), Arc::clone(&kept));
+                let target = *to.lock().unwrap_or_else(|p| p.into_inner());
                 tokio::spawn(async move {
                     let generation = rx.borrow().1;
-                    let Ok(server) = TcpStream::connect(upstream).await else {
+                    let Ok(server) = TcpStream::connect(target).await else {
                         return;
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::join!(
-                        pipe(cr, sw, rx.clone(), generation, true),
-                        pipe(sr, cw, rx, generation, false)
+                    let (requests, answers) = tokio::join!(
+                        requests(cr, sw, rx.clone(), generation, &held),
+                        answers(sr, cw, rx, generation)
                     );
+                    // A connection healed while it held requests keeps its server side, with
+                    // what it has to send, for `deliver_held`.
+                    if let (Some((kept, sw)), Some(sr)) = (requests, answers)
+                        && let Ok(server) = sr.reunite(sw)
+                    {
+                        held.parked
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((kept, server));
+                    }
                 });
             }
         });
-        Ok(Proxy { addr, state })
+        Ok(Proxy {
+            addr,
+            state,
+            upstream,
+            held,
+        })
     }
 
     /// The endpoint to give a client that should go through the proxy,
@@ -102,40 +139,165 @@ impl Proxy {
     }
 
     /// Closes the connections of the outage (as TCP eventually would) and forwards new ones.
+    /// Connections that held requests ([`hold_requests`](Self::hold_requests)) are closed on
+    /// the clients' side only: their server side waits for
+    /// [`deliver_held`](Self::deliver_held).
     pub fn heal(&self) {
         self.state.send_modify(|s| *s = (Flow::Both, s.1 + 1));
     }
+
+    /// Keeps back what clients send from now on, on the connections open now and on new
+    /// ones (answers to what was sent before still reach them), until [`heal`](Self::heal).
+    pub fn hold_requests(&self) {
+        self.state.send_modify(|s| s.0 = Flow::HoldRequests);
+    }
+
+    /// Waits until the requests held so far contain `needle` (for a test to know that the
+    /// request it wants delivered late was sent).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only waits.
+    pub async fn held_contains(&self, needle: &[u8]) {
+        let mut held = self.held.bytes.subscribe();
+        // The sender lives as long as `self`: this ends only with a match.
+        let _ = held
+            .wait_for(|bytes| bytes.windows(needle.len().max(1)).any(|w| w == needle))
+            .await;
+    }
+
+    /// Sends what the connections closed by [`heal`](Self::heal) held to their servers, on
+    /// those old connections, and returns once the servers have processed it (a Redis
+    /// `PING` sent after it was answered: for Redis servers only). Returns how many
+    /// connections delivered something.
+    ///
+    /// # Errors
+    /// The operating system's error if a server connection fails.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe: a dropped call may have delivered part of what was held, and the
+    /// rest is lost.
+    pub async fn deliver_held(&self) -> std::io::Result<usize> {
+        let parked =
+            std::mem::take(&mut *self.held.parked.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut delivered = 0;
+        for (mut bytes, mut server) in parked {
+            bytes.extend_from_slice(b"PING\r\n");
+            server.write_all(&bytes).await?;
+            let mut answers = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !answers.ends_with(b"+PONG\r\n") {
+                let n = server.read(&mut buf).await?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                answers.extend_from_slice(&buf[..n]);
+            }
+            delivered += 1;
+        }
+        Ok(delivered)
+    }
+
+    /// Sends new connections to `upstream` (`ip:port` on the loopback interface) from now
+    /// on, as a failover behind a fixed address would; [`heal`](Self::heal) closes the
+    /// connections to the old one.
+    ///
+    /// # Errors
+    /// [`std::io::ErrorKind::InvalidInput`] as for [`start`](Self::start).
+    pub fn redirect(&self, upstream: &str) -> std::io::Result<()> {
+        let upstream = loopback(upstream)?;
+        *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
+        Ok(())
+    }
 }
 
-async fn pipe(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+/// `ip:port` or `http://ip:port`, on the loopback interface.
+fn loopback(upstream: &str) -> std::io::Result<SocketAddr> {
+    let invalid = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, why.to_owned());
+    let upstream: SocketAddr = upstream
+        .trim_start_matches("http://")
+        .parse()
+        .map_err(|_| invalid("expected ip:port or http://ip:port"))?;
+    if !upstream.ip().is_loopback() {
+        return Err(invalid("the proxy forwards to the loopback interface only"));
+    }
+    Ok(upstream)
+}
+
+/// Client to server: forwards, drops or holds back what the client sends, until the
+/// connection's generation ends. A connection healed while it held something gives back what
+/// it held and its server side.
+async fn requests(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
     mut state: watch::Receiver<(Flow, u64)>,
     generation: u64,
-    request: bool,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    held: &Held,
+) -> Option<(Vec<u8>, OwnedWriteHalf)> {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut kept = Vec::new();
     loop {
         let n = tokio::select! {
             read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             },
             changed = state.changed() => {
                 if changed.is_err() || state.borrow().1 != generation {
-                    return; // healed: this connection belongs to the outage
+                    // Healed: this connection belongs to the outage.
+                    return (!kept.is_empty()).then_some((kept, to));
                 }
                 continue;
             }
         };
         let (flow, current) = *state.borrow();
         if current != generation {
-            return;
+            return (!kept.is_empty()).then_some((kept, to));
         }
-        let forwarding = flow == Flow::Both || (flow == Flow::RequestsOnly && request);
+        match flow {
+            Flow::Both | Flow::RequestsOnly => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    return None;
+                }
+            }
+            Flow::HoldRequests => {
+                kept.extend_from_slice(&buf[..n]);
+                held.bytes
+                    .send_modify(|all| all.extend_from_slice(&buf[..n]));
+            }
+            Flow::Nothing => {}
+        }
+    }
+}
+
+/// Server to client: forwards or drops the server's answers until the connection's
+/// generation ends; then gives back the server side.
+async fn answers(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut state: watch::Receiver<(Flow, u64)>,
+    generation: u64,
+) -> Option<OwnedReadHalf> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => n,
+            },
+            changed = state.changed() => {
+                if changed.is_err() || state.borrow().1 != generation {
+                    return Some(from);
+                }
+                continue;
+            }
+        };
+        let (flow, current) = *state.borrow();
+        if current != generation {
+            return Some(from);
+        }
+        let forwarding = matches!(flow, Flow::Both | Flow::HoldRequests);
         if forwarding && to.write_all(&buf[..n]).await.is_err() {
-            return;
+            return None;
         }
     }
 }
