@@ -9,8 +9,10 @@ trap 'rm -f "$out"' EXIT
 harness=$(mktemp)
 trap 'rm -f "$out" "$harness"' EXIT
 for _ in $(seq 1 "$runs"); do
-  cargo test --quiet --all-features --test faults -- --nocapture --test-threads=1 2>/dev/null \
-    | grep -o 'RELIABILITY|.*' >>"$out"
+  for suite in faults redis_rollback; do
+    cargo test --quiet --all-features --test "$suite" -- --nocapture --test-threads=1 2>/dev/null \
+      | grep -o 'RELIABILITY|.*' >>"$out"
+  done
 done
 # The fault-injection harness: every case on the memory backend, the sample on etcd and Redis.
 {
@@ -30,8 +32,9 @@ ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo "?"), $(
 not edit by hand.
 
 Every scenario runs against real servers in containers (etcd: a three-member cluster where
-members are stopped, paused or restarted; Redis: a single primary, restarted without
-persistence, or cut off from a client by a proxy; ZooKeeper: a three-member ensemble whose
+members are stopped, paused or restarted; Redis: a single primary restarted with or without
+its data or from an older snapshot, flushed, failed over to a replica that missed writes, or
+cut off from a client by a proxy (\`tests/redis_rollback.rs\` too); ZooKeeper: a three-member ensemble whose
 leader is stopped or members paused, or one server with clients cut off by a proxy or
 killed), and every lock holder writes through the
 safety checker:

@@ -695,7 +695,8 @@ impl Redlock {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for no URL, a server named twice (two URLs with the same
-    /// host and port), or options that could never hold a lock (a TTL not longer than the
+    /// host and port, or two URLs whose servers answer with the same `run_id`: one server
+    /// behind two names), or options that could never hold a lock (a TTL not longer than the
     /// per-node timeout plus the drift allowance, a drift factor outside `[0, 1)`);
     /// [`Error::Connect`] for a malformed URL, or when fewer than a quorum of nodes answered
     /// within the connect timeout (its source names each failure).
@@ -722,13 +723,24 @@ impl Redlock {
             match tokio::time::timeout(limit, node.connection()).await {
                 Ok(Ok((_, mut conn))) => {
                     check_eviction(node, &mut conn, limit).await;
-                    Ok(())
+                    Ok(run_id(&mut conn, limit).await)
                 }
                 Ok(Err(cause)) => Err((node.endpoint.clone(), cause)),
                 Err(_) => Err((node.endpoint.clone(), Cause::Timeout(limit))),
             }
         }))
         .await;
+        // Two URLs can name one server in ways their text does not show (127.0.0.1 and
+        // localhost, a DNS alias, a proxy): one server would then count twice towards the
+        // quorum. Tell servers apart by the id each process reports.
+        let mut ids = std::collections::HashSet::new();
+        for id in opened.iter().flatten().flatten() {
+            if !ids.insert(id.clone()) {
+                return Err(Error::InvalidArgument(
+                    "two Redlock nodes are the same Redis server (the same run_id answered on both): each node must be its own server",
+                ));
+            }
+        }
         let failures: Vec<(String, Cause)> = opened.into_iter().filter_map(Result::err).collect();
         let inner = Inner { nodes, options };
         if inner.nodes.len() - failures.len() < inner.quorum() {
@@ -922,6 +934,19 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
         }));
     }
     Ok(nodes)
+}
+
+/// The id of the server process behind `conn` (`run_id` in `INFO server`), if it tells.
+async fn run_id(conn: &mut MultiplexedConnection, limit: Duration) -> Option<String> {
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("server");
+    let info = tokio::time::timeout(limit, cmd.query_async::<String>(conn))
+        .await
+        .ok()?
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
 }
 
 /// Reads the node's eviction settings and warns when they could drop lock keys. Best effort:

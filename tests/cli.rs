@@ -898,6 +898,37 @@ async fn elect_runs_a_command_while_leading() {
     );
 }
 
+/// Issue #25 (10): a Redis restart grace is not waited out in silence. The shared server's
+/// state began with this test run, so with a grace of 600 s every lock waits: `--try` gives
+/// up, and standard error says that it waits, why, for how long and which option changes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_grace_is_said_on_standard_error() {
+    let url = RedisNode::shared().url();
+    let name = name("grace");
+    let out = baton(&[
+        "--endpoints",
+        &url,
+        "--restart-grace",
+        "600",
+        "lock",
+        &name,
+        "--try",
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_exit(&out, 75);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in [
+        "restart grace",
+        "nothing is granted for",
+        "--restart-grace",
+        "TTL",
+    ] {
+        assert!(stderr.contains(said), "`{said}` missing from:\n{stderr}");
+    }
+}
+
 /// `elect` on Redis: a command runs while leading, with the fencing token in its
 /// environment, and the leadership ends with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

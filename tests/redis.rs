@@ -446,3 +446,59 @@ async fn errors_name_the_server() {
         "the cause is kept"
     );
 }
+
+/// Promise (`RedisBackend::connect`'s errors): credentials refused or missing are
+/// `Error::Auth`; a user whose password is right but who may not run a command baton's
+/// scripts run (here `INFO`) is `Error::Permission`, which names the command; a user with
+/// exactly the permissions docs/redis.md lists can lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tells_refused_credentials_from_a_missing_permission() {
+    let node = RedisNode::start().await.unwrap();
+    let _: () = node
+        .command(
+            "ACL",
+            &[
+                "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info",
+            ],
+        )
+        .await
+        .unwrap();
+    // As docs/redis.md ("What is checked at connect") lists them.
+    let documented = "on >pw ~baton:* +@read +@write +@scripting +info +time +blpop +xread";
+    let mut rules = vec!["SETUSER", "app"];
+    rules.extend(documented.split(' '));
+    let _: () = node.command("ACL", &rules).await.unwrap();
+    let _: () = node
+        .command("CONFIG", &["SET", "requirepass", "secret"])
+        .await
+        .unwrap();
+    let at = |auth: &str| format!("redis://{auth}127.0.0.1:{}", node.port());
+    let options = || RedisOptions::new().with_restart_grace(Duration::ZERO);
+    for (auth, what) in [("", "no password"), (":wrong@", "a wrong password")] {
+        let err = RedisBackend::connect(&at(auth), options())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Auth { .. }), "{what}: {err:?}");
+    }
+    let err = RedisBackend::connect(&at("noinfo:pw@"), options())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Permission { .. }), "{err:?}");
+    let cause = std::error::Error::source(&err).unwrap().to_string();
+    assert!(
+        cause.contains("info"),
+        "the cause names the command: {cause}"
+    );
+    assert!(
+        RedisBackend::connect(&at(":secret@"), options())
+            .await
+            .is_ok()
+    );
+    let app = RedisBackend::connect(&at("app:pw@"), options())
+        .await
+        .unwrap();
+    let s = Session::new(app).await.unwrap();
+    let guard = Mutex::new(&s, "acl").unwrap().lock().await.unwrap();
+    guard.unlock().await.unwrap();
+    s.close().await.unwrap();
+}

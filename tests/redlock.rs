@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use baton::Error;
 use baton::redlock::{Redlock, RedlockGuard, RedlockOptions};
-use baton::testing::RedisNodes;
+use baton::testing::{RedisNode, RedisNodes};
 use redis::aio::MultiplexedConnection;
 
 const PREFIX: &str = "test:";
@@ -707,4 +707,29 @@ async fn connect_refuses_what_cannot_work() {
     let cause = std::error::Error::source(&err).unwrap().to_string();
     assert!(cause.starts_with("3 of 3 nodes failed"), "{cause}");
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+/// Promise: one server behind two names (here a proxy in front of it, as `localhost` and
+/// `127.0.0.1` or a DNS alias would be) is refused, although the URLs differ: it would count
+/// twice towards the quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_behind_two_names_is_refused() {
+    let nodes = RedisNodes::start(2).await.unwrap();
+    let alias = baton::testing::Proxy::start(&format!("127.0.0.1:{}", nodes.node(0).port()))
+        .await
+        .unwrap();
+    let urls = [
+        nodes.node(0).url(),
+        format!("redis://{}", alias.addr()),
+        nodes.node(1).url(),
+    ];
+    let err = Redlock::connect(&urls, options()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidArgument(why) if why.contains("same Redis server")),
+        "{err:?}"
+    );
+    // Three distinct servers are accepted.
+    let third = RedisNode::start().await.unwrap();
+    let urls = [nodes.node(0).url(), nodes.node(1).url(), third.url()];
+    assert!(Redlock::connect(&urls, options()).await.is_ok());
 }

@@ -79,17 +79,20 @@ impl RedisOptions {
         }
     }
 
-    /// How long after the server started nothing is granted, when its baton state is fresh
+    /// How long nothing is granted after baton's state on the server was lost or rolled back
     /// (default 60 s, the default session TTL).
     ///
-    /// A Redis restarted without persistence has lost its queues, but the holders from before
-    /// do not know yet: each believes it holds until its lease would have expired (at most
-    /// its session TTL after its last renewal), and learns of the loss at its next renewal.
-    /// Granting nothing until the server has been up for the longest TTL in use keeps a new
-    /// holder from overlapping an old one. Set it to at least the longest session TTL of
-    /// every client of this server. A server that has been up longer than the grace when its
-    /// state is created (a new deployment used later, or data deleted on a running server)
-    /// waits for nothing.
+    /// Every script checks that the state it reads is the one earlier grants were made on
+    /// (the server's `run_id` against the one stored with the state, the state's presence, and
+    /// the highest token the client has seen). A restart (with or without persistence, even
+    /// from an AOF), a failover, a flush or a deletion of baton's keys starts a new *epoch*:
+    /// every lease from before is void and its owners are told at their next renewal, but
+    /// until then each believes it holds, for at most its session TTL. So nothing is granted
+    /// until the grace has passed since the epoch began. Set it to at least the longest
+    /// session TTL of every client of this server: a shorter grace lets a new holder overlap
+    /// an old one (a fence still refuses the old holder's writes). The first use of a new or
+    /// flushed server waits the grace too: baton cannot tell a server that never held locks
+    /// from one that lost them. Each wait is logged once (`warn`).
     ///
     /// `Duration::ZERO` turns the wait off: right only where no holder can predate the
     /// state (a test server started for one run).
@@ -155,14 +158,15 @@ impl RedisOptions {
 /// waiters uses two connections: one for requests, one for its mailbox (plus one per
 /// [`observe_head`](Backend::observe_head) stream).
 ///
-/// **What Redis can promise.** Mutual exclusion holds on a single primary. With asynchronous
-/// replication a failover can lose entries and grant a second holder; a server restarted
-/// without persistence loses the queue. In both cases the old holder learns it lost the lock
-/// at its next renewal. A restart is covered by the restart grace
-/// ([`RedisOptions::with_restart_grace`]): a server whose state is fresh grants nothing until
-/// it has been up for the longest session TTL, so no holder from before overlaps a new one. A
-/// failover is not: only a fenced resource stays safe then, and it does, because tokens keep
-/// increasing (the fence rejects the old holder's late writes).
+/// **What Redis can promise.** Mutual exclusion holds on a single primary. Any loss or
+/// rollback of baton's state (a restart with or without persistence, a failover to a replica
+/// that missed writes, a flush or deletion of baton's keys) is detected by the first script
+/// that runs on the state that follows it, before it grants anything: every lease from before
+/// is void, every token after it is higher than any before it, and nothing is granted until
+/// the restart grace ([`RedisOptions::with_restart_grace`], at least the longest session TTL)
+/// has passed, by when every holder from before has been told (`lost()`). What stays open is
+/// a split brain: an old primary that goes on serving its clients after a replica was
+/// promoted; only a fenced resource stays safe then (docs/redis.md).
 ///
 /// `RedisBackend` is a handle: clones share the connections and the mailbox.
 #[derive(Clone)]
@@ -178,8 +182,9 @@ struct Shared {
     endpoint: String,
     mailbox: Mailbox,
     requests: AtomicU64,
-    /// The restart grace was reported (once per backend).
-    grace_told: std::sync::atomic::AtomicBool,
+    /// The start (`since`, server ms) of the last restart grace reported: each epoch's grace
+    /// is reported once per backend.
+    grace_told: std::sync::atomic::AtomicI64,
     /// The highest counter value (token, lease id, epoch) this backend has seen: sent with
     /// the requests that take new values, so that the server never hands out a lower one
     /// (and knows its state went back in time if its counter is below it).
@@ -397,7 +402,7 @@ fn unknown(op: &'static str) -> Error {
     }
 }
 
-/// The key of the stand-in entries that hold a fresh server's queues during its restart
+/// The key of the stand-in entries that hold the queues of a new epoch during its restart
 /// grace (under the prefix; never a real entry: real entries are not keyed under it).
 const GRACE_KEY: &str = "restart-grace";
 
@@ -504,7 +509,7 @@ impl RedisBackend {
                 endpoint,
                 mailbox,
                 requests: AtomicU64::new(0),
-                grace_told: std::sync::atomic::AtomicBool::new(false),
+                grace_told: std::sync::atomic::AtomicI64::new(i64::MIN),
                 floor,
                 stamps: AtomicU64::new(0),
                 clock,
@@ -718,7 +723,7 @@ impl RedisBackend {
         ))
     }
 
-    /// `n` stand-ins for the entries that may still hold this fresh server's queues (see
+    /// `n` stand-ins for the entries from before the epoch that may still hold its queues (see
     /// [`RedisOptions::with_restart_grace`]), gone once the grace ends (`end`, server ms): a
     /// contender waits for them like for any entry ahead.
     fn grace_entries(&self, n: usize, end: i64) -> impl Iterator<Item = Entry> + '_ {
@@ -779,11 +784,14 @@ impl RedisBackend {
             && let Some(left) = grace_left(self.inner.options.restart_grace, since, now)
         {
             let end = now.and_then(number).unwrap_or(0) + i64::try_from(left).unwrap_or(0);
-            if !self.inner.grace_told.swap(true, Ordering::Relaxed) {
-                tracing::info!(
-                    left_ms = left,
+            let start = since.and_then(number).unwrap_or(0);
+            if self.inner.grace_told.swap(start, Ordering::Relaxed) != start {
+                tracing::warn!(
+                    wait_ms = left,
+                    grace_ms = u64::try_from(self.inner.options.restart_grace.as_millis()).unwrap_or(u64::MAX),
                     endpoint = %self.inner.endpoint,
-                    "this Redis's baton state is fresh (a new server, or one that lost its data): nothing is granted until its restart grace ends"
+                    "Redis lost or rolled back baton's state (a new or restarted server, a failover or a flush): nothing is granted for {:.1} s more, until the restart grace has passed, since a holder from before may still believe it holds; the grace is RedisOptions::with_restart_grace (CLI: --restart-grace) and must be at least the longest session TTL",
+                    Duration::from_millis(left).as_secs_f64()
                 );
             }
             let missing = limit - ahead.len();

@@ -109,8 +109,9 @@ struct Cli {
     /// Seconds to wait for an endpoint to answer.
     #[arg(long, default_value = "5", value_parser = seconds, global = true, allow_negative_numbers = true)]
     connect_timeout: Duration,
-    /// Redis only: seconds after a restart that lost its data during which nothing is granted
-    /// (at least the longest --ttl of any client; see docs/redis.md).
+    /// Redis only: seconds after baton's state was lost or rolled back (a restart, a failover,
+    /// a flush, a new server) during which nothing is granted (at least the longest --ttl of
+    /// any client; see docs/redis.md).
     #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, value_name = "SECONDS")]
     restart_grace: Duration,
     /// ZooKeeper only: whose node names the lock entries take, to share locks with
@@ -290,6 +291,22 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// Prints the library's warnings (with `-v`, its notices too) on standard error, one line
+/// each: a wait the operator would otherwise not see (a Redis restart grace) is said where
+/// they look. `BATON_LOG` (a `tracing` filter, e.g. `baton=debug`) overrides the level.
+fn log_to_stderr(verbose: bool) {
+    let default = if verbose { "baton=info" } else { "baton=warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BATON_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .without_time()
+        .with_ansi(false)
+        .try_init();
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some(supervise::EXEC_STEP) {
@@ -313,6 +330,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
     };
+    log_to_stderr(cli.verbose);
     // One thread: the command is started from it, and on Linux a child's parent-death signal
     // follows the thread that started it.
     let runtime = match tokio::runtime::Builder::new_current_thread()
