@@ -606,3 +606,91 @@ async fn an_election_across_a_restart_from_a_snapshot_has_one_leader() {
     );
     three.resign().await.unwrap();
 }
+
+/// Some of baton's keys deleted on a running server, as an operator cleaning up by hand
+/// might: the holder's entry hash, or the set of leases. The first script that meets what is
+/// left starts a new epoch: the holder is told before the newcomer is granted, after the
+/// grace, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_some_of_batons_keys_never_grants_twice() {
+    let node = RedisNode::start().await.unwrap();
+    let backend = backend(&node.url(), TTL).await;
+    for (case, delete) in [
+        ("the holder's entry", "entry"),
+        ("the set of leases", "leases"),
+    ] {
+        let name = name(&format!("deleted-{delete}"));
+        let holder = session(&backend).await;
+        let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+        let timeline = Timeline::default();
+        let told = timeline.told_when("holder", guard.lost());
+        let keys: Vec<String> = match delete {
+            "entry" => vec![format!("baton:e:{}", guard.key())],
+            _ => vec!["baton:leases".to_owned()],
+        };
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let deleted: i64 = node.command("DEL", &keys).await.unwrap();
+        assert_eq!(deleted, 1, "{case}: nothing deleted ({keys:?})");
+        let at = Instant::now();
+        // A session made before anything met the damage is void with the rest: the newcomer
+        // starts over with a new one, as a service would.
+        let fresh = tokio::spawn({
+            let (timeline, backend, name) = (timeline.clone(), backend.clone(), name.clone());
+            async move {
+                loop {
+                    let s = session(&backend).await;
+                    match Mutex::new(&s, &name).unwrap().lock().await {
+                        Ok(g) => {
+                            timeline.record(Happened::Granted("newcomer", g.fencing_token().get()));
+                            return (s, g);
+                        }
+                        Err(Error::SessionLost(_)) => continue,
+                        Err(e) => panic!("{e:?}"),
+                    }
+                }
+            }
+        });
+        let (_s, next) = within("the newcomer", TTL * 4, fresh).await.unwrap();
+        within("the holder is told", TTL, told).await.unwrap();
+        timeline.check(
+            &format!("DEL of {case} on a running server"),
+            at,
+            &["holder"],
+            guard.fencing_token().get(),
+            TTL,
+        );
+        next.unlock().await.unwrap();
+    }
+}
+
+/// The holder's entry deleted together with its queue: nothing a newcomer's script reads is
+/// left to tell (docs/redis.md says so), but the holder, which watches its own entry, is
+/// told that it was deleted, within a TTL (its watch looks again when the lease would end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_entry_and_queue_were_deleted_is_told() {
+    let node = RedisNode::start().await.unwrap();
+    let backend = backend(&node.url(), Duration::ZERO).await;
+    let name = name("deleted-queue");
+    let holder = session(&backend).await;
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let lost = tokio::spawn(guard.lost());
+    // Its watch is in place: the lock is held, and a read of the entry has been answered.
+    assert!(guard.is_owner().await.unwrap());
+    let entry = format!("baton:e:{}", guard.key());
+    let queue = format!("baton:q:{name}");
+    let deleted: i64 = node.command("DEL", &[&entry, &queue]).await.unwrap();
+    assert_eq!(deleted, 2);
+    let deleted_at = Instant::now();
+    // The bound: a TTL, and the round trip of the look.
+    let reason = within("the holder is told", TTL + Duration::from_secs(1), lost)
+        .await
+        .unwrap();
+    println!(
+        "told {:?} after the deletion: {reason:?}",
+        deleted_at.elapsed()
+    );
+    assert!(
+        matches!(reason, baton::LostReason::EntryDeleted),
+        "{reason:?}"
+    );
+}

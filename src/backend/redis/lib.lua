@@ -211,6 +211,15 @@ local function epoch(floor)
   new_epoch(floor)
 end
 
+-- Part of baton's state was deleted behind its back (scripts change an entry, its queues and
+-- its lease together, so one without the others is never left by them): an owner may still
+-- hold, and more may be missing. Start over as after any loss, and have the client send its
+-- request again (TRYAGAIN is retried), now on the new epoch.
+local function tampered(what)
+  new_epoch(nil)
+  error({ err = 'TRYAGAIN baton: part of its state was deleted (' .. what .. '); a new epoch began' })
+end
+
 -- Ends up to `n` leases whose deadline passed (those of crashed owners).
 local function reap_expired(n)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW_MS, 'LIMIT', 0, n)) do
@@ -227,12 +236,8 @@ local function live(k, t)
   end
   local d = lease_deadline(e[3])
   if not d and (tonumber(e[3]) or 0) >= EPOCH then
-    -- A lease of this epoch ends with its entries, in one script: an entry whose lease is
-    -- missing means baton's keys were deleted in part behind its back. Its owner may still
-    -- hold, and others may be missing too: start over as after any loss, and have the client
-    -- send its request again (TRYAGAIN is retried), now on the new epoch.
-    new_epoch(nil)
-    error({ err = 'TRYAGAIN baton: part of its state was deleted; a new epoch began' })
+    -- A lease of this epoch ends with its entries, in one script.
+    tampered('an entry without its lease')
   end
   if not d or d <= NOW_MS then
     reap(e[3])
@@ -258,11 +263,15 @@ local function walk(q, range, from, to, limit)
       return out
     end
     for i = 1, #batch, 2 do
+      if redis.call('EXISTS', P .. 'e:' .. batch[i]) == 0 then
+        -- An entry leaves its queues in the script that deletes it.
+        tampered('a queued entry without its hash')
+      end
       local e = live(batch[i])
       if e then
         out[#out + 1] = e
       else
-        -- Gone with its lease (or a member without its hash, which should not happen).
+        -- Gone with its lease (live() removed it from its queues).
         redis.call('ZREM', P .. 'q:' .. q, batch[i])
       end
       bound = '(' .. batch[i + 1]
