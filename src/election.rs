@@ -156,6 +156,7 @@ impl Election {
         );
         let value = value.into();
         SyncFuture::new(async move {
+            queue::check_exclusive_value(&value)?;
             let held = queue::acquire(
                 &self.session,
                 queue::Ask {
@@ -363,6 +364,7 @@ impl Leadership {
     ) -> impl Future<Output = Result<()>> + Send + Sync + '_ {
         let value = value.into();
         SyncFuture::new(async move {
+            queue::check_exclusive_value(&value)?;
             let entry = self.held.entry();
             if self
                 .held

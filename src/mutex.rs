@@ -131,6 +131,7 @@ impl Mutex {
     }
 
     async fn acquire(&self, mode: Mode) -> Result<MutexGuard> {
+        queue::check_exclusive_value(&self.owner)?;
         let span = tracing::debug_span!(
             "baton.lock",
             name = %self.name,

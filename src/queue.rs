@@ -252,6 +252,44 @@ pub(crate) enum Turn<'a> {
 pub(crate) struct Fewer<'a> {
     pub(crate) of: &'a str,
     pub(crate) limit: Limit<'a>,
+    /// For a kind that holds together with others of its kind (permits, readers): granted
+    /// only once no entry of another kind is ahead of it under the name (docs/recipes.md,
+    /// "One name, several kinds of lock"). `None`: `of` and `limit` say it all (a write
+    /// lock: no entry at all ahead under the name).
+    pub(crate) kind: Option<Shared<'a>>,
+}
+
+/// A kind of entry that holds together with others of its kind, told by the first bytes of
+/// its value ([`PERMIT`], [`READ`]). Every other entry under the name (a Mutex's, an
+/// Election's, a write lock's, `etcdctl lock`'s, a Curator or kazoo lock's, anything baton
+/// does not recognise) excludes it, and it excludes them: they wait for every older entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shared<'a> {
+    /// The name whose entries (nested ones included) are looked at.
+    pub(crate) name: &'a str,
+    /// The mark every entry of this kind's value starts with.
+    pub(crate) mark: &'static [u8],
+}
+
+/// The start of a semaphore permit's value.
+pub(crate) const PERMIT: &[u8] = b"baton-permit:";
+/// The start of a read lock's value.
+pub(crate) const READ: &[u8] = b"baton-read:";
+
+/// `value` marked as an entry of kind `mark`.
+pub(crate) fn marked(mark: &[u8], value: &[u8]) -> Vec<u8> {
+    [mark, value].concat()
+}
+
+/// Refuses a value an exclusive entry (Mutex, Election, write lock) cannot hold: one that
+/// starts like a shared kind's would be taken for one, and let its holders in.
+pub(crate) fn check_exclusive_value(value: &[u8]) -> Result<()> {
+    if value.starts_with(PERMIT) || value.starts_with(READ) {
+        return Err(Error::InvalidArgument(
+            "a lock's value (owner info or proposal) must not start with `baton-permit:` or `baton-read:`: those mark semaphore permits and read locks",
+        ));
+    }
+    Ok(())
 }
 
 /// How many entries ahead are too many, for [`Turn::Fewer`].
@@ -419,8 +457,7 @@ fn take_turn<'a>(
                     // Boxed: its state is larger than the head wait's, and a mutex waiter
                     // would carry that size for as long as it waits.
                     Turn::Fewer(rule) => {
-                        let wait =
-                            wait_for_fewer(session, mine, rule.of, rule.limit, mode, &mut lost);
+                        let wait = wait_for_fewer(session, mine, rule, mode, &mut lost);
                         Box::pin(wait).await?
                     }
                 }
@@ -489,6 +526,9 @@ enum Look {
     Granted,
     /// Not yet: the entries to watch (the `limit` just ahead), and the stored limit as read.
     Wait(Vec<Entry>, Option<Vec<u8>>),
+    /// Few enough ahead, but these entries of another kind are ahead too: wait for them to
+    /// go (a change of the limit changes nothing).
+    Others(Vec<Entry>),
 }
 
 /// Parses a stored limit; an error that names the recipe if it is not a positive number.
@@ -504,8 +544,37 @@ pub(crate) fn parse_limit(raw: Option<&[u8]>, name: &str, requested: u32) -> Res
     }
 }
 
+/// Reads how many entries of `rule.of` are ahead of `mine`, and the limit; when they are
+/// few enough, whether an entry of another kind is ahead under the name.
+async fn look(backend: &dyn Backend, mine: &Entry, rule: &Fewer<'_>) -> Result<Look> {
+    let looked = count(backend, mine, rule.of, rule.limit).await?;
+    let Some(kind) = rule.kind else {
+        return Ok(looked);
+    };
+    if !matches!(looked, Look::Granted) {
+        return Ok(looked);
+    }
+    // Entries ahead only ever go (new ones come behind): none of another kind now means none
+    // for as long as `mine` lives.
+    let others: Vec<Entry> = backend
+        .ahead(kind.name, mine, ALL)
+        .await?
+        .into_iter()
+        .filter(|e| !e.value().starts_with(kind.mark))
+        .collect();
+    Ok(if others.is_empty() {
+        Look::Granted
+    } else {
+        Look::Others(others)
+    })
+}
+
+/// As many entries as a read asks for when it wants them all: any count every backend takes
+/// as an integer (Redis's scripts parse it); no queue is that long.
+const ALL: usize = i32::MAX as usize;
+
 /// Reads how many entries of `of` are ahead of `mine`, and the limit.
-async fn look(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -> Result<Look> {
+async fn count(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -> Result<Look> {
     match limit {
         Limit::Fixed(limit) => {
             let ahead = backend.ahead(of, mine, limit).await?;
@@ -556,8 +625,7 @@ async fn look(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -
 async fn wait_for_fewer(
     session: &Session,
     mine: &Entry,
-    of: &str,
-    limit: Limit<'_>,
+    rule: &Fewer<'_>,
     mode: Mode,
     lost: &mut (impl Future<Output = LostReason> + Unpin + Send),
 ) -> Result<Turned> {
@@ -573,14 +641,15 @@ async fn wait_for_fewer(
             }
         }
         let looked = tokio::select! {
-            looked = look(&**backend, mine, of, limit) => looked,
+            looked = look(&**backend, mine, rule) => looked,
             reason = &mut *lost => return Err(Error::SessionLost(reason)),
         };
         let (window, seen) = match looked {
             Ok(Look::Granted) if waited => return Ok(Turned::Handoff),
             Ok(Look::Granted) => return Ok(Turned::Free),
-            Ok(Look::Wait(..)) if mode == Mode::Try => return Ok(Turned::Busy),
-            Ok(Look::Wait(window, seen)) => (window, seen),
+            Ok(Look::Wait(..) | Look::Others(_)) if mode == Mode::Try => return Ok(Turned::Busy),
+            Ok(Look::Wait(window, seen)) => (window, Some(seen)),
+            Ok(Look::Others(window)) => (window, None),
             // Our own entry vanished: most likely our lease ended.
             Err(Error::EntryGone { .. }) if session.is_lost() => {
                 return Err(Error::SessionLost(lost.await));
@@ -602,11 +671,11 @@ async fn wait_for_fewer(
             futures::future::select_all(waits).await.0
         };
         let limit_changed = async {
-            match limit {
-                Limit::Stored { key, .. } => {
+            match (rule.limit, &seen) {
+                (Limit::Stored { key, .. }, Some(seen)) => {
                     backend.wait_value(key, seen.as_deref()).await.map(drop)
                 }
-                Limit::Fixed(_) => std::future::pending().await,
+                _ => std::future::pending().await,
             }
         };
         let woken = tokio::select! {

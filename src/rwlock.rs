@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result};
 use crate::fence::Ticket;
 use crate::metrics::{Meter, Recipe};
-use crate::queue::{self, Fewer, Held, Limit, Mode, Turn};
+use crate::queue::{self, Fewer, Held, Limit, Mode, Shared, Turn};
 use crate::session::Session;
 
 /// A fair distributed read-write lock: many readers at once, or one writer.
@@ -181,8 +181,17 @@ impl RwLock {
         // Counted from the start, so that a write asked for while this read waits is refused
         // too: it would queue behind this read.
         let reading = Reading::new(&self.reading);
+        let rule = Fewer {
+            of: &self.writers,
+            limit: Limit::Fixed(1),
+            kind: Some(Shared {
+                name: &self.name,
+                mark: queue::READ,
+            }),
+        };
+        let value = queue::marked(queue::READ, &self.owner);
         let held = self
-            .take(&self.readers, &self.writers, "read", &self.read_meter, mode)
+            .take(&self.readers, &rule, value, "read", &self.read_meter, mode)
             .await?;
         Ok(RwLockReadGuard {
             held,
@@ -196,8 +205,21 @@ impl RwLock {
                 name: self.name.to_string(),
             });
         }
+        queue::check_exclusive_value(&self.owner)?;
+        let rule = Fewer {
+            of: &self.name,
+            limit: Limit::Fixed(1),
+            kind: None,
+        };
         let held = self
-            .take(&self.writers, &self.name, "write", &self.write_meter, mode)
+            .take(
+                &self.writers,
+                &rule,
+                self.owner.clone(),
+                "write",
+                &self.write_meter,
+                mode,
+            )
             .await?;
         Ok(RwLockWriteGuard { held })
     }
@@ -206,7 +228,8 @@ impl RwLock {
     async fn take(
         &self,
         queue: &Arc<str>,
-        blockers: &str,
+        rule: &Fewer<'_>,
+        value: Vec<u8>,
         kind: &'static str,
         meter: &Arc<Meter>,
         mode: Mode,
@@ -219,16 +242,12 @@ impl RwLock {
             key = tracing::field::Empty,
             token = tracing::field::Empty,
         );
-        let rule = Fewer {
-            of: blockers,
-            limit: Limit::Fixed(1),
-        };
         let ask = queue::Ask {
             meter,
             queue,
-            value: self.owner.clone(),
+            value,
             mode,
-            turn: Turn::Fewer(&rule),
+            turn: Turn::Fewer(rule),
         };
         queue::acquire(&self.session, ask).instrument(span).await
     }

@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::metrics::{Meter, Recipe};
-use crate::queue::{self, Backoff, Fewer, Held, Limit, Mode, Turn};
+use crate::queue::{self, Backoff, Fewer, Held, Limit, Mode, Shared, Turn};
 use crate::session::Session;
 
 /// A fair counting semaphore: at most `permits` contenders hold a permit at once, granted in
@@ -177,11 +177,15 @@ impl Semaphore {
                     name: &self.name,
                     requested: self.permits,
                 },
+                kind: Some(Shared {
+                    name: &self.name,
+                    mark: queue::PERMIT,
+                }),
             };
             let ask = queue::Ask {
                 meter: &self.meter,
                 queue: &self.name,
-                value: self.owner.clone(),
+                value: queue::marked(queue::PERMIT, &self.owner),
                 mode,
                 turn: Turn::Fewer(&rule),
             };

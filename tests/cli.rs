@@ -393,6 +393,28 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
     assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 
+/// Issue #25 (2): `lock -n 3 NAME` is not let in beside a plain `lock NAME` holder (whose
+/// entry used to count as one permit), and the reverse order excludes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_and_a_plain_lock_on_one_name_exclude_each_other() {
+    let name = name("kinds");
+    let mut plain = Running::spawn(&["lock", &name]);
+    plain.line().await;
+    let out = baton(&["lock", "-n", "3", "--try", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 75);
+    plain.signal("-TERM");
+    assert_eq!(plain.exit_code().await.0, 0);
+    let mut permit = Running::spawn(&["lock", "-n", "3", &name]);
+    permit.line().await;
+    let out = baton(&["lock", "--try", &name]).output().await.unwrap();
+    assert_exit(&out, 75);
+    permit.signal("-TERM");
+    assert_eq!(permit.exit_code().await.0, 0);
+}
+
 /// `lock -n N` holds one of N permits: N holders at once, the next waits (`--try` exits 75,
 /// another N is refused with 64), `status` shows the holders and the waiter, and a release
 /// admits the waiter.

@@ -360,6 +360,47 @@ async fn interoperates_with_etcdctl_lock() {
     .await;
 }
 
+/// Issue #25 (2): an `etcdctl lock` holder excludes baton's semaphore permits and read
+/// locks on the same name (its entry is not taken for a permit), and they are granted once
+/// it releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcdctl_lock_holder_excludes_permits_and_readers() {
+    if which("etcdctl").is_none() {
+        eprintln!("etcdctl not installed; skipping (CI installs it)");
+        assert!(std::env::var("CI").is_err(), "CI must have etcdctl");
+        return;
+    }
+    let node = EtcdNode::shared();
+    let backend = backend().await;
+    let name = test_name("etcdctl-kinds");
+    let endpoints = node.endpoints().join(",");
+    let mut etcdctl = etcdctl_lock(&endpoints, &name);
+    let first_line = read_line(&mut etcdctl).await;
+    assert!(first_line.starts_with(&format!("{name}/")), "{first_line}");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let sem = baton::Semaphore::new(&s, &name, 3).unwrap();
+    let rw = baton::RwLock::new(&s, &name).unwrap();
+    let permit = sem.try_acquire().await;
+    assert!(matches!(permit, Err(Error::Locked { .. })), "{permit:?}");
+    let read = rw.try_read().await;
+    assert!(matches!(read, Err(Error::Locked { .. })), "{read:?}");
+    let waiting = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    eventually("the permit queued behind etcdctl", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    assert!(!waiting.is_finished());
+    stop(&mut etcdctl).await;
+    let permit = within("the permit", Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    permit.release().await.unwrap();
+}
+
 fn which(bin: &str) -> Option<std::path::PathBuf> {
     std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)

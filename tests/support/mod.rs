@@ -1304,7 +1304,7 @@ macro_rules! conformance {
             rwlock_waiter_between_writers_gives_up,
             rwlock_upgrade_refused_and_cancel_leaves_nothing,
             barrier_holds_and_falls_with_its_holder, double_barrier_enters_and_leaves_together,
-            multilock_all_or_nothing);
+            multilock_all_or_nothing, one_name_several_kinds_exclude_each_other);
     };
     ($rig:path; $($attr:tt)*) => {
         $crate::conformance!(mod conformance; $rig; $($attr)*);

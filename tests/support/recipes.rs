@@ -798,3 +798,102 @@ pub async fn multilock_all_or_nothing(rig: Rig) {
     assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
     assert!(rig.keys(&a).await.is_empty() && rig.keys(&c).await.is_empty());
 }
+
+/// One name, several kinds of lock (issue #25, 2): an exclusive holder (Mutex, Election, a
+/// write lock) excludes every other kind, and the shared kinds (semaphore permits, read
+/// locks) exclude each other, whichever came first. A waiter of one kind is granted when
+/// the holder of the other leaves. Values that would pass an exclusive entry off as a shared
+/// one are refused.
+pub async fn one_name_several_kinds_exclude_each_other(rig: Rig) {
+    let name = rig.name("kinds");
+    let (one, two) = (rig.session().await, rig.session().await);
+    let busy = |r: baton::Result<()>, what: &str| {
+        assert!(matches!(r, Err(Error::Locked { .. })), "{what}: {r:?}");
+    };
+    let sem = Semaphore::new(&two, &name, 3).unwrap();
+    let rw = RwLock::new(&two, &name).unwrap();
+
+    // A Mutex holder: no permit, no read lock.
+    let guard = Mutex::new(&one, &name).unwrap().lock().await.unwrap();
+    busy(
+        sem.try_acquire().await.map(drop),
+        "a permit beside a Mutex holder",
+    );
+    busy(
+        rw.try_read().await.map(drop),
+        "a read lock beside a Mutex holder",
+    );
+    let waiting = spawn_waiting(&rig, &name, 2, acquire_task(&sem)).await;
+    guard.unlock().await.unwrap();
+    let permit = within("the permit after the Mutex", BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A permit holder: no Mutex, no read lock, and a Mutex waiter is granted after it.
+    busy(
+        Mutex::new(&one, &name).unwrap().try_lock().await.map(drop),
+        "a Mutex beside a permit",
+    );
+    busy(rw.try_read().await.map(drop), "a read lock beside a permit");
+    let mutex = Mutex::new(&one, &name).unwrap();
+    let waiting = spawn_waiting(&rig, &name, 2, async move { mutex.lock().await }).await;
+    permit.release().await.unwrap();
+    let guard = within("the Mutex after the permit", BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    guard.unlock().await.unwrap();
+
+    // A leader: no permit, no read lock; a reader waits for it.
+    let leader = baton::Election::new(&one, &name)
+        .unwrap()
+        .campaign("leader")
+        .await
+        .unwrap();
+    busy(
+        sem.try_acquire().await.map(drop),
+        "a permit beside a leader",
+    );
+    busy(rw.try_read().await.map(drop), "a read lock beside a leader");
+    let reader = rw.clone();
+    let waiting = spawn_waiting(&rig, &name, 2, async move { reader.read().await }).await;
+    leader.resign().await.unwrap();
+    let read = within("the read lock after the leader", BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // A reader: no permit, no Mutex.
+    let other_sem = Semaphore::new(&one, &name, 3).unwrap();
+    busy(
+        other_sem.try_acquire().await.map(drop),
+        "a permit beside a reader",
+    );
+    busy(
+        Mutex::new(&one, &name).unwrap().try_lock().await.map(drop),
+        "a Mutex beside a reader",
+    );
+    read.release().await.unwrap();
+    assert!(rig.outside.entries(&name).await.unwrap().is_empty());
+
+    // An exclusive entry cannot pass for a shared one.
+    let refused = Mutex::new(&one, &name)
+        .unwrap()
+        .with_owner_info("baton-permit:me")
+        .try_lock()
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    let refused = baton::Election::new(&one, &name)
+        .unwrap()
+        .campaign("baton-read:me")
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    assert!(rig.outside.entries(&name).await.unwrap().is_empty());
+}
