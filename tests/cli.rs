@@ -347,6 +347,9 @@ async fn lock_and_status_on_redis() {
 /// `--endpoints zk://` runs the same commands on ZooKeeper, with the layout `--layout` names:
 /// `baton lock --layout kazoo` queues behind a Rust holder of that layout (its node is named
 /// as kazoo names them), `status` lists both, and the command runs once the holder releases.
+/// Names are relative to the chroot, and the leading `/` ZooKeeper users write is dropped:
+/// the Rust holder's `/<name>`, the command's `<name>` and `status /<name>` are one lock.
+/// (Before: `/<name>` was refused, "a ZooKeeper name may not start or end with `/`".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_and_status_on_zookeeper_with_a_layout() {
     let url = format!("zk://{}", ZkNode::shared().connect_string());
@@ -355,8 +358,10 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
         .await
         .unwrap();
     let name = name("zookeeper");
+    let slashed = format!("/{name}");
     let s = Session::new(backend.clone()).await.unwrap();
-    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let guard = Mutex::new(&s, &slashed).unwrap().lock().await.unwrap();
+    assert!(guard.key().starts_with(&format!("{name}/")), "{}", guard.key());
     let mut waiter = Running::spawn(&[
         "--endpoints",
         &url,
@@ -379,7 +384,7 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
         "kazoo's node name: {}",
         entries[1].key()
     );
-    let table = baton(&["--endpoints", &url, "--layout", "kazoo", "status", &name])
+    let table = baton(&["--endpoints", &url, "--layout", "kazoo", "status", &slashed])
         .output()
         .await
         .unwrap();
@@ -390,6 +395,15 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
+    // Nothing left, as the fixture's own backend (Curator's layout) sees it too.
+    let plain = ZkNode::shared().backend().await.unwrap();
+    assert!(
+        plain
+            .entries(plain.recipe_name(&slashed))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 

@@ -257,6 +257,26 @@ impl ZkNode {
         format!("zk://{}", self.connect)
     }
 
+    /// A backend connected to this server, with the default options (Curator's node layout;
+    /// pass [`ZkOptions`](crate::ZkOptions) to `ZkBackend::connect` for others), as
+    /// `EtcdNode::backend` and `RedisNode::backend` give theirs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let zk = baton::testing::ZkNode::start().await?;
+    /// let session = baton::Session::new(zk.backend().await?).await?;
+    /// # let _ = session; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ZkBackend::connect`](crate::ZkBackend::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server before it returns.
+    pub async fn backend(&self) -> crate::Result<crate::ZkBackend> {
+        crate::ZkBackend::connect(&self.connect, crate::ZkOptions::new()).await
+    }
+
     /// The client port (for `BATON_ZOOKEEPER_CONNECT`, its first server's; 2181 if it names
     /// none).
     pub fn port(&self) -> u16 {

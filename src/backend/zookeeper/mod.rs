@@ -910,6 +910,12 @@ async fn make_keys_node(client: &Client) -> Result<(), Failure> {
 
 #[async_trait]
 impl Backend for ZkBackend {
+    /// Names are paths relative to the chroot: one leading `/`, as ZooKeeper users write
+    /// paths, is dropped (`/orders` is `<chroot>/orders`, the same lock as `orders`).
+    fn recipe_name<'n>(&self, name: &'n str) -> &'n str {
+        name.strip_prefix('/').unwrap_or(name)
+    }
+
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         if ttl.is_zero() {
             return Err(Error::InvalidArgument(

@@ -984,6 +984,8 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
 }
 
 async fn status(backend: &dyn Backend, name: &str, json: bool) -> Result<u8, Failure> {
+    // As the recipes spell it (on ZooKeeper, `/orders` is `orders`).
+    let name = backend.recipe_name(name);
     let entries = backend.entries(name).await?;
     // Names that nest share a queue (as with etcdctl): a key under `<name>/sub/` belongs to
     // the lock `<name>/sub`, yet `<name>` queues behind it. Say so rather than hide it.
