@@ -22,6 +22,8 @@ const ZOOKEEPER: Server = Server {
     default_image: DEFAULT_ZOOKEEPER_IMAGE,
     // The image's entrypoint turns `key=value` arguments into zoo.cfg and runs the server.
     entrypoint: "zookeeper-entrypoint",
+    // The fallback does not run the image's entrypoint: `java` on Debian's jars.
+    local: "`java` on Debian's ZooKeeper jars (/usr/share/java/zookeeper.jar)",
     // The client port is bound: the JVM is up. Whether the server serves (in a quorum, for a
     // member of an ensemble) is then asked with `srvr`.
     ready: "binding to port",
