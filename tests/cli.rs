@@ -878,18 +878,43 @@ async fn timeout_bounds_connecting() {
 /// one line that says what failed and no transport dump, and with the code of its kind:
 /// refused on every endpoint and an unknown host are "unreachable" (69); `https://` to an etcd
 /// without TLS, and a user and password for an etcd without authentication, are "the
-/// configuration is wrong" (78). (Before: each 69, after the whole timeout but the last, with
-/// tonic's `status: Unavailable, ... MetadataMap` text.)
+/// configuration is wrong" (78). On ZooKeeper and Redis too. (Before: each 69, after the whole
+/// timeout but the last (and Redis's), with tonic's `status: Unavailable, ... MetadataMap`
+/// text, or ZooKeeper's "deadline has elapsed".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
     let etcd = EtcdNode::shared().endpoints()[0].clone();
     let https = format!("https://{}", etcd.trim_start_matches("http://"));
-    let cases: [(&str, Vec<&str>, i32, &str); 5] = [
+    let cases: [(&str, Vec<&str>, i32, &str); 9] = [
         (
             "refused",
             vec!["--endpoints", "127.0.0.1:1"],
             69,
             "127.0.0.1:1: connection refused",
+        ),
+        (
+            "ZooKeeper refused",
+            vec!["--endpoints", "zk://127.0.0.1:1"],
+            69,
+            "zk://127.0.0.1:1: connection refused",
+        ),
+        (
+            "ZooKeeper at an unknown host",
+            vec!["--endpoints", "zk://no-such-host.invalid:2181/app"],
+            69,
+            "no such host",
+        ),
+        (
+            "Redis refused",
+            vec!["--endpoints", "redis://127.0.0.1:1"],
+            69,
+            "Connection refused",
+        ),
+        (
+            "Redis at an unknown host",
+            vec!["--endpoints", "redis://no-such-host.invalid:6379"],
+            69,
+            "Name or service not known",
         ),
         (
             "refused on every endpoint",

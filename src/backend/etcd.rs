@@ -790,7 +790,9 @@ impl ConnectRetry<'_> {
                     }
                     // Every endpoint refuses, or names a host that does not exist: waiting
                     // cannot help.
-                    if let Some(unreachable) = reach::unreachable(self.endpoints, within).await {
+                    if let Some(unreachable) =
+                        super::reach::unreachable(self.endpoints, within).await
+                    {
                         return Err(self.failed(Box::new(unreachable)));
                     }
                     tracing::debug!(error = %e, "connect: an endpoint did not answer; {what} again");

@@ -20,6 +20,8 @@ mod etcd_value;
 #[cfg(feature = "etcd")]
 mod etcd_watch;
 pub(crate) mod memory;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod reach;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "zookeeper")]
