@@ -361,7 +361,11 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
     let slashed = format!("/{name}");
     let s = Session::new(backend.clone()).await.unwrap();
     let guard = Mutex::new(&s, &slashed).unwrap().lock().await.unwrap();
-    assert!(guard.key().starts_with(&format!("{name}/")), "{}", guard.key());
+    assert!(
+        guard.key().starts_with(&format!("{name}/")),
+        "{}",
+        guard.key()
+    );
     let mut waiter = Running::spawn(&[
         "--endpoints",
         &url,
@@ -960,7 +964,10 @@ async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
         let took = started.elapsed();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(code), "{case}: {stderr}");
-        assert!(took < Duration::from_secs(5), "{case}: took {took:?}: {stderr}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{case}: took {took:?}: {stderr}"
+        );
         assert!(
             stderr.lines().count() == 1
                 && stderr.contains(says)

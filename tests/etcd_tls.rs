@@ -194,8 +194,7 @@ async fn without_a_ca_the_system_roots_are_used_and_a_private_ca_is_refused_quic
         other => {
             assert!(matches!(other, Error::Misconfigured { .. }), "{message}");
             assert!(
-                message.contains("not signed by a trusted CA")
-                    && message.contains("with_ca_cert"),
+                message.contains("not signed by a trusted CA") && message.contains("with_ca_cert"),
                 "{message}"
             );
         }
@@ -378,7 +377,11 @@ async fn refused_and_unknown_hosts_fail_the_connect_at_once() {
     let message = chain(&e);
     assert!(matches!(e, Error::Connect { .. }), "{message}");
     assert!(took < QUICKLY, "took {took:?}: {message}");
-    assert_eq!(e.to_string(), "could not connect to 127.0.0.1:1", "{message}");
+    assert_eq!(
+        e.to_string(),
+        "could not connect to 127.0.0.1:1",
+        "{message}"
+    );
     assert_eq!(
         e.source().map(ToString::to_string).as_deref(),
         Some("connection refused")
@@ -668,7 +671,10 @@ mod cli {
                 .expect("run baton");
             let err = stderr(&output);
             assert_eq!(output.status.code(), Some(64), "{case}: {err}");
-            assert!(err.contains(says) && !err.contains("with_"), "{case}: {err}");
+            assert!(
+                err.contains(says) && !err.contains("with_"),
+                "{case}: {err}"
+            );
         }
     }
 }

@@ -21,7 +21,10 @@ use scenarios::{Pause, Report, World};
 fn assert_story(scenario: &str, pause: Pause, report: &Report) {
     let text = report.to_string();
     assert!(
-        report.lines.first().is_some_and(|l| l.contains("granted the lock with token")),
+        report
+            .lines
+            .first()
+            .is_some_and(|l| l.contains("granted the lock with token")),
         "{scenario}, {pause}:\n{text}"
     );
     match pause {
@@ -43,7 +46,12 @@ fn assert_story(scenario: &str, pause: Pause, report: &Report) {
             let tokens: Vec<u64> = refusal
                 .split("token ")
                 .skip(1)
-                .filter_map(|rest| rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+                .filter_map(|rest| {
+                    rest.split(|c: char| !c.is_ascii_digit())
+                        .next()?
+                        .parse()
+                        .ok()
+                })
                 .collect();
             assert!(
                 matches!(tokens.as_slice(), [refused, seen] if refused < seen),

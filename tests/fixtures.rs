@@ -183,7 +183,10 @@ fn the_zookeeper_fallback_says_it_runs_java() {
         ("BATON_CHILD_SERVER", "zookeeper"),
         ("PATH", &path),
     ]);
-    assert!(result.starts_with("err could not start zookeeper"), "{result}");
+    assert!(
+        result.starts_with("err could not start zookeeper"),
+        "{result}"
+    );
     assert!(
         stderr.contains("BATON_LOCAL_FALLBACK is set: running `java` on Debian's ZooKeeper jars")
             && !stderr.contains("zookeeper-entrypoint"),

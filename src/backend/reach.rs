@@ -107,7 +107,9 @@ pub(crate) async fn unreachable(endpoints: &[String], within: Duration) -> Optio
 
 /// `host` and `port` of `scheme://host:port/...` or `host:port` (`[v6]:port` too).
 fn host_port(endpoint: &str) -> Option<(&str, u16)> {
-    let rest = endpoint.split_once("://").map_or(endpoint, |(_, rest)| rest);
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
     let rest = rest.split('/').next()?;
     let (host, port) = rest.rsplit_once(':')?;
     let host = host
@@ -123,7 +125,10 @@ mod tests {
 
     #[test]
     fn hosts_and_ports_are_read_from_every_scheme() {
-        assert_eq!(host_port("https://127.0.0.1:2379"), Some(("127.0.0.1", 2379)));
+        assert_eq!(
+            host_port("https://127.0.0.1:2379"),
+            Some(("127.0.0.1", 2379))
+        );
         assert_eq!(host_port("zk-0:2181/app"), Some(("zk-0", 2181)));
         assert_eq!(host_port("[::1]:2379"), Some(("::1", 2379)));
         assert_eq!(host_port("etcd"), None);

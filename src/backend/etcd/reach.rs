@@ -38,9 +38,8 @@ pub(super) async fn answers_plain_text(endpoints: &[String], within: Duration) -
             let (host, port) = host_port(&endpoint)?;
             let ask = async {
                 let mut tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
-                let request = format!(
-                    "GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-                );
+                let request =
+                    format!("GET /version HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
                 tcp.write_all(request.as_bytes()).await.ok()?;
                 let mut answer = [0u8; 5];
                 tcp.read_exact(&mut answer).await.ok()?;

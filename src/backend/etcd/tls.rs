@@ -137,7 +137,9 @@ fn client_identity(
         "the client certificate (the certificate of with_client_cert) holds no PEM certificate",
     )?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
-        Error::InvalidArgument("the client key (the key of with_client_cert) holds no PEM private key")
+        Error::InvalidArgument(
+            "the client key (the key of with_client_cert) holds no PEM private key",
+        )
     })?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| {
         Error::InvalidArgument(

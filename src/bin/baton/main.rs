@@ -290,7 +290,11 @@ fn explain(e: &Error) -> String {
             _ => cause.to_string(),
         };
         let said = message.to_lowercase();
-        let plain = text.split(" (os error").next().unwrap_or(&text).to_lowercase();
+        let plain = text
+            .split(" (os error")
+            .next()
+            .unwrap_or(&text)
+            .to_lowercase();
         if !said.contains(&plain) {
             message.push_str(": ");
             message.push_str(&text);
@@ -500,9 +504,9 @@ async fn before<T>(
     fut: impl std::future::Future<Output = Result<T, Failure>>,
 ) -> Result<T, Failure> {
     match deadline {
-        Some(at) => tokio::time::timeout_at(at, fut).await.map_err(|_| {
-            Failure::new(code, format!("timed out {what} (--timeout)"))
-        })?,
+        Some(at) => tokio::time::timeout_at(at, fut)
+            .await
+            .map_err(|_| Failure::new(code, format!("timed out {what} (--timeout)")))?,
         None => fut.await,
     }
 }
