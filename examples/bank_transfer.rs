@@ -21,10 +21,9 @@ async fn main() -> Result<(), Failure> {
     println!("bank_transfer: running on {}", setup.on);
     for (i, pause) in Pause::ALL.into_iter().enumerate() {
         let world = setup.world(&format!("bank_transfer-{i}"));
-        println!(
-            "bank_transfer: {}",
-            scenarios::bank_transfer(&world, pause).await?
-        );
+        for line in scenarios::bank_transfer(&world, pause).await?.lines {
+            println!("bank_transfer: {line}");
+        }
     }
     Ok(())
 }

@@ -20,7 +20,9 @@ async fn main() -> Result<(), Failure> {
     println!("inventory: running on {}", setup.on);
     for (i, pause) in Pause::INVENTORY.into_iter().enumerate() {
         let world = setup.world(&format!("inventory-{i}"));
-        println!("inventory: {}", scenarios::inventory(&world, pause).await?);
+        for line in scenarios::inventory(&world, pause).await?.lines {
+            println!("inventory: {line}");
+        }
     }
     Ok(())
 }

@@ -22,7 +22,9 @@ async fn main() -> Result<(), Failure> {
     println!("payment: running on {}", setup.on);
     for (i, pause) in Pause::ALL.into_iter().enumerate() {
         let world = setup.world(&format!("payment-{i}"));
-        println!("payment: {}", scenarios::payment(&world, pause).await?);
+        for line in scenarios::payment(&world, pause).await?.lines {
+            println!("payment: {line}");
+        }
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ impl Barrier {
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Barrier> {
         Ok(Barrier {
             session: session.clone(),
-            name: queue::recipe_name(name.into())?,
+            name: queue::recipe_name(session, name.into())?,
             owner: queue::default_owner(),
         })
     }
@@ -227,7 +227,7 @@ impl DoubleBarrier {
         }
         Ok(DoubleBarrier {
             session: session.clone(),
-            name: queue::recipe_name(name.into())?,
+            name: queue::recipe_name(session, name.into())?,
             members,
             owner: queue::default_owner(),
         })

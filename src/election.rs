@@ -119,6 +119,7 @@ impl Election {
     /// [`Error::InvalidArgument`] for an empty name.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Election> {
         let name: String = name.into();
+        let name = session.backend().recipe_name(&name);
         if name.is_empty() {
             return Err(Error::InvalidArgument("election name must not be empty"));
         }

@@ -216,12 +216,32 @@ pub enum Error {
         lock: String,
     },
 
-    /// No endpoint answered within the connect timeout.
-    #[error("could not connect to {endpoints:?}")]
+    /// The server could not be reached: every endpoint refused the connection or named a
+    /// host that does not exist (both reported at once, without waiting out the connect
+    /// timeout), or no endpoint answered within the connect timeout. The source says which,
+    /// in words (its own source is the operating system's or the transport's error, e.g. an
+    /// [`std::io::Error`] of kind [`ConnectionRefused`](std::io::ErrorKind::ConnectionRefused)).
+    /// Trying again later may succeed.
+    #[error("could not connect to {}", list(endpoints))]
     Connect {
         /// The endpoints that were tried.
         endpoints: Vec<String>,
         /// The last failure seen.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The server answered, but not as configured, and retrying cannot change that: an
+    /// `https://` endpoint that does not speak TLS (or an `http://` one that does), a server
+    /// certificate the client does not trust (another CA, expired, issued for another name),
+    /// no TLS version or cipher in common, a user and password for an etcd without
+    /// authentication. Reported at once. The source says what, in words; its own source is
+    /// the TLS library's or the server's error.
+    #[error("{} does not match the configuration", list(endpoints))]
+    Misconfigured {
+        /// The endpoints that were tried.
+        endpoints: Vec<String>,
+        /// What does not match.
         #[source]
         source: BoxError,
     },
@@ -259,6 +279,11 @@ pub enum Error {
     /// The backend (or its test double) is shut down or unreachable.
     #[error("backend unavailable")]
     Unavailable,
+}
+
+/// Endpoints for a message: `a, b`.
+fn list(endpoints: &[String]) -> String {
+    endpoints.join(", ")
 }
 
 /// Which lock and which server an [`Error::Backend`] or [`Error::OutcomeUnknown`] concerns,

@@ -57,7 +57,7 @@
 //! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
 //!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
-//! - `cli`: the `baton` command-line tool, on etcd and Redis.
+//! - `cli`: the `baton` command-line tool, on etcd, Redis and ZooKeeper.
 //! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
 //!   three-member cluster), with `redis`, Redis fixtures, with `zookeeper`, ZooKeeper

@@ -62,7 +62,15 @@ impl MultiLock {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let mut names: Vec<String> = names.into_iter().map(Into::into).collect();
+        // Spelled as the backend spells them before sorting and dropping duplicates: on
+        // ZooKeeper `/a` and `a` are one lock, which must be taken once.
+        let mut names: Vec<String> = names
+            .into_iter()
+            .map(|name| {
+                let name: String = name.into();
+                session.backend().recipe_name(&name).to_owned()
+            })
+            .collect();
         names.sort();
         names.dedup();
         if names.is_empty() {

@@ -76,6 +76,7 @@ impl Mutex {
     /// [`Error::InvalidArgument`] for an empty name.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Mutex> {
         let name: String = name.into();
+        let name = session.backend().recipe_name(&name);
         if name.is_empty() {
             return Err(Error::InvalidArgument("lock name must not be empty"));
         }

@@ -505,8 +505,10 @@ fn take_turn<'a>(
     }
 }
 
-/// Checks a recipe name: not empty, not ending in `/` (its entries would be `<name>//...`).
-pub(crate) fn recipe_name(name: String) -> Result<Arc<str>> {
+/// Checks a recipe name: not empty, not ending in `/` (its entries would be `<name>//...`),
+/// once the backend has spelled it its way ([`Backend::recipe_name`]).
+pub(crate) fn recipe_name(session: &Session, name: String) -> Result<Arc<str>> {
+    let name = session.backend().recipe_name(&name);
     if name.is_empty() {
         return Err(Error::InvalidArgument("name must not be empty"));
     }

@@ -105,7 +105,7 @@ impl RwLock {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name or one ending in `/`.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<RwLock> {
-        let name = queue::recipe_name(name.into())?;
+        let name = queue::recipe_name(session, name.into())?;
         Ok(RwLock {
             session: session.clone(),
             readers: format!("{name}/read").into(),

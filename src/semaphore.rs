@@ -95,7 +95,7 @@ impl Semaphore {
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty name or a limit out of range.
     pub fn new(session: &Session, name: impl Into<String>, permits: u32) -> Result<Semaphore> {
-        let name = queue::recipe_name(name.into())?;
+        let name = queue::recipe_name(session, name.into())?;
         if permits == 0 || permits > Self::MAX_PERMITS {
             return Err(Error::InvalidArgument(
                 "semaphore permits must be between 1 and Semaphore::MAX_PERMITS",

@@ -347,6 +347,9 @@ async fn lock_and_status_on_redis() {
 /// `--endpoints zk://` runs the same commands on ZooKeeper, with the layout `--layout` names:
 /// `baton lock --layout kazoo` queues behind a Rust holder of that layout (its node is named
 /// as kazoo names them), `status` lists both, and the command runs once the holder releases.
+/// Names are relative to the chroot, and the leading `/` ZooKeeper users write is dropped:
+/// the Rust holder's `/<name>`, the command's `<name>` and `status /<name>` are one lock.
+/// (Before: `/<name>` was refused, "a ZooKeeper name may not start or end with `/`".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_and_status_on_zookeeper_with_a_layout() {
     let url = format!("zk://{}", ZkNode::shared().connect_string());
@@ -355,8 +358,14 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
         .await
         .unwrap();
     let name = name("zookeeper");
+    let slashed = format!("/{name}");
     let s = Session::new(backend.clone()).await.unwrap();
-    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let guard = Mutex::new(&s, &slashed).unwrap().lock().await.unwrap();
+    assert!(
+        guard.key().starts_with(&format!("{name}/")),
+        "{}",
+        guard.key()
+    );
     let mut waiter = Running::spawn(&[
         "--endpoints",
         &url,
@@ -379,7 +388,7 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
         "kazoo's node name: {}",
         entries[1].key()
     );
-    let table = baton(&["--endpoints", &url, "--layout", "kazoo", "status", &name])
+    let table = baton(&["--endpoints", &url, "--layout", "kazoo", "status", &slashed])
         .output()
         .await
         .unwrap();
@@ -390,6 +399,15 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
+    // Nothing left, as the fixture's own backend (Curator's layout) sees it too.
+    let plain = ZkNode::shared().backend().await.unwrap();
+    assert!(
+        plain
+            .entries(plain.recipe_name(&slashed))
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 
@@ -852,8 +870,9 @@ async fn the_commands_exit_code_survives_an_unreachable_etcd() {
     assert_within(ended, Duration::from_secs(5));
 }
 
-/// `--timeout` bounds connecting too: an etcd that does not answer ends in 75 in time. (Before:
-/// the connect timeout ran first, then 69.)
+/// `--timeout` bounds connecting too: an etcd that does not answer ends in time, with 69 (the
+/// server cannot be reached), not 75 (the lock is busy): a cron script must tell "etcd down"
+/// from "someone holds it". (Before: 75.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_bounds_connecting() {
     let proxy = support::proxy::Proxy::start(&EtcdNode::shared().endpoints()[0]).await;
@@ -872,8 +891,114 @@ async fn timeout_bounds_connecting() {
     .output()
     .await
     .unwrap();
-    assert_exit(&out, 75);
+    assert_exit(&out, 69);
     assert_within(started, Duration::from_secs(3));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("--timeout"),
+        "{stderr}"
+    );
+}
+
+/// A connect that cannot succeed ends at once, not after `--connect-timeout` (20 s here), with
+/// one line that says what failed and no transport dump, and with the code of its kind:
+/// refused on every endpoint and an unknown host are "unreachable" (69); `https://` to an etcd
+/// without TLS, and a user and password for an etcd without authentication, are "the
+/// configuration is wrong" (78). On ZooKeeper and Redis too. (Before: each 69, after the whole
+/// timeout but the last (and Redis's), with tonic's `status: Unavailable, ... MetadataMap`
+/// text, or ZooKeeper's "deadline has elapsed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
+    let etcd = EtcdNode::shared().endpoints()[0].clone();
+    let https = format!("https://{}", etcd.trim_start_matches("http://"));
+    let cases: [(&str, Vec<&str>, i32, &str); 9] = [
+        (
+            "refused",
+            vec!["--endpoints", "127.0.0.1:1"],
+            69,
+            "127.0.0.1:1: connection refused",
+        ),
+        (
+            "ZooKeeper refused",
+            vec!["--endpoints", "zk://127.0.0.1:1"],
+            69,
+            "zk://127.0.0.1:1: connection refused",
+        ),
+        (
+            "ZooKeeper at an unknown host",
+            vec!["--endpoints", "zk://no-such-host.invalid:2181/app"],
+            69,
+            "no such host",
+        ),
+        (
+            "Redis refused",
+            vec!["--endpoints", "redis://127.0.0.1:1"],
+            69,
+            "Connection refused",
+        ),
+        (
+            "Redis at an unknown host",
+            vec!["--endpoints", "redis://no-such-host.invalid:6379"],
+            69,
+            "Name or service not known",
+        ),
+        (
+            "refused on every endpoint",
+            vec!["--endpoints", "127.0.0.1:1,localhost:1"],
+            69,
+            "127.0.0.1:1: connection refused; localhost:1: connection refused",
+        ),
+        (
+            "an unknown host",
+            vec!["--endpoints", "no-such-host.invalid:2379"],
+            69,
+            "no such host",
+        ),
+        (
+            "https:// to an etcd without TLS",
+            vec!["--endpoints", &https],
+            78,
+            "does not answer in TLS",
+        ),
+        (
+            "a user for an etcd without authentication",
+            vec!["--endpoints", &etcd, "--user", "root", "--password", "pw"],
+            78,
+            "authentication turned off, and a user and password were given (--user and --password)",
+        ),
+    ];
+    for (case, args, code, says) in cases {
+        let started = std::time::Instant::now();
+        let out = within(
+            case,
+            Duration::from_secs(30),
+            Command::new(env!("CARGO_BIN_EXE_baton"))
+                .args(&args)
+                .args(["--connect-timeout", "20", "status", "x"])
+                .env_remove("BATON_USER")
+                .env_remove("BATON_PASSWORD")
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .unwrap();
+        let took = started.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{case}: {stderr}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{case}: took {took:?}: {stderr}"
+        );
+        assert!(
+            stderr.lines().count() == 1
+                && stderr.contains(says)
+                && !stderr.contains("status:")
+                && !stderr.contains("Metadata")
+                && !stderr.contains("with_"),
+            "{case}: {stderr}"
+        );
+    }
 }
 
 /// Leadership whose key is deleted from outside (an operator's `etcdctl del`) is lost: baton

@@ -171,7 +171,7 @@ async fn a_server_certificate_from_an_unknown_ca_is_refused_quickly() {
     )
     .await;
     let message = chain(&e);
-    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{message}");
     assert!(took < QUICKLY, "took {took:?}: {message}");
     assert!(
         message.contains("server's TLS certificate is not signed by a trusted CA")
@@ -192,9 +192,9 @@ async fn without_a_ca_the_system_roots_are_used_and_a_private_ca_is_refused_quic
         // A system without roots is told so before anything is sent.
         Error::InvalidArgument(m) => assert!(m.contains("system's roots"), "{message}"),
         other => {
-            assert!(matches!(other, Error::Connect { .. }), "{message}");
+            assert!(matches!(other, Error::Misconfigured { .. }), "{message}");
             assert!(
-                message.contains("not signed by a trusted CA") && message.contains("--cacert"),
+                message.contains("not signed by a trusted CA") && message.contains("with_ca_cert"),
                 "{message}"
             );
         }
@@ -266,7 +266,7 @@ async fn the_server_name_is_checked_and_can_be_set() {
     };
     let (e, took) = refused(options().with_tls_server_name("etcd.example.com")).await;
     let message = chain(&e);
-    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{message}");
     assert!(took < QUICKLY, "took {took:?}: {message}");
     assert!(
         message.contains("not issued for the host")
@@ -306,7 +306,7 @@ async fn a_server_that_does_not_speak_tls_is_reported_quickly() {
     server.abort();
     let e = result.expect_err("no TLS server there");
     let message = chain(&e);
-    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{message}");
     assert!(took < QUICKLY, "took {took:?}: {message}");
     assert!(message.contains("does not answer in TLS"), "{message}");
 }
@@ -325,12 +325,100 @@ async fn a_tls_server_reached_in_plain_text_is_reported_quickly() {
     let took = started.elapsed();
     let e = result.expect_err("plain text to a TLS port");
     let message = chain(&e);
-    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{message}");
     assert!(took < QUICKLY, "took {took:?}: {message}");
     assert!(
         message.contains("answers in TLS: reach it at https://"),
         "{message}"
     );
+}
+
+/// `https://` to a real etcd that serves plain text: it reads the TLS handshake as the start of
+/// an HTTP request and answers nothing, so the handshake alone would wait out the connect
+/// timeout. baton asks in plain text and reports it at once, typed as a configuration that
+/// does not match. (Before: `Error::Connect` after the whole connect timeout, "deadline has
+/// elapsed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_without_tls_reached_at_https_is_reported_quickly() {
+    let plain = EtcdNode::shared().endpoints()[0].clone();
+    let https = format!("https://{}", plain.trim_start_matches("http://"));
+    let started = Instant::now();
+    let result = EtcdBackend::connect(
+        &[https],
+        EtcdOptions::new()
+            .with_ca_cert(ca_pem())
+            .with_connect_timeout(CONNECT_TIMEOUT),
+    )
+    .await;
+    let took = started.elapsed();
+    let e = result.expect_err("TLS to a plain-text etcd");
+    let message = chain(&e);
+    assert!(matches!(e, Error::Misconfigured { .. }), "{message}");
+    assert!(took < QUICKLY, "took {took:?}: {message}");
+    assert!(message.contains("does not answer in TLS"), "{message}");
+}
+
+/// Refused on every endpoint, or a host that does not exist: `Error::Connect` at once (not
+/// after the connect timeout), saying which in words, with the operating system's error of
+/// kind `ConnectionRefused` in its causes. One endpoint that may answer keeps the connect
+/// trying. (Before: after the whole connect timeout, with "deadline has elapsed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_and_unknown_hosts_fail_the_connect_at_once() {
+    let connect = |endpoints: Vec<String>| async move {
+        let started = Instant::now();
+        let result = EtcdBackend::connect(
+            &endpoints,
+            EtcdOptions::new().with_connect_timeout(CONNECT_TIMEOUT),
+        )
+        .await;
+        (result.expect_err("nothing answers"), started.elapsed())
+    };
+    let (e, took) = connect(vec!["127.0.0.1:1".into()]).await;
+    let message = chain(&e);
+    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(took < QUICKLY, "took {took:?}: {message}");
+    assert_eq!(
+        e.to_string(),
+        "could not connect to 127.0.0.1:1",
+        "{message}"
+    );
+    assert_eq!(
+        e.source().map(ToString::to_string).as_deref(),
+        Some("connection refused")
+    );
+    let mut cause = e.source();
+    let mut refused = false;
+    while let Some(c) = cause {
+        refused |= c
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused);
+        cause = c.source();
+    }
+    assert!(refused, "{message}");
+
+    let (e, took) = connect(vec!["no-such-host.invalid:2379".into()]).await;
+    let message = chain(&e);
+    assert!(matches!(e, Error::Connect { .. }), "{message}");
+    assert!(took < QUICKLY, "took {took:?}: {message}");
+    assert!(message.contains("no such host"), "{message}");
+
+    // A black hole beside the refused endpoint: not final, so the timeout decides.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = listener.local_addr().unwrap().to_string();
+    let started = Instant::now();
+    let e = EtcdBackend::connect(
+        &["127.0.0.1:1".to_owned(), silent],
+        EtcdOptions::new().with_connect_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .expect_err("nothing answers");
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(
+        chain(&e).contains("no endpoint answered within the connect timeout"),
+        "{}",
+        chain(&e)
+    );
+    drop(listener);
 }
 
 /// Mistakes in the options are refused before anything is sent.
@@ -475,8 +563,10 @@ mod cli {
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     }
 
-    /// Exit 69 for a server certificate baton does not trust, 77 for a client certificate the
-    /// server refuses (missing or expired), each at once, with one line that says which.
+    /// Exit 78 (the configuration does not match the server) for a server certificate baton
+    /// does not trust, 77 for a client certificate the server refuses (missing or expired),
+    /// each at once, with one line that says which and names the flags to change, not the
+    /// library's calls. (Before: 69 for the CA, "with_ca_cert, --cacert" in the line.)
     #[test]
     fn refused_certificates_exit_at_once_with_their_codes() {
         let files = Files::new("refused");
@@ -494,14 +584,14 @@ mod cli {
             (
                 "an unknown CA",
                 files.flags("unknown-ca", &other_ca, Some(&client)),
-                69,
-                "not signed by a trusted CA",
+                78,
+                "not signed by a trusted CA (give the CA that signed it: --cacert)",
             ),
             (
                 "no client certificate",
                 files.flags("no-cert", &ca_pem(), None),
                 77,
-                "refused the client certificate",
+                "refused the client certificate: none was given (--cert and --key)",
             ),
             (
                 "an expired client certificate",
@@ -517,7 +607,7 @@ mod cli {
             assert_eq!(output.status.code(), Some(code), "{case}: {err}");
             assert!(took < QUICKLY, "{case}: took {took:?}: {err}");
             assert!(
-                err.contains(says) && err.lines().count() == 1,
+                err.contains(says) && err.lines().count() == 1 && !err.contains("with_"),
                 "{case}: {err}"
             );
         }
@@ -554,7 +644,7 @@ mod cli {
                 "a CA that is no PEM",
                 etcd,
                 vec!["--cacert".into(), path(&garbage)],
-                "CA certificate",
+                "the CA certificate (--cacert) holds no PEM certificate",
             ),
             (
                 "TLS over http://",
@@ -581,7 +671,10 @@ mod cli {
                 .expect("run baton");
             let err = stderr(&output);
             assert_eq!(output.status.code(), Some(64), "{case}: {err}");
-            assert!(err.contains(says), "{case}: {err}");
+            assert!(
+                err.contains(says) && !err.contains("with_"),
+                "{case}: {err}"
+            );
         }
     }
 }

@@ -18,12 +18,25 @@ const NO_DOCKER: &str = "unix:///nonexistent/baton-test-docker.sock";
 
 /// Run by the other tests as a child process, never by itself: starts a Redis node and prints
 /// what happened on one line; with `BATON_CHILD_HOLD=1` it then holds the node until killed.
+/// With `BATON_CHILD_DEBUG=1` an error is printed with `{:?}`, as `?` in a test or a `main`
+/// shows it; with `BATON_CHILD_SERVER=zookeeper` the node is ZooKeeper's.
 #[tokio::test]
 #[ignore = "a child process of the other tests in this file"]
 async fn child() {
+    #[cfg(feature = "zookeeper")]
+    if std::env::var("BATON_CHILD_SERVER").as_deref() == Ok("zookeeper") {
+        match baton::testing::ZkNode::start().await {
+            Ok(node) => println!("result: ok container={}", node.is_container()),
+            Err(e) => println!("result: err {e}"),
+        }
+        return;
+    }
     let node = RedisNode::start().await;
     match &node {
         Ok(node) => println!("result: ok container={}", node.is_container()),
+        Err(e) if std::env::var("BATON_CHILD_DEBUG").is_ok() => {
+            println!("result: err {}", format!("{e:?}").replace('\n', "\\n"))
+        }
         Err(e) => println!("result: err {e}"),
     }
     if std::env::var("BATON_CHILD_HOLD").is_ok() {
@@ -47,6 +60,9 @@ fn child_command(env: &[(&str, &str)]) -> Command {
         .env_remove("BATON_LOCAL_FALLBACK")
         .env_remove("BATON_REDIS_URL")
         .env_remove("BATON_REDIS_IMAGE")
+        .env_remove("BATON_ZOOKEEPER_CONNECT")
+        .env_remove("BATON_ZOOKEEPER_IMAGE")
+        .env_remove("BATON_CHILD_DEBUG")
         .stdin(Stdio::null());
     for (name, value) in env {
         command.env(name, value);
@@ -117,6 +133,65 @@ fn without_docker_there_is_no_silent_fallback() {
         "{result}"
     );
     assert!(!marker.exists(), "the fallback ran without being asked for");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Without Docker, the error a test gets back, shown with `?` (that is, `{:?}`), is one
+/// readable paragraph: what failed, Docker's answer, and the two ways out (start Docker, or
+/// `BATON_LOCAL_FALLBACK=1` and what it runs). (Before: `Container { server: "redis", ...,
+/// source: Client(Init(SocketNotFoundError(...))) }`, no word of the fallback.)
+#[test]
+fn a_fixture_error_shown_with_question_mark_says_what_failed_and_how_to_fall_back() {
+    for debug in ["1", ""] {
+        let mut env = vec![("DOCKER_HOST", NO_DOCKER)];
+        if !debug.is_empty() {
+            env.push(("BATON_CHILD_DEBUG", debug));
+        }
+        let (result, _) = run_child(&env);
+        assert!(
+            result.starts_with("err could not start redis in a container (image ")
+                && result.contains("Socket not found: /nonexistent/baton-test-docker.sock")
+                && result.contains("Is a Docker daemon running")
+                && result.contains("set BATON_LOCAL_FALLBACK=1 to run `redis-server` from PATH")
+                && !result.contains("\\n")
+                && !result.contains("SocketNotFoundError")
+                && !result.contains("Container {"),
+            "{result}"
+        );
+    }
+    // CI forbids the fallback: then the message does not offer it.
+    let (result, _) = run_child(&[("DOCKER_HOST", NO_DOCKER), ("BATON_REQUIRE_DOCKER", "1")]);
+    assert!(
+        result.starts_with("err could not start redis in a container")
+            && !result.contains("BATON_LOCAL_FALLBACK"),
+        "{result}"
+    );
+}
+
+/// The ZooKeeper fallback says what it runs: `java` on Debian's jars, not the image's
+/// `zookeeper-entrypoint`. (Before: "running `zookeeper-entrypoint` from PATH instead", then it
+/// ran java.)
+#[cfg(feature = "zookeeper")]
+#[test]
+fn the_zookeeper_fallback_says_it_runs_java() {
+    let dir = bin_dir("zk-fallback", &[]);
+    std::os::unix::fs::symlink("/bin/sh", dir.join("sh")).unwrap();
+    let path = dir.display().to_string();
+    let (result, stderr) = run_child(&[
+        ("DOCKER_HOST", NO_DOCKER),
+        ("BATON_LOCAL_FALLBACK", "1"),
+        ("BATON_CHILD_SERVER", "zookeeper"),
+        ("PATH", &path),
+    ]);
+    assert!(
+        result.starts_with("err could not start zookeeper"),
+        "{result}"
+    );
+    assert!(
+        stderr.contains("BATON_LOCAL_FALLBACK is set: running `java` on Debian's ZooKeeper jars")
+            && !stderr.contains("zookeeper-entrypoint"),
+        "{stderr}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 

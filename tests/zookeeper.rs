@@ -165,6 +165,36 @@ async fn foreign_layout_in_a_queue_is_refused() {
     held.unlock().await.unwrap();
 }
 
+/// Names are relative to the chroot, and the leading `/` ZooKeeper users write is dropped,
+/// once: `/name` and `name` are one lock, in process too (a `MultiLock` given both takes it
+/// once instead of waiting on itself). (Before: `/name` was `InvalidArgument`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leading_slash_names_the_same_lock() {
+    let name = test_name("slash");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let held = Mutex::new(&s, format!("/{name}"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    assert!(
+        held.key().starts_with(&format!("{name}/")),
+        "{}",
+        held.key()
+    );
+    let other = Session::new(backend.clone()).await.unwrap();
+    let busy = Mutex::new(&other, &name).unwrap().try_lock().await;
+    assert!(matches!(busy, Err(Error::Locked { .. })), "{busy:?}");
+    held.unlock().await.unwrap();
+    let both = baton::MultiLock::new(&s, [format!("/{name}"), name.clone()]).unwrap();
+    assert_eq!(both.names().count(), 1);
+    let guard = within("the lock, taken once", Duration::from_secs(10), both.lock())
+        .await
+        .unwrap();
+    guard.unlock().await.unwrap();
+}
+
 /// Bad names are refused with `InvalidArgument` before anything is created: no node, not
 /// even a parent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,7 +205,8 @@ async fn bad_paths_are_refused_before_anything_is_created() {
     for name in [
         format!("{base}/a//b"),
         format!("{base}/a/"),
-        format!("/{base}"),
+        // One leading `/` is dropped (see below); two leave an empty segment.
+        format!("//{base}"),
         format!("{base}/./a"),
         format!("{base}/../a"),
         format!("{base}/a\u{1}"),

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::error::{BoxError, Error, LostReason, Result};
 
+mod reach;
 mod tls;
 use tls::{HandshakeCheck, TlsConfig, TlsRefused};
 
@@ -57,8 +58,8 @@ use tls::{HandshakeCheck, TlsConfig, TlsRefused};
 /// ```
 ///
 /// A certificate refused during the handshake fails [`EtcdBackend::connect`] at once, not
-/// after the connect timeout: retrying cannot fix it. [`Error::Connect`] when baton does not
-/// trust the server's certificate (its source says why: an unknown CA, expired, issued for
+/// after the connect timeout: retrying cannot fix it. [`Error::Misconfigured`] when baton does
+/// not trust the server's certificate (its source says why: an unknown CA, expired, issued for
 /// another name), [`Error::Auth`] when the server refuses the client certificate (missing,
 /// expired, or signed by a CA it does not trust; etcd does not say which).
 #[derive(Clone)]
@@ -356,8 +357,11 @@ impl EtcdBackend {
     /// [`Error::InvalidArgument`] for an empty endpoint list, `http://` mixed with `https://`
     /// or with TLS options, or a CA, client certificate or key that does not parse (or a key
     /// that is not the certificate's); [`Error::Connect`] if no endpoint answers in time, or
-    /// at once if baton refuses the server's TLS certificate (or the server does not speak
-    /// TLS); [`Error::Auth`] for rejected credentials, a client certificate included (at once);
+    /// at once if every endpoint refuses the connection or names a host that does not exist;
+    /// [`Error::Misconfigured`] at once if baton refuses the server's TLS certificate, an
+    /// endpoint does not speak TLS as its scheme says, or a user is given to an etcd without
+    /// authentication; [`Error::Auth`] for rejected credentials, a client certificate included
+    /// (at once);
     /// [`Error::UnsupportedVersion`] for an etcd older than 3.4 (baton's waits name their
     /// watches, which etcd supports from 3.4). The TLS errors' sources say what was refused.
     ///
@@ -385,21 +389,23 @@ impl EtcdBackend {
         if let Some((user, password)) = &options.user {
             opts = opts.with_user(user.clone(), password.clone());
         }
-        let tls_check = match options.tls.options(&endpoints, options.connect_timeout)? {
+        let (tls_check, tls) = match options.tls.options(&endpoints, options.connect_timeout)? {
             Some(tls) => {
                 opts = opts.with_tls(tls.options);
-                tls.check
+                (tls.check, true)
             }
-            None => HandshakeCheck::plain(&endpoints),
+            None => (HandshakeCheck::plain(&endpoints), false),
         };
         // The channel balances over the endpoints, so a dead one may take the first request
         // (the authentication at connect, or the probe below): try again (another endpoint
         // gets its turn) until the connect timeout, as etcdctl does.
         let mut retry = ConnectRetry {
             give_up: Instant::now() + options.connect_timeout,
+            connect_timeout: options.connect_timeout,
             backoff: Duration::from_millis(25),
             endpoints: &endpoints,
             tls_check: Some(tls_check),
+            tls,
         };
         // `Client::connect` reports its own setup (endpoints, TLS options) as transport
         // errors, before any I/O: those do not pass. What fails on the wire comes back as a
@@ -446,9 +452,11 @@ impl EtcdBackend {
         let endpoints = vec!["(an application's etcd client)".to_owned()];
         let retry = ConnectRetry {
             give_up: Instant::now() + options.connect_timeout,
+            connect_timeout: options.connect_timeout,
             backoff: Duration::from_millis(25),
             endpoints: &endpoints,
             tls_check: None,
+            tls: false,
         };
         Self::checked(client, options, endpoints.clone(), retry).await
     }
@@ -684,13 +692,22 @@ impl EtcdBackend {
 
 /// The longest [`HandshakeCheck`] waits for a server's verdict: a server that accepts the
 /// client sends its session tickets at once, and one that refuses it its alert; a server that
-/// sends neither leaves the check undecided after this.
+/// sends neither leaves the check undecided after this. Also the longest the other checks of
+/// a failing connect wait for an endpoint ([`reach`]).
 const TLS_CHECK_LIMIT: Duration = Duration::from_secs(1);
 
+/// How long a TLS request may go unanswered before `connect` asks the endpoints in plain text
+/// whether they speak TLS at all ([`reach::answers_plain_text`]): a TLS handshake sent to an
+/// etcd without TLS may go unanswered until the connect timeout.
+const PLAIN_TEXT_CHECK_AFTER: Duration = Duration::from_millis(250);
+
 /// Retries of the requests `connect` makes, until the connect timeout: the channel balances
-/// over the endpoints, so a dead one may take a request while a live one would answer.
+/// over the endpoints, so a dead one may take a request while a live one would answer. A
+/// failure that retrying cannot fix ends it at once: every endpoint refused or unknown, a
+/// certificate refused, a TLS endpoint that answers in plain text or the reverse.
 struct ConnectRetry<'a> {
     give_up: Instant,
+    connect_timeout: Duration,
     /// The pause before the next attempt: 25 ms, doubling, up to 250 ms; shared by the
     /// requests of one `connect`.
     backoff: Duration,
@@ -698,6 +715,9 @@ struct ConnectRetry<'a> {
     /// Run once, at the first failure after a connection was made: it may hide a refused
     /// client certificate, or a TLS server reached in plain text.
     tls_check: Option<HandshakeCheck>,
+    /// The endpoints are reached in TLS: a request slow to answer may be a handshake sent to
+    /// a server without TLS.
+    tls: bool,
 }
 
 impl ConnectRetry<'_> {
@@ -726,32 +746,66 @@ impl ConnectRetry<'_> {
     where
         F: Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
+        use futures::FutureExt;
+        let (endpoints, tls) = (self.endpoints, self.tls);
+        // Runs (once) while a TLS request goes unanswered; never ends for plain text.
+        let mut plain_text = std::pin::pin!(
+            async move {
+                if !tls {
+                    return std::future::pending().await;
+                }
+                tokio::time::sleep(PLAIN_TEXT_CHECK_AFTER).await;
+                reach::answers_plain_text(endpoints, TLS_CHECK_LIMIT).await
+            }
+            .fuse()
+        );
         loop {
             let left = self.give_up.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, request()).await {
-                Err(elapsed) => return Err(self.failed(elapsed.into())),
+            let answer = tokio::select! {
+                answer = tokio::time::timeout(left, request()) => answer,
+                Some(not_tls) = &mut plain_text => {
+                    return Err(self.misconfigured(Box::new(not_tls)));
+                }
+            };
+            match answer {
+                Err(_elapsed) => {
+                    return Err(self.failed(Box::new(reach::NoAnswer {
+                        within: self.connect_timeout,
+                    })));
+                }
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(e)) if transient(&e) && Instant::now() + self.backoff < self.give_up => {
+                    let within = self
+                        .give_up
+                        .saturating_duration_since(Instant::now())
+                        .min(TLS_CHECK_LIMIT);
                     // A connection that was made and then failed may be a server refusing
                     // the client certificate, or a TLS server spoken to in plain text: ask
                     // with a handshake of our own (once).
                     if !tonic_code::never_sent(&e)
                         && let Some(check) = self.tls_check.take()
-                        && let Some(found) = check
-                            .run(
-                                self.give_up
-                                    .saturating_duration_since(Instant::now())
-                                    .min(TLS_CHECK_LIMIT),
-                            )
-                            .await
+                        && let Some(found) = check.run(within).await
                     {
-                        return Err(found.into_error(|source| self.failed(source)));
+                        return Err(found.into_error(|source| self.misconfigured(source)));
+                    }
+                    // Every endpoint refuses, or names a host that does not exist: waiting
+                    // cannot help.
+                    if let Some(unreachable) =
+                        super::reach::unreachable(self.endpoints, within).await
+                    {
+                        return Err(self.failed(Box::new(unreachable)));
                     }
                     tracing::debug!(error = %e, "connect: an endpoint did not answer; {what} again");
                     tokio::time::sleep(self.backoff).await;
                     self.backoff = (self.backoff * 2).min(Duration::from_millis(250));
                 }
+                Ok(Err(e)) if reach::AuthNotEnabled::is(&e) => {
+                    return Err(self.misconfigured(Box::new(reach::AuthNotEnabled(e))));
+                }
                 Ok(Err(e)) => {
+                    if let Some(refused) = TlsRefused::of(&e) {
+                        return Err(refused.into_error(|source| self.misconfigured(source)));
+                    }
                     return Err(match etcd_err("connect", e) {
                         Error::Backend { source, .. } => self.failed(source),
                         other => other,
@@ -763,6 +817,13 @@ impl ConnectRetry<'_> {
 
     fn failed(&self, source: BoxError) -> Error {
         Error::Connect {
+            endpoints: self.endpoints.to_vec(),
+            source,
+        }
+    }
+
+    fn misconfigured(&self, source: BoxError) -> Error {
+        Error::Misconfigured {
             endpoints: self.endpoints.to_vec(),
             source,
         }

@@ -20,6 +20,8 @@ mod etcd_value;
 #[cfg(feature = "etcd")]
 mod etcd_watch;
 pub(crate) mod memory;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+mod reach;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "zookeeper")]
@@ -501,6 +503,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Creating the stream does nothing; it works when polled, so it may be created outside
     /// an async runtime.
     fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>>;
+
+    /// The queue a recipe given the name `name` uses on this backend. Recipes
+    /// ([`Mutex::new`](crate::Mutex::new) and the others) call it once, before anything else
+    /// sees the name, so that two spellings of one queue are one queue in process too.
+    ///
+    /// By default `name` itself: on etcd and Redis a leading `/` is part of the key. On
+    /// ZooKeeper, names are paths relative to the connect string's chroot, and one leading
+    /// `/` (`/orders`, as ZooKeeper users write paths) is dropped: `/orders` and `orders` are
+    /// the node `<chroot>/orders`. Decorators forward it to the backend they wrap.
+    fn recipe_name<'n>(&self, name: &'n str) -> &'n str {
+        name
+    }
 }
 
 /// A change to one key under a queue's prefix, as a watch reports it.

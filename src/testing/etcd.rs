@@ -26,6 +26,7 @@ const ETCD: Server = Server {
     image_var: "BATON_ETCD_IMAGE",
     default_image: DEFAULT_IMAGE,
     entrypoint: "etcd",
+    local: "`etcd`",
     ready: READY,
     build_script: include_str!("../../scripts/build-etcd-image.sh"),
 };

@@ -387,6 +387,10 @@ impl Drop for Uncount<'_> {
 
 #[async_trait]
 impl Backend for FaultyBackend {
+    fn recipe_name<'n>(&self, name: &'n str) -> &'n str {
+        self.inner.recipe_name(name)
+    }
+
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         self.run(Call::GrantLease, self.inner.grant_lease(ttl))
             .await

@@ -37,15 +37,20 @@ pub const LOCAL_FALLBACK_VAR: &str = "BATON_LOCAL_FALLBACK";
 
 /// Why a fixture could not start (or could not be stopped, restarted or paused).
 ///
-/// Each message includes its cause (Docker's answer, the operating system's error): a test
-/// that prints the error with `{}` shows why, not only what failed. The cause is also the
-/// error's `source()`.
-#[derive(Debug, thiserror::Error)]
+/// Each message is one paragraph that includes its cause (Docker's answer, the operating
+/// system's error) and, when no container started, what to do about it (start Docker, or
+/// allow the local fallback with `BATON_LOCAL_FALLBACK=1`). `Debug` prints the same paragraph,
+/// so a test or a `main` that returns the error with `?` shows it, not a dump of nested
+/// structures. The cause is also the error's `source()`.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum FixtureError {
     /// Docker could not start the container (and the fallback was not allowed), or could not
     /// stop, start or pause it later.
-    #[error("could not start {server} in a container (image {image}): {source}")]
+    #[error(
+        "could not start {server} in a container (image {image}): {source}{}",
+        fallback_hint(*fallback)
+    )]
     Container {
         /// The server: `etcd`, `redis`, `zookeeper`.
         server: &'static str,
@@ -54,6 +59,10 @@ pub enum FixtureError {
         /// The testcontainers error (boxed: it is large, and errors travel in `Result`s).
         #[source]
         source: Box<testcontainers::TestcontainersError>,
+        /// When the container was to be started and the local fallback was not allowed (nor
+        /// forbidden by `BATON_REQUIRE_DOCKER`): what [`LOCAL_FALLBACK_VAR`] would run instead,
+        /// named in the message.
+        fallback: Option<&'static str>,
     },
     /// No container started, the fallback was allowed ([`LOCAL_FALLBACK_VAR`]), and it failed
     /// too: both causes.
@@ -147,6 +156,24 @@ pub enum FixtureError {
     },
 }
 
+impl std::fmt::Debug for FixtureError {
+    /// The message: one readable paragraph (see the type's docs).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+/// The end of a [`FixtureError::Container`] message that says what to do.
+fn fallback_hint(fallback: Option<&'static str>) -> String {
+    match fallback {
+        Some(local) => format!(
+            ". Is a Docker daemon running (`docker info`)? Start one, or set \
+             {LOCAL_FALLBACK_VAR}=1 to run {local} from PATH instead"
+        ),
+        None => String::new(),
+    }
+}
+
 /// A free TCP port on 127.0.0.1 (the listener is closed again; the server binds it right
 /// after).
 pub(crate) fn free_port() -> std::io::Result<u16> {
@@ -190,13 +217,20 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, FixtureError>>,
 {
-    if !env_flag(LOCAL_FALLBACK_VAR) || env_flag("BATON_REQUIRE_DOCKER") {
+    if env_flag("BATON_REQUIRE_DOCKER") {
+        return Err(container_error);
+    }
+    if !env_flag(LOCAL_FALLBACK_VAR) {
+        let mut container_error = container_error;
+        if let FixtureError::Container { fallback, .. } = &mut container_error {
+            *fallback = Some(server.local);
+        }
         return Err(container_error);
     }
     announce(&format!(
-        "no container for {} ({container_error}); {LOCAL_FALLBACK_VAR} is set: running `{}` \
+        "no container for {} ({container_error}); {LOCAL_FALLBACK_VAR} is set: running {} \
          from PATH instead",
-        server.name, server.entrypoint
+        server.name, server.local
     ));
     local().await.map_err(|local| FixtureError::Unavailable {
         server: server.name,
@@ -216,6 +250,9 @@ pub(crate) struct Server {
     pub(crate) default_image: &'static str,
     /// The binary the container runs; it must be on the image's `PATH`.
     pub(crate) entrypoint: &'static str,
+    /// What the local fallback runs from the host's `PATH`, for messages (`` `etcd` ``; for
+    /// ZooKeeper `java` on Debian's jars, not the image's entrypoint).
+    pub(crate) local: &'static str,
     /// A log line fragment that says the server is ready.
     pub(crate) ready: &'static str,
     /// The script that builds [`default_image`](Self::default_image) from Debian's package
@@ -364,6 +401,7 @@ impl Server {
             server: self.name,
             image: format!("{name}:{tag}"),
             source: Box::new(source),
+            fallback: None,
         }
     }
 

@@ -33,7 +33,7 @@
 //! # Test dependencies
 //! ```toml
 //! [dev-dependencies]
-//! baton = { version = "0.1", features = ["testing", "etcd"] }   # or "redis"
+//! baton = { version = "0.1", features = ["testing", "etcd"] }   # or "redis", "zookeeper"
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
 //!
@@ -50,7 +50,9 @@
 //!   image (`BATON_ETCD_IMAGE`, `BATON_REDIS_IMAGE`, `BATON_ZOOKEEPER_IMAGE`) is used as it
 //!   is.
 //! - **No silent fallback.** When no container starts (no Docker daemon), the fixture fails
-//!   with Docker's error. Only with [`LOCAL_FALLBACK_VAR`] (`BATON_LOCAL_FALLBACK=1`) does it
+//!   with Docker's error, in a [`FixtureError`] whose message (`Display` and `Debug` alike:
+//!   `?` in a test shows it) is one paragraph that names Docker's answer and the way out:
+//!   start Docker, or set `BATON_LOCAL_FALLBACK=1` and what that runs. Only with [`LOCAL_FALLBACK_VAR`] (`BATON_LOCAL_FALLBACK=1`) does it
 //!   run the server binary from `PATH` instead, and it says so on standard error (not only
 //!   through `tracing`: a test has no subscriber); if that fails too, the error
 //!   ([`FixtureError::Unavailable`]) carries both causes. `BATON_REQUIRE_DOCKER=1` (CI)
@@ -117,7 +119,8 @@
 //! quorum. They run in containers with **host networking**, each server's client port (and a
 //! member's quorum and election ports) on free `127.0.0.1` ports; clients connect to
 //! [`ZkNode::connect_string`] (`127.0.0.1:<port>`; [`ZkEnsemble::connect_string`] lists the
-//! three members, comma-separated) or to the `url()` (`zk://` and the same). A server is ready
+//! three members, comma-separated) or to the `url()` (`zk://` and the same), or take
+//! [`ZkNode::backend`], as with the etcd and Redis nodes. A server is ready
 //! when it *serves*: `ruok` answers `imok` and `srvr` reports a mode (`standalone`, or
 //! `leader`/`follower` once the ensemble has elected a leader).
 //!

@@ -21,6 +21,7 @@ const REDIS: Server = Server {
     image_var: "BATON_REDIS_IMAGE",
     default_image: DEFAULT_REDIS_IMAGE,
     entrypoint: "redis-server",
+    local: "`redis-server`",
     ready: "Ready to accept connections",
     build_script: include_str!("../../scripts/build-redis-image.sh"),
 };

@@ -22,6 +22,8 @@ const ZOOKEEPER: Server = Server {
     default_image: DEFAULT_ZOOKEEPER_IMAGE,
     // The image's entrypoint turns `key=value` arguments into zoo.cfg and runs the server.
     entrypoint: "zookeeper-entrypoint",
+    // The fallback does not run the image's entrypoint: `java` on Debian's jars.
+    local: "`java` on Debian's ZooKeeper jars (/usr/share/java/zookeeper.jar)",
     // The client port is bound: the JVM is up. Whether the server serves (in a quorum, for a
     // member of an ensemble) is then asked with `srvr`.
     ready: "binding to port",
@@ -255,6 +257,26 @@ impl ZkNode {
     /// The URL baton's `connect` takes, `zk://` and the [connect string](Self::connect_string).
     pub fn url(&self) -> String {
         format!("zk://{}", self.connect)
+    }
+
+    /// A backend connected to this server, with the default options (Curator's node layout;
+    /// pass [`ZkOptions`](crate::ZkOptions) to `ZkBackend::connect` for others), as
+    /// `EtcdNode::backend` and `RedisNode::backend` give theirs.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let zk = baton::testing::ZkNode::start().await?;
+    /// let session = baton::Session::new(zk.backend().await?).await?;
+    /// # let _ = session; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`ZkBackend::connect`](crate::ZkBackend::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server before it returns.
+    pub async fn backend(&self) -> crate::Result<crate::ZkBackend> {
+        crate::ZkBackend::connect(&self.connect, crate::ZkOptions::new()).await
     }
 
     /// The client port (for `BATON_ZOOKEEPER_CONNECT`, its first server's; 2181 if it names

@@ -70,7 +70,7 @@ impl TlsConfig {
             Some(pem) => {
                 let ca = certificates(
                     pem,
-                    "the CA certificate (with_ca_cert, --cacert) holds no PEM certificate",
+                    "the CA certificate (with_ca_cert) holds no PEM certificate",
                 )?;
                 options = options.ca_certificate(Certificate::from_pem(pem));
                 ca
@@ -80,7 +80,7 @@ impl TlsConfig {
                 let system = rustls_native_certs::load_native_certs().certs;
                 if system.is_empty() {
                     return Err(Error::InvalidArgument(
-                        "https:// without a CA certificate (with_ca_cert, --cacert) trusts the \
+                        "https:// without a CA certificate (with_ca_cert) trusts the \
                          system's roots, and this system has none",
                     ));
                 }
@@ -134,14 +134,16 @@ fn client_identity(
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
     let chain = certificates(
         cert,
-        "the client certificate (with_client_cert, --cert) holds no PEM certificate",
+        "the client certificate (the certificate of with_client_cert) holds no PEM certificate",
     )?;
     let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
-        Error::InvalidArgument("the client key (with_client_cert, --key) holds no PEM private key")
+        Error::InvalidArgument(
+            "the client key (the key of with_client_cert) holds no PEM private key",
+        )
     })?;
     let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| {
         Error::InvalidArgument(
-            "the client key (with_client_cert, --key) is not a key type TLS supports",
+            "the client key (the key of with_client_cert) is not a key type TLS supports",
         )
     })?;
     // `Unknown`: the key cannot tell its public half; the server will judge.
@@ -155,7 +157,7 @@ fn client_identity(
         });
     if mismatch {
         return Err(Error::InvalidArgument(
-            "the client key (with_client_cert, --key) is not the client certificate's key",
+            "the client key (the key of with_client_cert) is not the client certificate's key",
         ));
     }
     Ok((chain, key))
@@ -277,7 +279,7 @@ fn describe(tls: &rustls::Error) -> Option<(&'static str, bool)> {
     Some(match tls {
         Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => (
             "the server's TLS certificate is not signed by a trusted CA (give the CA that \
-             signed it: with_ca_cert, --cacert)",
+             signed it: with_ca_cert)",
             false,
         ),
         Tls::InvalidCertificate(
@@ -298,8 +300,8 @@ fn describe(tls: &rustls::Error) -> Option<(&'static str, bool)> {
             ("the server's TLS certificate was refused", false)
         }
         Tls::AlertReceived(alert) if CLIENT_CERT_ALERTS.contains(alert) => (
-            "the server refused the client certificate: none was given (with_client_cert, \
-             --cert and --key), or it is expired, or not signed by a CA the server trusts",
+            "the server refused the client certificate: none was given (with_client_cert), or \
+             it is expired, or not signed by a CA the server trusts",
             true,
         ),
         Tls::AlertReceived(Alert::HandshakeFailure | Alert::ProtocolVersion) => (
@@ -365,7 +367,7 @@ impl std::fmt::Display for ServesTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
             "the server answers in TLS: reach it at https:// (with the CA that signed its \
-             certificate: with_ca_cert, --cacert)",
+             certificate: with_ca_cert)",
         )
     }
 }
@@ -456,7 +458,7 @@ impl HandshakeCheck {
 }
 
 /// `host` and `port` of `http(s)://host:port` or `host:port` (`[v6]:port` too).
-fn host_port(endpoint: &str) -> Option<(&str, u16)> {
+pub(super) fn host_port(endpoint: &str) -> Option<(&str, u16)> {
     let rest = endpoint
         .strip_prefix("https://")
         .or_else(|| endpoint.strip_prefix("http://"))

@@ -324,6 +324,10 @@ pub(super) async fn collect(
 }
 
 /// Opens a session on `connect` with `timeout`, within `limit`.
+/// How long a connect runs before [`ZkBackend::connect`] asks the servers whether any can be
+/// reached at all (a healthy connect is done by then, and the check costs nothing).
+const UNREACHABLE_CHECK_AFTER: Duration = Duration::from_millis(100);
+
 async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Client, BoxError> {
     // The client's default idle limit is 2/5 of the session timeout, and after a lost
     // connection it may pick the same frozen member again: two such tries cost 0.8 x the
@@ -348,18 +352,47 @@ impl ZkBackend {
     ///
     /// # Errors
     /// [`Error::Connect`] if the string is malformed or no server gives a session within
-    /// the connect timeout.
+    /// the connect timeout, or at once if every server refuses the connection or names a host
+    /// that does not exist (the source says which, in words).
     ///
     /// # Cancel safety
     /// Cancel safe: a session opened by a dropped call is closed with it.
     pub async fn connect(connect: &str, options: ZkOptions) -> Result<ZkBackend> {
         let connect = connect.strip_prefix("zk://").unwrap_or(connect).to_owned();
-        let client = open(&connect, options.session_timeout, options.connect_timeout)
-            .await
-            .map_err(|source| Error::Connect {
-                endpoints: vec![format!("zk://{connect}")],
-                source,
-            })?;
+        let failed = |source| Error::Connect {
+            endpoints: vec![format!("zk://{connect}")],
+            source,
+        };
+        // The client retries a refused server until the timeout: ask the servers ourselves,
+        // once a healthy connect would have been made, whether waiting can help.
+        let servers: Vec<String> = connect
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        let hopeless = async {
+            tokio::time::sleep(UNREACHABLE_CHECK_AFTER).await;
+            super::reach::unreachable(&servers, Duration::from_secs(1)).await
+        };
+        let opening = open(&connect, options.session_timeout, options.connect_timeout);
+        let client = tokio::select! {
+            opened = opening => opened.map_err(|source| {
+                if source.is::<tokio::time::error::Elapsed>() {
+                    failed(
+                        format!(
+                            "no server gave a session within the connect timeout ({:?})",
+                            options.connect_timeout
+                        )
+                        .into(),
+                    )
+                } else {
+                    failed(source)
+                }
+            })?,
+            Some(unreachable) = hopeless => return Err(failed(Box::new(unreachable))),
+        };
         Ok(ZkBackend {
             inner: Arc::new(Shared {
                 connect,
@@ -910,6 +943,12 @@ async fn make_keys_node(client: &Client) -> Result<(), Failure> {
 
 #[async_trait]
 impl Backend for ZkBackend {
+    /// Names are paths relative to the chroot: one leading `/`, as ZooKeeper users write
+    /// paths, is dropped (`/orders` is `<chroot>/orders`, the same lock as `orders`).
+    fn recipe_name<'n>(&self, name: &'n str) -> &'n str {
+        name.strip_prefix('/').unwrap_or(name)
+    }
+
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         if ttl.is_zero() {
             return Err(Error::InvalidArgument(

@@ -27,10 +27,14 @@ Exit codes:
   0    success; with a command, the command's own exit code (128+N if signal N ended it)
   1    unexpected error
   64   bad arguments
-  69   etcd unreachable, or a request failed after retries; or its TLS certificate not trusted
+  69   the server cannot be reached (refused, no such host, no answer before --connect-timeout
+       or --timeout), or a request failed after retries: try again later
   74   standard output could not be written
-  75   --timeout elapsed, or --try found the lock held
+  75   the lock is busy: --timeout elapsed while waiting for it, or --try found it held
   77   authentication failed (user and password, or a client certificate refused)
+  78   the server does not match the configuration: https:// to a server without TLS (or
+       the reverse), its certificate not trusted, --user for a server without authentication,
+       a server too old or set up wrongly, another --layout: fix the configuration
   79   the lock or leadership was lost (its key deleted, or its session lost); the command,
        if any, was stopped
   126  the command is not executable (checked before the lock is taken)
@@ -60,6 +64,7 @@ mod exit {
     pub(crate) const IO: u8 = 74;
     pub(crate) const TIMEOUT: u8 = 75;
     pub(crate) const AUTH: u8 = 77;
+    pub(crate) const CONFIG: u8 = 78;
     pub(crate) const LOST: u8 = 79;
     pub(crate) const NOT_EXECUTABLE: u8 = 126;
     pub(crate) const NOT_FOUND: u8 = 127;
@@ -259,6 +264,10 @@ impl From<Error> for Failure {
             Error::InvalidArgument(_) | Error::LimitMismatch { .. } => exit::USAGE,
             Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => exit::UNAVAILABLE,
             Error::Auth { .. } | Error::Permission { .. } => exit::AUTH,
+            Error::Misconfigured { .. }
+            | Error::UnsupportedVersion { .. }
+            | Error::ServerSetting { .. }
+            | Error::ForeignLayout { .. } => exit::CONFIG,
             Error::Locked { .. } => exit::TIMEOUT,
             Error::SessionLost(_)
             | Error::EntryGone { .. }
@@ -266,16 +275,56 @@ impl From<Error> for Failure {
             | Error::LeadershipLost { .. } => exit::LOST,
             _ => exit::ERROR,
         };
-        // One line: the error and its causes.
-        let mut message = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(cause) = source {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        Failure::new(code, one_line(&message))
+        Failure::new(code, one_line(&in_flags(&explain(&e))))
     }
+}
+
+/// The error and its causes, on one line: a cause that repeats what was said already (an
+/// operating system's "Connection refused (os error 111)" after baton's "connection refused")
+/// is left out, and of an etcd request's gRPC status only its message is kept.
+fn explain(e: &Error) -> String {
+    let mut message = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let text = match cause.downcast_ref::<baton::etcd_client::Error>() {
+            Some(baton::etcd_client::Error::GRpcStatus(status)) => status.message().to_owned(),
+            _ => cause.to_string(),
+        };
+        let said = message.to_lowercase();
+        let plain = text
+            .split(" (os error")
+            .next()
+            .unwrap_or(&text)
+            .to_lowercase();
+        if !said.contains(&plain) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}
+
+/// The library's words for its options, as the command's flags (the library's messages name
+/// the `EtcdOptions` / `ConnectOptions` setters).
+const FLAGS: [(&str, &str); 7] = [
+    ("the certificate of with_client_cert", "--cert"),
+    ("the key of with_client_cert", "--key"),
+    ("with_client_cert", "--cert and --key"),
+    ("with_ca_cert", "--cacert"),
+    (
+        "name the host it is issued for: with_tls_server_name",
+        "reach the server by a name it is issued for, in --endpoints",
+    ),
+    ("with_user", "--user and --password"),
+    ("with_connect_timeout", "--connect-timeout"),
+];
+
+/// `text` with the library's option names replaced by the command's flags.
+fn in_flags(text: &str) -> String {
+    FLAGS
+        .iter()
+        .fold(text.to_owned(), |text, (api, flag)| text.replace(api, flag))
 }
 
 /// Text made safe for one line of output: control characters (newlines included) escaped.
@@ -464,17 +513,18 @@ fn validate(cli: &Cli) -> Result<Checked, Failure> {
     })
 }
 
-/// `host:port`, `http://host:port` or `https://host:port`, with a port in 1..=65535.
-/// Waits for `fut` until `deadline` (exit code 75 then).
+/// Waits for `fut` until `deadline`, then fails with `code`: 75 (busy) while waiting for the
+/// lock, 69 (unreachable) before it was asked for (connecting, starting a session).
 async fn before<T>(
     deadline: Option<Instant>,
+    code: u8,
     what: &str,
     fut: impl std::future::Future<Output = Result<T, Failure>>,
 ) -> Result<T, Failure> {
     match deadline {
         Some(at) => tokio::time::timeout_at(at, fut)
             .await
-            .map_err(|_| Failure::new(exit::TIMEOUT, format!("timed out {what}")))?,
+            .map_err(|_| Failure::new(code, format!("timed out {what} (--timeout)")))?,
         None => fut.await,
     }
 }
@@ -507,7 +557,9 @@ async fn connect(
         Ok(parsed) => format!("connecting to {}", parsed.backend_name()),
         Err(_) => "connecting".to_owned(),
     };
-    before(deadline, &what, async {
+    // A --timeout that ends while connecting means the server could not be reached in the
+    // time given, not that the lock is busy: exit 69, as the connect timeout does.
+    before(deadline, exit::UNAVAILABLE, &what, async {
         Ok(baton::connect_with(&endpoints, options).await?)
     })
     .await
@@ -641,7 +693,7 @@ async fn session(
     ttl: Duration,
     deadline: Option<Instant>,
 ) -> Result<Session, Failure> {
-    before(deadline, "starting a session", async {
+    before(deadline, exit::UNAVAILABLE, "starting a session", async {
         Ok(Session::from_shared(backend, SessionOptions::new().with_ttl(ttl)).await?)
     })
     .await
@@ -706,7 +758,7 @@ async fn wait_granted<T>(
 ) -> Result<T, Failure> {
     let waiting = format!("waiting for {what}");
     tokio::select! {
-        granted = before(deadline, &waiting, async { Ok(fut.await?) }) => granted,
+        granted = before(deadline, exit::TIMEOUT, &waiting, async { Ok(fut.await?) }) => granted,
         sig = signals.recv() => Err(interrupted(sig, &waiting)),
     }
 }
@@ -954,6 +1006,8 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
 }
 
 async fn status(backend: &dyn Backend, name: &str, json: bool) -> Result<u8, Failure> {
+    // As the recipes spell it (on ZooKeeper, `/orders` is `orders`).
+    let name = backend.recipe_name(name);
     let entries = backend.entries(name).await?;
     // Names that nest share a queue (as with etcdctl): a key under `<name>/sub/` belongs to
     // the lock `<name>/sub`, yet `<name>` queues behind it. Say so rather than hide it.
