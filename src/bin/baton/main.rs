@@ -3,6 +3,7 @@
 //! With a command, `baton` supervises it (see `supervise`): the command runs only while the
 //! lock (or leadership) is held, as a whole process group, and baton returns its exit code.
 
+mod sigstate;
 mod supervise;
 
 use std::io::Write;
@@ -161,7 +162,9 @@ enum Command {
         /// must ask for the same N.
         #[arg(short = 'n', long = "permits", value_name = "N")]
         permits: Option<u32>,
-        /// Seconds between SIGTERM and SIGKILL when the command must be stopped.
+        /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
+        /// itself is killed, at most a third of --ttl: the command is gone before the lock
+        /// can pass to another holder.
         #[arg(long, default_value = "10", value_parser = seconds, allow_negative_numbers = true)]
         kill_after: Duration,
         /// The command to run while holding the lock.
@@ -189,7 +192,9 @@ enum Command {
         /// Give up after this many seconds, connecting included (exit code 75).
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
-        /// Seconds between SIGTERM and SIGKILL when the command must be stopped.
+        /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
+        /// itself is killed, at most a third of --ttl: the command is gone before the lock
+        /// can pass to another holder.
         #[arg(long, default_value = "10", value_parser = seconds, allow_negative_numbers = true)]
         kill_after: Duration,
         /// The command to run while leading.
@@ -292,8 +297,8 @@ fn one_line(text: &str) -> String {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some(supervise::EXEC_STEP) {
-        return ExitCode::from(supervise::exec_step(&args[2..]));
+    if let Some(code) = supervise::hidden_step(&args) {
+        return ExitCode::from(code);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -557,6 +562,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                         what,
                         verbose,
                         kill_after,
+                        ttl: ttl.min(session.ttl()),
                     };
                     hold.run(held, spec, &mut signals).await
                 }
@@ -588,6 +594,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                                 what,
                                 verbose,
                                 kill_after,
+                                ttl: ttl.min(session.ttl()),
                             };
                             hold.run(Held::Lead(leadership), spec, &mut signals).await
                         }
@@ -756,6 +763,9 @@ struct Hold {
     what: String,
     verbose: bool,
     kill_after: Duration,
+    /// The TTL asked for or granted, the shorter: bounds how long the group may outlive a
+    /// killed baton.
+    ttl: Duration,
 }
 
 impl Hold {
@@ -782,7 +792,8 @@ impl Hold {
             ("ETCD_LOCK_REV".into(), token),
         ];
         supervise::become_supervisor();
-        let mut group = Group::spawn(&spec, self.kill_after)?;
+        let orphan_grace = supervise::orphan_grace(self.kill_after, self.ttl);
+        let mut group = Group::spawn(&spec, orphan_grace)?;
         let pgid = group.pgid();
         let lost = held.lost();
         tokio::pin!(lost);
@@ -808,11 +819,13 @@ impl Hold {
                 }
                 status = group.wait() => break status,
                 sig = signals.recv() => {
-                    if escalate.is_none() {
+                    if !group.interrupted() {
                         supervise::signal_group(pgid, sig);
+                        group.note_signalled();
                         escalate = Some(Box::pin(tokio::time::sleep(self.kill_after)));
                     } else {
-                        // A second signal: stop now.
+                        // A second signal (the first may have been the terminal's Ctrl-C
+                        // that ended the command): stop now.
                         supervise::signal_group(pgid, Signal::SIGKILL);
                     }
                 }
