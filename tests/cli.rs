@@ -1565,3 +1565,33 @@ async fn baton_says_what_it_waits_for_after_a_double_fork() {
     assert_eq!(status.code(), Some(0), "the command's own status");
     assert!(backend().await.entries(&name).await.unwrap().is_empty());
 }
+
+/// A reader that goes away is noticed without waiting for a next write: `baton lock x | head
+/// -1` and `baton elect x v | head -1` release and exit 141, `baton elect --listen x | head
+/// -1` exits 0. (Before: each ran on until killed, the lock held with nobody reading.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_reader_is_noticed_at_once() {
+    let backend = backend().await;
+    let lock = name("reader-lock");
+    let elect = name("reader-elect");
+    let listen = name("reader-listen");
+    let cases: [(&[&str], i32, &str); 3] = [
+        (&["lock", &lock], 141, &lock),
+        (&["elect", &elect, "v"], 141, &elect),
+        (&["elect", "--listen", &listen], 0, &listen),
+    ];
+    for (args, code, name) in cases {
+        let mut child = baton(args).spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        within("a first line", Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap()
+            .expect("a line");
+        drop(lines); // `head -1` has what it wanted
+        let status = within("baton exits", Duration::from_secs(10), child.wait())
+            .await
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?}");
+        assert!(backend.entries(name).await.unwrap().is_empty(), "{args:?}");
+    }
+}

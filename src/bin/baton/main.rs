@@ -3,6 +3,7 @@
 //! With a command, `baton` supervises it (see `supervise`): the command runs only while the
 //! lock (or leadership) is held, as a whole process group, and baton returns its exit code.
 
+mod closed_output;
 mod sigstate;
 mod supervise;
 
@@ -875,6 +876,15 @@ impl Hold {
                 Ok(0)
             }
             reason = lost => Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what))),
+            // `baton lock x | head -1`: nobody reads us any more; let go now, not at the
+            // next write (there is none).
+            () = closed_output::closed() => {
+                let _ = tokio::time::timeout(Duration::from_secs(2), held.release()).await;
+                Err(Failure::new(
+                    exit::BROKEN_PIPE,
+                    format!("standard output was closed; {} released", self.what),
+                ))
+            }
         }
     }
 }
@@ -905,10 +915,14 @@ async fn listen_election(
 ) -> Result<u8, Failure> {
     let election = Election::new(session, name)?;
     let mut events = election.observe();
+    let closed = closed_output::closed();
+    tokio::pin!(closed);
     loop {
         let event = tokio::select! {
             event = events.next() => event,
             _ = signals.recv() => return Ok(0),
+            // `baton elect --listen x | head -1`: the reader has what it wanted.
+            () = &mut closed => return Ok(0),
         };
         match event {
             None => return Err(Failure::new(exit::ERROR, "the observer stopped")),
