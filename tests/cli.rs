@@ -1595,3 +1595,110 @@ async fn a_closed_reader_is_noticed_at_once() {
         assert!(backend.entries(name).await.unwrap().is_empty(), "{args:?}");
     }
 }
+
+async fn next(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    within("a line", Duration::from_secs(20), lines.next_line())
+        .await
+        .unwrap()
+        .expect("a line")
+}
+
+/// `baton lock x &` in a script starts with SIGINT ignored (sh does that to background jobs),
+/// and `kill -INT` still stops it, as it stops `etcdctl lock`: without a command it releases
+/// and exits 130; a command (which keeps SIGINT ignored, as without baton) gets SIGTERM.
+/// (Before: SIGINT did nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_int_stops_a_background_baton() {
+    let name = name("bg-int");
+    let dir = scratch("bg-int");
+    let pid_file = dir.join("pid");
+    let background = |command: &str| {
+        let script = format!(
+            "{b} lock {name} {command} & echo $! > {p}; wait $!; echo \"exit $?\"",
+            b = env!("CARGO_BIN_EXE_baton"),
+            p = pid_file.display()
+        );
+        let _ = std::fs::remove_file(&pid_file);
+        let mut cmd = Command::new("sh");
+        cmd.env("BATON_ENDPOINTS", endpoints())
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    };
+
+    let (_sh, mut lines) = background("");
+    assert!(next(&mut lines).await.starts_with(&format!("{name}/")));
+    next(&mut lines).await; // the token: held
+    let pid = written_pid(&pid_file).await.to_string();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert_eq!(next(&mut lines).await, "exit 0");
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+
+    let command =
+        "-- sh -c 'trap \"echo term; exit 3\" TERM; echo ready; while :; do sleep 0.05; done'";
+    let (_sh, mut lines) = background(command);
+    assert_eq!(next(&mut lines).await, "ready");
+    let pid = written_pid(&pid_file).await.to_string();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert_eq!(next(&mut lines).await, "term");
+    assert_eq!(next(&mut lines).await, "exit 3");
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+}
+
+/// `elect NAME VALUE` prints key, value and token on one line each, whatever the value holds:
+/// a newline in it is escaped. (Before: printed raw, four lines.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_prints_the_value_on_one_line() {
+    let name = name("elect-newline");
+    let mut leader = Running::spawn(&["elect", &name, "node-a\nrole=primary"]);
+    assert!(leader.line().await.starts_with(&format!("{name}/")));
+    assert_eq!(leader.line().await, "node-a\\nrole=primary");
+    assert!(leader.line().await.parse::<u64>().is_ok(), "the token");
+    leader.signal("-TERM");
+    assert_eq!(leader.exit_code().await.0, 0);
+}
+
+/// `-h` is short, `--help` tells the rules; a subcommand's own options come before the global
+/// ones, under their own heading. (Before: `elect -h` printed the whole supervision text, and
+/// `lock --help` mixed `--endpoints` with `--ttl`.)
+#[tokio::test]
+async fn help_is_short_with_h_and_headed() {
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for sub in ["lock", "elect"] {
+        let short = help(&[sub, "-h"]);
+        assert!(!short.contains("process group"), "{sub} -h: {short}");
+        assert!(!short.contains("Exit codes"), "{sub} -h: {short}");
+        assert!(
+            short.contains("--help"),
+            "{sub} -h points to --help: {short}"
+        );
+        let long = help(&[sub, "--help"]);
+        assert!(
+            long.contains("process group") && long.contains("Exit codes"),
+            "{sub} --help: {long}"
+        );
+        for text in [&short, &long] {
+            let own = text.find("--ttl").expect("--ttl");
+            let heading = text.find("Global options:").expect("a heading");
+            let global = text.find("--endpoints").expect("--endpoints");
+            assert!(own < heading && heading < global, "{sub}: {text}");
+        }
+    }
+}

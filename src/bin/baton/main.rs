@@ -54,6 +54,13 @@ With a command nothing is written to standard output but the command's own outpu
 and token are in BATON_LOCK_KEY and BATON_FENCING_TOKEN (and ETCD_LOCK_KEY, ETCD_LOCK_REV for
 etcdctl compatibility), and on standard error with -v.";
 
+/// The heading of the options every subcommand takes, shown after the subcommand's own.
+const GLOBAL: &str = "Global options";
+
+/// The end of `lock -h` and `elect -h`: the rules are in `--help`.
+const SEE_LONG_HELP: &str =
+    "How the command is supervised (signals, loss, the terminal) and the exit codes: --help";
+
 /// Exit codes, as documented in `EXIT_CODES` and docs/cli.md.
 mod exit {
     pub(crate) const ERROR: u8 = 1;
@@ -87,41 +94,41 @@ struct Cli {
         env = "BATON_ENDPOINTS",
         default_value = "127.0.0.1:2379",
         value_delimiter = ',',
-        global = true,
+        global = true, help_heading = GLOBAL,
         value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,..."
     )]
     endpoints: Vec<String>,
     /// User name for etcd authentication (with --password; Redis takes it in the URL).
-    #[arg(long, env = "BATON_USER", global = true)]
+    #[arg(long, env = "BATON_USER", global = true, help_heading = GLOBAL)]
     user: Option<String>,
     /// Password for etcd authentication (with --user). Not passed on to the command.
-    #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true)]
+    #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true, help_heading = GLOBAL)]
     password: Option<String>,
     /// etcd over TLS: the CA bundle (PEM) that signed the servers' certificates, instead of
     /// the system's roots. Turns TLS on for host:port endpoints (https:// is TLS anyway).
-    #[arg(long, env = "BATON_CACERT", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_CACERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cacert: Option<PathBuf>,
     /// etcd over TLS: the client certificate (PEM) for an etcd that asks for one
     /// (--client-cert-auth); with --key.
-    #[arg(long, env = "BATON_CERT", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_CERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cert: Option<PathBuf>,
     /// etcd over TLS: the private key (PEM) of the --cert certificate.
-    #[arg(long, env = "BATON_KEY", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_KEY", global = true, help_heading = GLOBAL, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.
-    #[arg(long, default_value = "5", value_parser = seconds, global = true, allow_negative_numbers = true)]
+    #[arg(long, default_value = "5", value_parser = seconds, global = true, help_heading = GLOBAL, allow_negative_numbers = true)]
     connect_timeout: Duration,
     /// Redis only: seconds after a restart that lost its data during which nothing is granted
     /// (at least the longest --ttl of any client; see docs/redis.md).
-    #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, value_name = "SECONDS")]
+    #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, help_heading = GLOBAL, value_name = "SECONDS")]
     restart_grace: Duration,
     /// ZooKeeper only: whose node names the lock entries take, to share locks with
     /// applications using that library: Curator's InterProcessMutex (the default) or kazoo's
     /// Lock (docs/zookeeper.md).
-    #[arg(long, value_enum, env = "BATON_LAYOUT", global = true)]
+    #[arg(long, value_enum, env = "BATON_LAYOUT", global = true, help_heading = GLOBAL)]
     layout: Option<Layout>,
     /// Also print the key and fencing token on standard error when running a command.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     verbose: bool,
     #[command(subcommand)]
     command: Command,
@@ -143,7 +150,7 @@ enum Command {
     /// Without a command, prints the lock key and the fencing token (one per line) once the
     /// lock is held, and holds it until SIGINT, SIGTERM or SIGHUP. With a command, runs it
     /// while holding the lock (see below) and returns its exit code.
-    #[command(after_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
+    #[command(after_help = SEE_LONG_HELP, after_long_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
     Lock {
         /// The lock name (keys are `<name>/<lease id hex>`, as `etcdctl lock`). Names that
         /// nest share a queue: `job` waits behind `job/sub`.
@@ -174,7 +181,7 @@ enum Command {
     },
     /// Campaign in an election; lead until a signal, or run a command while leading; or
     /// observe the election with --listen.
-    #[command(after_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
+    #[command(after_help = SEE_LONG_HELP, after_long_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
     Elect {
         /// The election name.
         name: String,
@@ -644,18 +651,23 @@ fn interrupted(sig: Signal, what: &str) -> Failure {
     )
 }
 
-/// The first SIGINT, SIGTERM or SIGHUP (those not inherited as ignored), with its number.
+/// The first SIGINT, SIGTERM or SIGHUP, with its number: SIGTERM and SIGHUP unless inherited
+/// as ignored (`nohup`); SIGINT always, as `etcdctl lock` does, since a shell starts its
+/// background jobs (`baton lock x &`) with SIGINT ignored and `kill -INT $!` must still stop
+/// them (docs/design.md, 2026-11-25).
 struct Signals {
     int: Option<tokio::signal::unix::Signal>,
     term: Option<tokio::signal::unix::Signal>,
     hup: Option<tokio::signal::unix::Signal>,
+    /// The caller ignored SIGINT: so does the command, and SIGTERM is passed on instead.
+    int_ignored: bool,
 }
 
 impl Signals {
     fn new() -> Result<Self, Failure> {
         let ignored = supervise::inherited_ignored();
         let install = |kind: SignalKind, sig: Signal| {
-            if ignored.contains(&sig) {
+            if ignored.contains(&sig) && sig != Signal::SIGINT {
                 // Ignored by whoever started us (nohup): stays ignored, for the command too.
                 return Ok(None);
             }
@@ -667,7 +679,18 @@ impl Signals {
             int: install(SignalKind::interrupt(), Signal::SIGINT)?,
             term: install(SignalKind::terminate(), Signal::SIGTERM)?,
             hup: install(SignalKind::hangup(), Signal::SIGHUP)?,
+            int_ignored: ignored.contains(&Signal::SIGINT),
         })
+    }
+
+    /// The signal to pass on to the command's group for `sig`: `sig` itself, but SIGTERM for
+    /// a SIGINT the command started ignoring (as it would have without baton).
+    fn passed_on(&self, sig: Signal) -> Signal {
+        if sig == Signal::SIGINT && self.int_ignored {
+            Signal::SIGTERM
+        } else {
+            sig
+        }
     }
 
     async fn recv(&mut self) -> Signal {
@@ -821,7 +844,7 @@ impl Hold {
                 status = group.wait() => break status,
                 sig = signals.recv() => {
                     if !group.interrupted() {
-                        supervise::signal_group(pgid, sig);
+                        supervise::signal_group(pgid, signals.passed_on(sig));
                         group.note_signalled();
                         escalate = Some(Box::pin(tokio::time::sleep(self.kill_after)));
                     } else {
@@ -861,7 +884,7 @@ impl Hold {
         let printed = out(held.key()).and_then(|()| match &held {
             Held::Lock(g) => out(&g.fencing_token().to_string()),
             Held::Permit(p) => out(&p.fencing_token().to_string()),
-            Held::Lead(l) => out(&String::from_utf8_lossy(l.value()))
+            Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value())))
                 .and_then(|()| out(&l.fencing_token().to_string())),
         });
         if let Err(f) = printed {
