@@ -40,15 +40,22 @@ Exit codes:
   141  standard output was closed (a broken pipe); the lock was released";
 
 const COMMAND_HELP: &str = "\
-The command runs in a process group of its own, started only once the lock is held. It ends
-with baton: if baton is killed (even with SIGKILL), a watchdog stops the whole group, and on
-Linux the kernel kills the command itself at once. SIGINT, SIGTERM and SIGHUP sent to baton
-are passed to the whole group (and SIGKILL follows after --kill-after if it does not end; a
-second signal sends it at once); signals baton inherited as ignored stay ignored. If the lock
-is lost, the group gets SIGTERM, then SIGKILL after --kill-after, and baton exits with 79
-without waiting for etcd. The lock is released only once every process of the group is gone;
-processes that leave the group on purpose (setsid, a daemon) are not covered. At a terminal,
-the command's group gets the terminal, so one Ctrl-C reaches it once.
+The command runs in a process group of its own, started only once the lock is held, with the
+signal dispositions and mask it would have had without baton (SIGPIPE at its default). It
+ends with baton: if baton is killed (even with SIGKILL), a watchdog sends the whole group
+SIGTERM, then SIGKILL after --kill-after or a third of --ttl, whichever is shorter, so it is
+gone before the lock can pass on; on Linux the kernel kills the command itself at once.
+SIGINT, SIGTERM and SIGHUP sent to baton are passed to the whole group (and SIGKILL follows
+after --kill-after if it does not end; a second signal sends it at once); SIGTERM and SIGHUP
+inherited as ignored (nohup) stay ignored; SIGINT inherited as ignored (a script's `baton
+... &`) still stops baton, which passes SIGTERM on. If the lock is lost, the group gets
+SIGTERM, then SIGKILL after --kill-after, and baton exits with 79 without waiting for etcd.
+The lock is released only once every process of the group is gone; if the command exits
+first, baton says on standard error what it waits for. Processes that leave the group on
+purpose (setsid, a daemon) are not covered. At a terminal, the command's group gets the
+terminal, so one Ctrl-C reaches it once; baton takes it back when the command exits, and a
+Ctrl-C then reaches baton (after a Ctrl-C that ended the command, the next one kills what it
+left).
 
 With a command nothing is written to standard output but the command's own output; the key
 and token are in BATON_LOCK_KEY and BATON_FENCING_TOKEN (and ETCD_LOCK_KEY, ETCD_LOCK_REV for
@@ -94,7 +101,8 @@ struct Cli {
         env = "BATON_ENDPOINTS",
         default_value = "127.0.0.1:2379",
         value_delimiter = ',',
-        global = true, help_heading = GLOBAL,
+        global = true,
+        help_heading = GLOBAL,
         value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,..."
     )]
     endpoints: Vec<String>,
