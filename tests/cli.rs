@@ -1463,3 +1463,420 @@ async fn a_second_signal_stops_the_command_at_once() {
     assert_within(second, Duration::from_secs(5));
     assert!(backend().await.entries(&name).await.unwrap().is_empty());
 }
+
+// ---- Replacing flock(1), `etcdctl lock` and `consul lock` in scripts and cron (issue #25). ----
+
+fn have_python() -> bool {
+    let found = std::process::Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var("CI").is_err(), "CI must have python3");
+        eprintln!("python3 not installed; skipping");
+    }
+    found
+}
+
+/// A caller that ignores SIGHUP and SIGINT, leaves SIGPIPE at its default and blocks SIGUSR1,
+/// then runs `args`: a `nohup`-ish script, as Python can set it up and sh cannot (a mask).
+fn python_caller(args: &[&str]) -> Command {
+    let mut cmd = Command::new("python3");
+    cmd.env("BATON_ENDPOINTS", endpoints())
+        .arg("-c")
+        .arg(
+            "import os, signal, sys\n\
+             signal.signal(signal.SIGHUP, signal.SIG_IGN)\n\
+             signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+             signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n\
+             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})\n\
+             os.execvp(sys.argv[1], sys.argv[1:])",
+        )
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The command starts with the signal dispositions and mask it would have had without baton:
+/// what the caller ignored ignored, SIGPIPE at its default, the caller's mask. (Before: SIGPIPE
+/// ignored in every command, since Rust's runtime ignores it and that survives `exec`, and the
+/// mask emptied: `yes | head -1` exited 1 with "Broken pipe", a shell loop `echo`ing into
+/// `head -1` never ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_starts_with_the_callers_signals() {
+    if !have_python() {
+        return;
+    }
+    let name = name("sigstate");
+    let show = ["grep", "-E", "^Sig(Ign|Blk)", "/proc/self/status"];
+    let direct = python_caller(&show).output().await.unwrap();
+    assert!(direct.status.success());
+    let mut via_baton = vec![env!("CARGO_BIN_EXE_baton"), "lock", name.as_str(), "--"];
+    via_baton.extend(show);
+    let baton_run = python_caller(&via_baton).output().await.unwrap();
+    assert_exit(&baton_run, 0);
+    let direct = String::from_utf8(direct.stdout).unwrap();
+    assert!(
+        direct.contains("SigBlk:\t0000000000000200"),
+        "USR1: {direct}"
+    );
+    assert_eq!(String::from_utf8(baton_run.stdout).unwrap(), direct);
+
+    // What that means for scripts: the writer into a closed pipe dies of SIGPIPE (141).
+    let script = "exec 3>&1; { yes; echo \"yes $?\" >&3; } | head -1 >/dev/null; \
+                  while :; do echo y; done | head -1 >/dev/null; echo 'loop ended'";
+    let out = within(
+        "the pipelines end",
+        Duration::from_secs(20),
+        baton(&["lock", &name, "--", "sh", "-c", script]).output(),
+    )
+    .await
+    .unwrap();
+    assert_exit(&out, 0);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "yes 141\nloop ended\n"
+    );
+}
+
+/// After `kill -9` of baton, the whole group is gone before the lease can have expired,
+/// whatever `--kill-after` says: a process that ignores SIGTERM writes nothing after the next
+/// holder is granted. (Before: SIGKILL came `--kill-after` after SIGTERM; with `--ttl 3` and
+/// the default 10 s, writes went on about 6.5 s after the next grant.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_kill_9_the_group_is_gone_before_the_next_grant() {
+    let name = name("orphan-grace");
+    let dir = scratch("orphan-grace");
+    let (pgid_file, log) = (dir.join("pgid"), dir.join("log"));
+    let script = format!(
+        "echo $$ > {p}; trap '' TERM; while :; do echo first >> {l}; sleep 0.02; done & wait",
+        p = pgid_file.display(),
+        l = log.display()
+    );
+    let holder = Running::spawn(&[
+        "lock",
+        &name,
+        "--ttl",
+        "3",
+        "--kill-after",
+        "60",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pgid = written_pid(&pgid_file).await;
+    eventually("the group writes", || {
+        let wrote = std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty());
+        async move { wrote }
+    })
+    .await;
+    holder.signal("-KILL");
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let next = within(
+        "the next holder",
+        Duration::from_secs(20),
+        Mutex::new(&s, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        writeln!(f, "granted").unwrap();
+    }
+    // A guard only: the group must be gone already.
+    eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+    let log = std::fs::read_to_string(&log).unwrap();
+    let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
+    assert_eq!(
+        after,
+        ["granted"],
+        "the killed holder's group wrote after the next grant"
+    );
+    next.unlock().await.unwrap();
+}
+
+/// The watchdog needs no shell: with no `sh` on `PATH`, `kill -9` of baton still takes the
+/// whole group. (Before: the watchdog was `sh`; without it a background job survived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_needs_no_shell() {
+    let name = name("no-sh");
+    let dir = scratch("no-sh");
+    let pgid_file = dir.join("pgid");
+    let script = format!(
+        "echo $$ > {p}; /bin/sleep 100 & /bin/sleep 100",
+        p = pgid_file.display()
+    );
+    let mut cmd = baton(&[
+        "lock",
+        &name,
+        "--kill-after",
+        "1",
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    cmd.env("PATH", dir.join("empty"));
+    let holder = cmd.spawn().unwrap();
+    let pgid = written_pid(&pgid_file).await;
+    let pid = holder.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("/bin/kill")
+            .args(["-KILL", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+}
+
+/// Reads the pseudo-terminal until `text` has appeared in what it printed.
+async fn read_pty_until(pty: &mut pty_process::Pty, seen: &mut Vec<u8>, text: &str) {
+    use tokio::io::AsyncReadExt;
+    within(text, Duration::from_secs(20), async {
+        let mut buf = [0u8; 256];
+        while !String::from_utf8_lossy(seen).contains(text) {
+            let n = pty.read(&mut buf).await.unwrap_or(0);
+            assert!(
+                n > 0,
+                "the terminal closed: {}",
+                String::from_utf8_lossy(seen)
+            );
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+}
+
+/// At a terminal, a Ctrl-C that ends the command but not a background job it left (a
+/// non-interactive shell starts those with SIGINT ignored) does not leave the operator stuck:
+/// baton says what it waits for, and the next Ctrl-C reaches baton and kills the rest.
+/// (Before: baton waited silently; the command's group kept the terminal, so further Ctrl-C
+/// went to the job that ignores them, and baton returned when the job ended by itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_ctrl_c_at_a_terminal_kills_what_the_command_left() {
+    use tokio::io::AsyncWriteExt;
+    let name = name("ctrl-c-twice");
+    let dir = scratch("ctrl-c-twice");
+    let job = dir.join("job");
+    // The job writes its pid itself, so once it is there the job ignores SIGINT (set by the
+    // shell in the job's process before the `exec`).
+    let script = format!(
+        "sh -c 'echo $$ > {f}; exec sleep 60' & echo ready; wait",
+        f = job.display()
+    );
+    let (mut pty, pts) = pty_process::open().unwrap();
+    let mut child = pty_process::Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_ENDPOINTS", endpoints())
+        .args(["lock", &name, "--", "sh", "-c", &script])
+        .spawn(pts)
+        .unwrap();
+    let mut seen = Vec::new();
+    read_pty_until(&mut pty, &mut seen, "ready").await;
+    let sleep_pid = written_pid(&job).await;
+    pty.write_all(b"\x03").await.unwrap();
+    // The whole line: baton says what it waits for, and that the next Ctrl-C kills it.
+    read_pty_until(
+        &mut pty,
+        &mut seen,
+        "Ctrl-C or a signal to baton kills them (SIGKILL)",
+    )
+    .await;
+    let said = String::from_utf8_lossy(&seen).into_owned();
+    assert!(said.contains(&format!("pid {sleep_pid} (")), "{said}");
+    pty.write_all(b"\x03").await.unwrap();
+    let status = within("baton exits", Duration::from_secs(10), child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "the command's status: SIGINT");
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(sleep_pid), None).is_err(),
+        "the background job survived"
+    );
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+}
+
+/// After a double fork (the command exits at once, its grandchild runs on), baton says on
+/// standard error what it waits for, and a signal is passed on to it. (Before: silence for as
+/// long as the grandchild ran.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_says_what_it_waits_for_after_a_double_fork() {
+    let name = name("double-fork");
+    let dir = scratch("double-fork");
+    let job = dir.join("job");
+    let script = format!("(sleep 60 & echo $! > {f}); exit 0", f = job.display());
+    let mut child = baton(&["lock", &name, "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
+    let line = within(
+        "baton says what it waits for",
+        Duration::from_secs(20),
+        async {
+            loop {
+                let line = stderr
+                    .next_line()
+                    .await
+                    .unwrap()
+                    .expect("stderr ends early");
+                if line.contains("the lock is held until") {
+                    return line;
+                }
+            }
+        },
+    )
+    .await;
+    let sleep_pid = written_pid(&job).await;
+    assert!(line.contains(&format!("pid {sleep_pid} (sleep)")), "{line}");
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = within("baton exits", Duration::from_secs(10), child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "the command's own status");
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+}
+
+/// A reader that goes away is noticed without waiting for a next write: `baton lock x | head
+/// -1` and `baton elect x v | head -1` release and exit 141, `baton elect --listen x | head
+/// -1` exits 0. (Before: each ran on until killed, the lock held with nobody reading.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_reader_is_noticed_at_once() {
+    let backend = backend().await;
+    let lock = name("reader-lock");
+    let elect = name("reader-elect");
+    let listen = name("reader-listen");
+    let cases: [(&[&str], i32, &str); 3] = [
+        (&["lock", &lock], 141, &lock),
+        (&["elect", &elect, "v"], 141, &elect),
+        (&["elect", "--listen", &listen], 0, &listen),
+    ];
+    for (args, code, name) in cases {
+        let mut child = baton(args).spawn().unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        within("a first line", Duration::from_secs(20), lines.next_line())
+            .await
+            .unwrap()
+            .expect("a line");
+        drop(lines); // `head -1` has what it wanted
+        let status = within("baton exits", Duration::from_secs(10), child.wait())
+            .await
+            .unwrap();
+        assert_eq!(status.code(), Some(code), "{args:?}");
+        assert!(backend.entries(name).await.unwrap().is_empty(), "{args:?}");
+    }
+}
+
+async fn next(lines: &mut Lines<BufReader<ChildStdout>>) -> String {
+    within("a line", Duration::from_secs(20), lines.next_line())
+        .await
+        .unwrap()
+        .expect("a line")
+}
+
+/// `baton lock x &` in a script starts with SIGINT ignored (sh does that to background jobs),
+/// and `kill -INT` still stops it, as it stops `etcdctl lock`: without a command it releases
+/// and exits 130; a command (which keeps SIGINT ignored, as without baton) gets SIGTERM.
+/// (Before: SIGINT did nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_int_stops_a_background_baton() {
+    let name = name("bg-int");
+    let dir = scratch("bg-int");
+    let pid_file = dir.join("pid");
+    let background = |command: &str| {
+        let script = format!(
+            "{b} lock {name} {command} & echo $! > {p}; wait $!; echo \"exit $?\"",
+            b = env!("CARGO_BIN_EXE_baton"),
+            p = pid_file.display()
+        );
+        let _ = std::fs::remove_file(&pid_file);
+        let mut cmd = Command::new("sh");
+        cmd.env("BATON_ENDPOINTS", endpoints())
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    };
+
+    let (_sh, mut lines) = background("");
+    assert!(next(&mut lines).await.starts_with(&format!("{name}/")));
+    next(&mut lines).await; // the token: held
+    let pid = written_pid(&pid_file).await.to_string();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert_eq!(next(&mut lines).await, "exit 0");
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+
+    let command =
+        "-- sh -c 'trap \"echo term; exit 3\" TERM; echo ready; while :; do sleep 0.05; done'";
+    let (_sh, mut lines) = background(command);
+    assert_eq!(next(&mut lines).await, "ready");
+    let pid = written_pid(&pid_file).await.to_string();
+    std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert_eq!(next(&mut lines).await, "term");
+    assert_eq!(next(&mut lines).await, "exit 3");
+    assert!(backend().await.entries(&name).await.unwrap().is_empty());
+}
+
+/// `elect NAME VALUE` prints key, value and token on one line each, whatever the value holds:
+/// a newline in it is escaped. (Before: printed raw, four lines.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_prints_the_value_on_one_line() {
+    let name = name("elect-newline");
+    let mut leader = Running::spawn(&["elect", &name, "node-a\nrole=primary"]);
+    assert!(leader.line().await.starts_with(&format!("{name}/")));
+    assert_eq!(leader.line().await, "node-a\\nrole=primary");
+    assert!(leader.line().await.parse::<u64>().is_ok(), "the token");
+    leader.signal("-TERM");
+    assert_eq!(leader.exit_code().await.0, 0);
+}
+
+/// `-h` is short, `--help` tells the rules; a subcommand's own options come before the global
+/// ones, under their own heading. (Before: `elect -h` printed the whole supervision text, and
+/// `lock --help` mixed `--endpoints` with `--ttl`.)
+#[tokio::test]
+async fn help_is_short_with_h_and_headed() {
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for sub in ["lock", "elect"] {
+        let short = help(&[sub, "-h"]);
+        assert!(!short.contains("process group"), "{sub} -h: {short}");
+        assert!(!short.contains("Exit codes"), "{sub} -h: {short}");
+        assert!(
+            short.contains("--help"),
+            "{sub} -h points to --help: {short}"
+        );
+        let long = help(&[sub, "--help"]);
+        assert!(
+            long.contains("process group") && long.contains("Exit codes"),
+            "{sub} --help: {long}"
+        );
+        for text in [&short, &long] {
+            let own = text.find("--ttl").expect("--ttl");
+            let heading = text.find("Global options:").expect("a heading");
+            let global = text.find("--endpoints").expect("--endpoints");
+            assert!(own < heading && heading < global, "{sub}: {text}");
+        }
+    }
+}

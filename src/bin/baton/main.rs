@@ -3,6 +3,8 @@
 //! With a command, `baton` supervises it (see `supervise`): the command runs only while the
 //! lock (or leadership) is held, as a whole process group, and baton returns its exit code.
 
+mod closed_output;
+mod sigstate;
 mod supervise;
 
 use std::io::Write;
@@ -42,19 +44,33 @@ Exit codes:
   141  standard output was closed (a broken pipe); the lock was released";
 
 const COMMAND_HELP: &str = "\
-The command runs in a process group of its own, started only once the lock is held. It ends
-with baton: if baton is killed (even with SIGKILL), a watchdog stops the whole group, and on
-Linux the kernel kills the command itself at once. SIGINT, SIGTERM and SIGHUP sent to baton
-are passed to the whole group (and SIGKILL follows after --kill-after if it does not end; a
-second signal sends it at once); signals baton inherited as ignored stay ignored. If the lock
-is lost, the group gets SIGTERM, then SIGKILL after --kill-after, and baton exits with 79
-without waiting for etcd. The lock is released only once every process of the group is gone;
-processes that leave the group on purpose (setsid, a daemon) are not covered. At a terminal,
-the command's group gets the terminal, so one Ctrl-C reaches it once.
+The command runs in a process group of its own, started only once the lock is held, with the
+signal dispositions and mask it would have had without baton (SIGPIPE at its default). It
+ends with baton: if baton is killed (even with SIGKILL), a watchdog sends the whole group
+SIGTERM, then SIGKILL after --kill-after or a third of --ttl, whichever is shorter, so it is
+gone before the lock can pass on; on Linux the kernel kills the command itself at once.
+SIGINT, SIGTERM and SIGHUP sent to baton are passed to the whole group (and SIGKILL follows
+after --kill-after if it does not end; a second signal sends it at once); SIGTERM and SIGHUP
+inherited as ignored (nohup) stay ignored; SIGINT inherited as ignored (a script's `baton
+... &`) still stops baton, which passes SIGTERM on. If the lock is lost, the group gets
+SIGTERM, then SIGKILL after --kill-after, and baton exits with 79 without waiting for etcd.
+The lock is released only once every process of the group is gone; if the command exits
+first, baton says on standard error what it waits for. Processes that leave the group on
+purpose (setsid, a daemon) are not covered. At a terminal, the command's group gets the
+terminal, so one Ctrl-C reaches it once; baton takes it back when the command exits, and a
+Ctrl-C then reaches baton (after a Ctrl-C that ended the command, the next one kills what it
+left).
 
 With a command nothing is written to standard output but the command's own output; the key
 and token are in BATON_LOCK_KEY and BATON_FENCING_TOKEN (and ETCD_LOCK_KEY, ETCD_LOCK_REV for
 etcdctl compatibility), and on standard error with -v.";
+
+/// The heading of the options every subcommand takes, shown after the subcommand's own.
+const GLOBAL: &str = "Global options";
+
+/// The end of `lock -h` and `elect -h`: the rules are in `--help`.
+const SEE_LONG_HELP: &str =
+    "How the command is supervised (signals, loss, the terminal) and the exit codes: --help";
 
 /// Exit codes, as documented in `EXIT_CODES` and docs/cli.md.
 mod exit {
@@ -91,41 +107,42 @@ struct Cli {
         default_value = "127.0.0.1:2379",
         value_delimiter = ',',
         global = true,
+        help_heading = GLOBAL,
         value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,..."
     )]
     endpoints: Vec<String>,
     /// User name for etcd authentication (with --password; Redis takes it in the URL).
-    #[arg(long, env = "BATON_USER", global = true)]
+    #[arg(long, env = "BATON_USER", global = true, help_heading = GLOBAL)]
     user: Option<String>,
     /// Password for etcd authentication (with --user). Not passed on to the command.
-    #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true)]
+    #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true, help_heading = GLOBAL)]
     password: Option<String>,
     /// etcd over TLS: the CA bundle (PEM) that signed the servers' certificates, instead of
     /// the system's roots. Turns TLS on for host:port endpoints (https:// is TLS anyway).
-    #[arg(long, env = "BATON_CACERT", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_CACERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cacert: Option<PathBuf>,
     /// etcd over TLS: the client certificate (PEM) for an etcd that asks for one
     /// (--client-cert-auth); with --key.
-    #[arg(long, env = "BATON_CERT", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_CERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cert: Option<PathBuf>,
     /// etcd over TLS: the private key (PEM) of the --cert certificate.
-    #[arg(long, env = "BATON_KEY", global = true, value_name = "FILE")]
+    #[arg(long, env = "BATON_KEY", global = true, help_heading = GLOBAL, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.
-    #[arg(long, default_value = "5", value_parser = seconds, global = true, allow_negative_numbers = true)]
+    #[arg(long, default_value = "5", value_parser = seconds, global = true, help_heading = GLOBAL, allow_negative_numbers = true)]
     connect_timeout: Duration,
     /// Redis only: seconds after baton's state was lost or rolled back (a restart, a failover,
     /// a flush, a new server) during which nothing is granted (at least the longest --ttl of
     /// any client; see docs/redis.md).
-    #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, value_name = "SECONDS")]
+    #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, help_heading = GLOBAL, value_name = "SECONDS")]
     restart_grace: Duration,
     /// ZooKeeper only: whose node names the lock entries take, to share locks with
     /// applications using that library: Curator's InterProcessMutex (the default) or kazoo's
     /// Lock (docs/zookeeper.md).
-    #[arg(long, value_enum, env = "BATON_LAYOUT", global = true)]
+    #[arg(long, value_enum, env = "BATON_LAYOUT", global = true, help_heading = GLOBAL)]
     layout: Option<Layout>,
     /// Also print the key and fencing token on standard error when running a command.
-    #[arg(short, long, global = true)]
+    #[arg(short, long, global = true, help_heading = GLOBAL)]
     verbose: bool,
     #[command(subcommand)]
     command: Command,
@@ -147,7 +164,7 @@ enum Command {
     /// Without a command, prints the lock key and the fencing token (one per line) once the
     /// lock is held, and holds it until SIGINT, SIGTERM or SIGHUP. With a command, runs it
     /// while holding the lock (see below) and returns its exit code.
-    #[command(after_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
+    #[command(after_help = SEE_LONG_HELP, after_long_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
     Lock {
         /// The lock name (keys are `<name>/<lease id hex>`, as `etcdctl lock`). Names that
         /// nest share a queue: `job` waits behind `job/sub`.
@@ -167,7 +184,9 @@ enum Command {
         /// must ask for the same N.
         #[arg(short = 'n', long = "permits", value_name = "N")]
         permits: Option<u32>,
-        /// Seconds between SIGTERM and SIGKILL when the command must be stopped.
+        /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
+        /// itself is killed, at most a third of --ttl: the command is gone before the lock
+        /// can pass to another holder.
         #[arg(long, default_value = "10", value_parser = seconds, allow_negative_numbers = true)]
         kill_after: Duration,
         /// The command to run while holding the lock.
@@ -176,7 +195,7 @@ enum Command {
     },
     /// Campaign in an election; lead until a signal, or run a command while leading; or
     /// observe the election with --listen.
-    #[command(after_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
+    #[command(after_help = SEE_LONG_HELP, after_long_help = format!("{COMMAND_HELP}\n\n{EXIT_CODES}"))]
     Elect {
         /// The election name.
         name: String,
@@ -195,7 +214,9 @@ enum Command {
         /// Give up after this many seconds, connecting included (exit code 75).
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
-        /// Seconds between SIGTERM and SIGKILL when the command must be stopped.
+        /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
+        /// itself is killed, at most a third of --ttl: the command is gone before the lock
+        /// can pass to another holder.
         #[arg(long, default_value = "10", value_parser = seconds, allow_negative_numbers = true)]
         kill_after: Duration,
         /// The command to run while leading.
@@ -358,8 +379,8 @@ fn log_to_stderr(verbose: bool) {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some(supervise::EXEC_STEP) {
-        return ExitCode::from(supervise::exec_step(&args[2..]));
+    if let Some(code) = supervise::hidden_step(&args) {
+        return ExitCode::from(code);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -627,6 +648,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                         what,
                         verbose,
                         kill_after,
+                        ttl: ttl.min(session.ttl()),
                     };
                     hold.run(held, spec, &mut signals).await
                 }
@@ -658,6 +680,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                                 what,
                                 verbose,
                                 kill_after,
+                                ttl: ttl.min(session.ttl()),
                             };
                             hold.run(Held::Lead(leadership), spec, &mut signals).await
                         }
@@ -706,18 +729,23 @@ fn interrupted(sig: Signal, what: &str) -> Failure {
     )
 }
 
-/// The first SIGINT, SIGTERM or SIGHUP (those not inherited as ignored), with its number.
+/// The first SIGINT, SIGTERM or SIGHUP, with its number: SIGTERM and SIGHUP unless inherited
+/// as ignored (`nohup`); SIGINT always, as `etcdctl lock` does, since a shell starts its
+/// background jobs (`baton lock x &`) with SIGINT ignored and `kill -INT $!` must still stop
+/// them (docs/design.md, 2026-11-25).
 struct Signals {
     int: Option<tokio::signal::unix::Signal>,
     term: Option<tokio::signal::unix::Signal>,
     hup: Option<tokio::signal::unix::Signal>,
+    /// The caller ignored SIGINT: so does the command, and SIGTERM is passed on instead.
+    int_ignored: bool,
 }
 
 impl Signals {
     fn new() -> Result<Self, Failure> {
         let ignored = supervise::inherited_ignored();
         let install = |kind: SignalKind, sig: Signal| {
-            if ignored.contains(&sig) {
+            if ignored.contains(&sig) && sig != Signal::SIGINT {
                 // Ignored by whoever started us (nohup): stays ignored, for the command too.
                 return Ok(None);
             }
@@ -729,7 +757,18 @@ impl Signals {
             int: install(SignalKind::interrupt(), Signal::SIGINT)?,
             term: install(SignalKind::terminate(), Signal::SIGTERM)?,
             hup: install(SignalKind::hangup(), Signal::SIGHUP)?,
+            int_ignored: ignored.contains(&Signal::SIGINT),
         })
+    }
+
+    /// The signal to pass on to the command's group for `sig`: `sig` itself, but SIGTERM for
+    /// a SIGINT the command started ignoring (as it would have without baton).
+    fn passed_on(&self, sig: Signal) -> Signal {
+        if sig == Signal::SIGINT && self.int_ignored {
+            Signal::SIGTERM
+        } else {
+            sig
+        }
     }
 
     async fn recv(&mut self) -> Signal {
@@ -826,6 +865,9 @@ struct Hold {
     what: String,
     verbose: bool,
     kill_after: Duration,
+    /// The TTL asked for or granted, the shorter: bounds how long the group may outlive a
+    /// killed baton.
+    ttl: Duration,
 }
 
 impl Hold {
@@ -852,7 +894,8 @@ impl Hold {
             ("ETCD_LOCK_REV".into(), token),
         ];
         supervise::become_supervisor();
-        let mut group = Group::spawn(&spec, self.kill_after)?;
+        let orphan_grace = supervise::orphan_grace(self.kill_after, self.ttl);
+        let mut group = Group::spawn(&spec, orphan_grace)?;
         let pgid = group.pgid();
         let lost = held.lost();
         tokio::pin!(lost);
@@ -878,11 +921,13 @@ impl Hold {
                 }
                 status = group.wait() => break status,
                 sig = signals.recv() => {
-                    if escalate.is_none() {
-                        supervise::signal_group(pgid, sig);
+                    if !group.interrupted() {
+                        supervise::signal_group(pgid, signals.passed_on(sig));
+                        group.note_signalled();
                         escalate = Some(Box::pin(tokio::time::sleep(self.kill_after)));
                     } else {
-                        // A second signal: stop now.
+                        // A second signal (the first may have been the terminal's Ctrl-C
+                        // that ended the command): stop now.
                         supervise::signal_group(pgid, Signal::SIGKILL);
                     }
                 }
@@ -917,7 +962,7 @@ impl Hold {
         let printed = out(held.key()).and_then(|()| match &held {
             Held::Lock(g) => out(&g.fencing_token().to_string()),
             Held::Permit(p) => out(&p.fencing_token().to_string()),
-            Held::Lead(l) => out(&String::from_utf8_lossy(l.value()))
+            Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value())))
                 .and_then(|()| out(&l.fencing_token().to_string())),
         });
         if let Err(f) = printed {
@@ -932,6 +977,15 @@ impl Hold {
                 Ok(0)
             }
             reason = lost => Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what))),
+            // `baton lock x | head -1`: nobody reads us any more; let go now, not at the
+            // next write (there is none).
+            () = closed_output::closed() => {
+                let _ = tokio::time::timeout(Duration::from_secs(2), held.release()).await;
+                Err(Failure::new(
+                    exit::BROKEN_PIPE,
+                    format!("standard output was closed; {} released", self.what),
+                ))
+            }
         }
     }
 }
@@ -962,10 +1016,14 @@ async fn listen_election(
 ) -> Result<u8, Failure> {
     let election = Election::new(session, name)?;
     let mut events = election.observe();
+    let closed = closed_output::closed();
+    tokio::pin!(closed);
     loop {
         let event = tokio::select! {
             event = events.next() => event,
             _ = signals.recv() => return Ok(0),
+            // `baton elect --listen x | head -1`: the reader has what it wanted.
+            () = &mut closed => return Ok(0),
         };
         match event {
             None => return Err(Failure::new(exit::ERROR, "the observer stopped")),

@@ -5,14 +5,18 @@
 //!
 //! - The command is started through baton itself (`baton __baton-exec ...`): that small step
 //!   runs in the child, asks the kernel to kill it when baton dies (`PR_SET_PDEATHSIG`, on
-//!   Linux), takes the terminal's foreground if baton had it, and then `exec`s the command. So
-//!   no `unsafe` `pre_exec` is needed.
-//! - A watchdog (`sh`, in a group of its own) holds the read end of a pipe whose write end only
-//!   baton holds: if baton dies, however it dies, the pipe closes and the watchdog stops the
-//!   whole group (SIGTERM, then SIGKILL after `--kill-after`). When baton ends normally it
-//!   stops the watchdog first, by its pid.
+//!   Linux), takes the terminal's foreground if baton had it, restores the signal
+//!   dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the command.
+//!   So no `pre_exec` closure runs in a forked copy of the runtime.
+//! - A watchdog (baton again, `baton __baton-watchdog`, in a group of its own, no shell)
+//!   holds the read end of a pipe whose write end only baton holds: if baton dies, however it
+//!   dies, the pipe closes and the watchdog stops the whole group (SIGTERM, then SIGKILL
+//!   early enough that the group is gone before the lease can expire). When baton ends
+//!   normally it tells the watchdog to stand down. Without a watchdog no command is started.
 //! - baton is a child subreaper (Linux): processes of the group orphaned by the command are
-//!   re-parented to baton, which reaps them while it waits for the group to be gone.
+//!   re-parented to baton, which reaps them while it waits for the group to be gone. Once the
+//!   command itself has exited, baton takes the terminal back (so Ctrl-C reaches it) and says
+//!   on standard error what it still waits for.
 
 use std::ffi::CString;
 use std::io::IsTerminal;
@@ -25,10 +29,34 @@ use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Pid, getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp};
 
+use crate::sigstate::{self, CallerSignals};
 use crate::{Failure, exit};
 
 /// The first argument by which baton runs as the exec step of a command.
 pub(crate) const EXEC_STEP: &str = "__baton-exec";
+
+/// The first argument by which baton runs as the watchdog of a command's group.
+pub(crate) const WATCHDOG_STEP: &str = "__baton-watchdog";
+
+/// Runs the hidden step `args[1]` names, if it names one: its exit code.
+pub(crate) fn hidden_step(args: &[String]) -> Option<u8> {
+    match args.get(1).map(String::as_str) {
+        Some(EXEC_STEP) => Some(exec_step(&args[2..])),
+        Some(WATCHDOG_STEP) => Some(watchdog_step(&args[2..])),
+        _ => None,
+    }
+}
+
+/// baton's own executable, to run it again as a hidden step: `/proc/self/exe` on Linux (it
+/// works even if the file was replaced or deleted since baton started), else what the
+/// platform says.
+fn own_executable() -> std::io::Result<PathBuf> {
+    let proc_self = Path::new("/proc/self/exe");
+    if cfg!(target_os = "linux") && proc_self.exists() {
+        return Ok(proc_self.to_path_buf());
+    }
+    std::env::current_exe()
+}
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -105,11 +133,11 @@ fn give_terminal(pgrp: Pid) {
     }
 }
 
-/// The exec step, run in the child: `__baton-exec <baton pid> <0|1 foreground> -- program
-/// args...`. Never returns unless the `exec` failed.
+/// The exec step, run in the child: `__baton-exec <baton pid> <0|1 foreground> <caller's
+/// signals> -- program args...`. Never returns unless the `exec` failed.
 pub(crate) fn exec_step(args: &[String]) -> u8 {
-    let [parent, foreground, dashes, program, rest @ ..] = args else {
-        eprintln!("baton: {EXEC_STEP} needs <pid> <foreground> -- <program> [args]");
+    let [parent, foreground, signals, dashes, program, rest @ ..] = args else {
+        eprintln!("baton: {EXEC_STEP} needs <pid> <foreground> <signals> -- <program> [args]");
         return exit::USAGE;
     };
     // Die with baton. (Linux; elsewhere the watchdog alone stops the group.)
@@ -119,6 +147,9 @@ pub(crate) fn exec_step(args: &[String]) -> u8 {
     if parent.parse::<i32>().ok() != Some(getppid().as_raw()) || dashes != "--" {
         return exit::ERROR;
     }
+    let Some(signals) = CallerSignals::from_arg(signals) else {
+        return exit::USAGE;
+    };
     if foreground == "1" {
         give_terminal(getpgrp());
     }
@@ -133,6 +164,12 @@ pub(crate) fn exec_step(args: &[String]) -> u8 {
     else {
         return exit::NOT_FOUND;
     };
+    // Last, so that nothing above runs with the caller's mask or dispositions: the command
+    // starts with the signals it would have had without baton.
+    if let Err(e) = signals.restore() {
+        eprintln!("baton: cannot restore the signal dispositions for `{program}`: {e}");
+        return exit::ERROR;
+    }
     let Err(e) = nix::unistd::execvp(&c_program, &c_args);
     eprintln!("baton: cannot run `{program}`: {e}");
     if e == Errno::ENOENT {
@@ -146,9 +183,15 @@ pub(crate) fn exec_step(args: &[String]) -> u8 {
 pub(crate) struct Group {
     leader: tokio::process::Child,
     pgid: Pid,
-    /// The leader's status, once reaped.
-    status: Option<ExitStatus>,
-    watchdog: Option<std::process::Child>,
+    program: String,
+    /// The leader's status, once reaped, and when.
+    status: Option<(ExitStatus, std::time::Instant)>,
+    /// A signal reached the group (passed on by baton, or the one that ended the leader,
+    /// e.g. a terminal's Ctrl-C): the next one sends SIGKILL.
+    interrupted: bool,
+    /// Whether baton said on standard error what it waits for.
+    announced: bool,
+    watchdog: Watchdog,
     owns_terminal: bool,
 }
 
@@ -157,24 +200,42 @@ pub(crate) fn signal_group(pgid: Pid, sig: Signal) {
     let _ = killpg(pgid, sig);
 }
 
+/// How long after the leader's exit baton says what else it waits for: long enough for
+/// processes that are just exiting, short enough that nobody wonders.
+const ANNOUNCE_AFTER: Duration = Duration::from_millis(200);
+
 impl Group {
-    /// Starts `spec` in a new process group.
-    pub(crate) fn spawn(spec: &Spec, kill_after: Duration) -> Result<Group, Failure> {
+    /// Starts `spec` in a new process group, guarded by a watchdog that stops the group if
+    /// baton dies (SIGTERM, then SIGKILL `orphan_grace` later). Without a watchdog nothing is
+    /// started: the command never runs unguarded.
+    pub(crate) fn spawn(spec: &Spec, orphan_grace: Duration) -> Result<Group, Failure> {
+        let mut watchdog = Watchdog::start(orphan_grace).map_err(|e| {
+            Failure::new(
+                exit::ERROR,
+                format!(
+                    "cannot start the watchdog that stops `{}` if baton dies ({e}); not running it unguarded",
+                    spec.program
+                ),
+            )
+        })?;
+        let baton = own_executable().map_err(|e| {
+            Failure::new(
+                exit::ERROR,
+                format!(
+                    "cannot find baton's own executable to start `{}`: {e}",
+                    spec.program
+                ),
+            )
+        })?;
         let foreground = terminal_foreground();
-        let mut command = match std::env::current_exe() {
-            Ok(baton) => {
-                let mut c = tokio::process::Command::new(baton);
-                c.arg(EXEC_STEP)
-                    .arg(getpid().to_string())
-                    .arg(if foreground { "1" } else { "0" })
-                    .arg("--")
-                    .arg(&spec.program);
-                c
-            }
-            // Without our own path, run it directly: no parent-death signal then.
-            Err(_) => tokio::process::Command::new(&spec.program),
-        };
+        let mut command = tokio::process::Command::new(baton);
         command
+            .arg(EXEC_STEP)
+            .arg(getpid().to_string())
+            .arg(if foreground { "1" } else { "0" })
+            .arg(sigstate::caller().to_arg())
+            .arg("--")
+            .arg(&spec.program)
             .args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             // The password is ours, not the command's.
@@ -188,11 +249,14 @@ impl Group {
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| Failure::new(exit::ERROR, "the command exited at once"))?;
-        let watchdog = watchdog(pgid, kill_after);
+        watchdog.guard(pgid);
         Ok(Group {
             leader,
             pgid,
+            program: spec.program.clone(),
             status: None,
+            interrupted: false,
+            announced: false,
             watchdog,
             owns_terminal: foreground,
         })
@@ -202,18 +266,28 @@ impl Group {
         self.pgid
     }
 
+    /// Whether a signal reached the group already: then the next one sends SIGKILL.
+    pub(crate) fn interrupted(&self) -> bool {
+        self.interrupted
+    }
+
+    /// baton passed a signal on to the group.
+    pub(crate) fn note_signalled(&mut self) {
+        self.interrupted = true;
+    }
+
     /// Resolves with the leader's status once it has exited and every other process of the
     /// group is gone too.
     pub(crate) async fn wait(&mut self) -> ExitStatus {
         let status = match self.status {
-            Some(status) => status,
+            Some((status, _)) => status,
             None => {
                 let status = match self.leader.wait().await {
                     Ok(status) => status,
                     // Lost track of it (reaped elsewhere): it is gone.
                     Err(_) => std::os::unix::process::ExitStatusExt::from_raw(1 << 8),
                 };
-                self.status = Some(status);
+                self.leader_exited(status);
                 status
             }
         };
@@ -221,9 +295,25 @@ impl Group {
         status
     }
 
+    /// The leader is gone; what it left in the group may run on. Take the terminal back, so
+    /// that the next Ctrl-C reaches baton (the group's members would not hear it: a
+    /// non-interactive shell starts its background jobs with SIGINT ignored), and count a
+    /// signal that ended the leader as one the group got.
+    fn leader_exited(&mut self, status: ExitStatus) {
+        use std::os::unix::process::ExitStatusExt;
+        self.status = Some((status, std::time::Instant::now()));
+        if status.signal().is_some() {
+            self.interrupted = true;
+        }
+        if self.owns_terminal {
+            give_terminal(getpgrp());
+        }
+    }
+
     /// Waits until no process of the group is left, reaping those re-parented to us. (Only
     /// once the leader is reaped: reaping it here would hide its status from the runtime.)
-    async fn group_gone(&self) {
+    /// Says on standard error what it waits for if that takes more than a moment.
+    async fn group_gone(&mut self) {
         loop {
             loop {
                 match waitpid(
@@ -237,9 +327,50 @@ impl Group {
             if killpg(self.pgid, None) == Err(Errno::ESRCH) {
                 return;
             }
+            if let Some((status, at)) = self.status
+                && !self.announced
+                && at.elapsed() >= ANNOUNCE_AFTER
+            {
+                self.announced = true;
+                self.announce(status);
+            }
             // No event tells when the last process of a group exits: look again shortly.
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// One line on standard error: the command ended, what baton still waits for, and what a
+    /// signal does now.
+    fn announce(&self, status: ExitStatus) {
+        let members = members(self.pgid);
+        let what = if members.is_empty() {
+            format!("the rest of its process group {}", self.pgid)
+        } else {
+            let mut listed: Vec<String> = members
+                .iter()
+                .take(5)
+                .map(|(pid, name)| format!("pid {pid} ({})", crate::one_line(name)))
+                .collect();
+            if members.len() > 5 {
+                listed.push(format!("{} more", members.len() - 5));
+            }
+            format!("what it left in its process group: {}", listed.join(", "))
+        };
+        let key = if self.owns_terminal {
+            "Ctrl-C or a signal to baton"
+        } else {
+            "a signal to baton"
+        };
+        let then = if self.interrupted {
+            format!("{key} kills them (SIGKILL)")
+        } else {
+            format!("{key} is passed on to them, a second one kills them")
+        };
+        eprintln!(
+            "baton: `{}` {}; the lock is held until {what} ends; {then}",
+            self.program,
+            crate::describe(status)
+        );
     }
 
     /// Stops the group: SIGTERM to all, SIGKILL to all after `grace`, or at once when
@@ -250,6 +381,7 @@ impl Group {
         interrupted: impl std::future::Future<Output = ()>,
     ) -> ExitStatus {
         signal_group(self.pgid, Signal::SIGTERM);
+        self.interrupted = true;
         let pgid = self.pgid;
         tokio::pin!(interrupted);
         tokio::select! {
@@ -261,62 +393,151 @@ impl Group {
         self.wait().await
     }
 
-    /// The group is gone: give the terminal back and stop the watchdog.
-    pub(crate) fn finish(mut self) {
+    /// The group is gone: give the terminal back and stand the watchdog down.
+    pub(crate) fn finish(self) {
         if self.owns_terminal {
             give_terminal(getpgrp());
         }
-        if let Some(mut watchdog) = self.watchdog.take() {
-            let _ = watchdog.kill();
-            let _ = watchdog.wait();
-        }
+        self.watchdog.stand_down();
     }
 }
 
-/// Starts the watchdog of group `pgid`: it waits for end of file on its standard input (baton
-/// holds the only write end), then stops the group. In a process group of its own, so that
-/// a terminal's signals do not reach it.
-fn watchdog(pgid: Pid, kill_after: Duration) -> Option<std::process::Child> {
-    use std::os::unix::process::CommandExt;
-    // `kill -TERM -PGID`, not `kill -s TERM -- -PGID`: dash, Debian's sh, takes neither `--`
-    // nor a negative pid after `-s`.
-    let script = format!(
-        "read _ ; kill -TERM -{pgid} 2>/dev/null; sleep {grace}; kill -KILL -{pgid} 2>/dev/null",
-        grace = kill_after.as_secs_f64()
-    );
-    std::process::Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .ok()
+/// The processes of group `pgid` (pid and name), from `/proc` (Linux; elsewhere none).
+fn members(pgid: Pid) -> Vec<(i32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<(i32, String)> = dir
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (name) state ppid pgrp ...`; the name may hold spaces and parentheses.
+            let (head, tail) = stat.rsplit_once(')')?;
+            let name = head.split_once('(')?.1.to_owned();
+            let pgrp: i32 = tail.split_whitespace().nth(2)?.parse().ok()?;
+            let zombie = tail.split_whitespace().next() == Some("Z");
+            (pgrp == pgid.as_raw() && !zombie).then_some((pid, name))
+        })
+        .collect();
+    found.sort_unstable();
+    found
+}
+
+/// The watchdog of a command's group: baton itself, run again as a hidden step
+/// (`__baton-watchdog <grace>`), in a process group of its own (a terminal's signals do not
+/// reach it), reading a pipe whose write end only baton holds. baton writes `group <pgid>`
+/// once the command is started and `done` once the group is gone; end of file without `done`
+/// means baton died, however it died: the watchdog then sends the group SIGTERM, and SIGKILL
+/// `grace` later if any of it is left. No shell is involved.
+struct Watchdog {
+    child: std::process::Child,
+    pipe: Option<std::process::ChildStdin>,
+}
+
+impl Watchdog {
+    fn start(grace: Duration) -> std::io::Result<Watchdog> {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new(own_executable()?)
+            .arg(WATCHDOG_STEP)
+            .arg(grace.as_secs_f64().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()?;
+        let pipe = child.stdin.take();
+        Ok(Watchdog { child, pipe })
+    }
+
+    fn tell(&mut self, line: &str) -> bool {
+        use std::io::Write;
+        self.pipe
+            .as_mut()
+            .is_some_and(|p| writeln!(p, "{line}").and_then(|()| p.flush()).is_ok())
+    }
+
+    fn guard(&mut self, pgid: Pid) {
+        self.tell(&format!("group {pgid}"));
+    }
+
+    /// The group is gone: the watchdog exits without touching it (its number may be reused
+    /// from now on).
+    fn stand_down(mut self) {
+        if !self.tell("done") {
+            let _ = self.child.kill();
+        }
+        drop(self.pipe.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The watchdog step (see [`Watchdog`]): `__baton-watchdog <grace seconds>`, the pipe on its
+/// standard input.
+fn watchdog_step(args: &[String]) -> u8 {
+    use std::io::BufRead;
+    let Some(grace) = args
+        .first()
+        .and_then(|g| g.parse::<f64>().ok())
+        .and_then(|g| Duration::try_from_secs_f64(g).ok())
+    else {
+        eprintln!("baton: {WATCHDOG_STEP} needs <grace seconds>");
+        return exit::USAGE;
+    };
+    let mut pgid = None;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "done" {
+            return 0;
+        }
+        if let Some(n) = line.strip_prefix("group ").and_then(|n| n.parse().ok()) {
+            pgid = Some(Pid::from_raw(n));
+        }
+    }
+    // End of file without "done": baton is gone.
+    let Some(pgid) = pgid else { return 0 };
+    signal_group(pgid, Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        if killpg(pgid, None) == Err(Errno::ESRCH) {
+            return 0;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    signal_group(pgid, Signal::SIGKILL);
+    0
+}
+
+/// How long the watchdog lets the group handle SIGTERM after baton died before SIGKILL: at
+/// most a third of the TTL (and `--kill-after` if shorter). The keep-alive renews the lease
+/// every third of the TTL, from before each request, so when baton dies the lease has at
+/// least two thirds of the TTL left (less only if renewals were failing, and then baton
+/// itself was about to stop the group as lost); the group gets SIGKILL with a third of the TTL
+/// to spare, before the lease can have expired and another holder can have been granted.
+pub(crate) fn orphan_grace(kill_after: Duration, ttl: Duration) -> Duration {
+    kill_after.min(ttl / 3)
 }
 
 /// Which of SIGINT, SIGTERM and SIGHUP baton inherited as ignored (`nohup`, a parent that
-/// ignores them): those stay ignored, for baton and for the command. Read from
-/// `/proc/self/status` on Linux; elsewhere, none.
+/// ignores them): those stay ignored, for the command (and SIGTERM and SIGHUP for baton).
 pub(crate) fn inherited_ignored() -> Vec<Signal> {
-    let mask = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("SigIgn:"))
-                .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        })
-        .unwrap_or(0);
+    let caller = sigstate::caller();
     [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP]
         .into_iter()
-        .filter(|s| mask & (1u64 << (*s as i32 - 1)) != 0)
+        .filter(|s| caller.ignores(*s))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_killed_batons_group_is_killed_within_a_third_of_the_ttl() {
+        let s = Duration::from_secs;
+        assert_eq!(orphan_grace(s(10), s(10)), s(10) / 3);
+        assert_eq!(orphan_grace(s(60), s(2)), s(2) / 3);
+        assert_eq!(orphan_grace(s(1), s(30)), s(1));
+    }
 
     #[test]
     fn runnable_is_checked_as_execvp_would() {
