@@ -187,6 +187,15 @@ impl Session {
         &self.inner.backend
     }
 
+    /// The instant this session is lost at unless a renewal succeeds first: the server keeps
+    /// the lease at least until then (it is measured from before the last successful renewal
+    /// was sent). Healthy renewals keep it between two thirds of the TTL and the TTL ahead;
+    /// less than that means renewals are failing. A program that must stop work before its
+    /// lease can expire (the CLI stops its command) watches it.
+    pub fn deadline(&self) -> std::time::Instant {
+        self.inner.lost.deadline().into_std()
+    }
+
     /// Whether the session has been lost (or closed): `true` from the instant its deadline
     /// passes without a renewal, even if nothing has run to notice it yet.
     pub fn is_lost(&self) -> bool {

@@ -1599,6 +1599,71 @@ async fn after_kill_9_the_group_is_gone_before_the_next_grant() {
     next.unlock().await.unwrap();
 }
 
+/// Cut off from etcd, baton stops the command before the lease can have expired, whatever
+/// `--kill-after` says: SIGTERM once renewals have failed for a while, SIGKILL at the
+/// session's deadline. A process that ignores SIGTERM writes nothing after the next holder is
+/// granted. (Before: SIGTERM came only at the loss and SIGKILL `--kill-after` later; the
+/// group wrote on after the next grant.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_the_group_is_gone_before_the_next_grant() {
+    let proxy = support::proxy::Proxy::start(&EtcdNode::shared().endpoints()[0]).await;
+    let name = name("cut-off-grace");
+    let dir = scratch("cut-off-grace");
+    let (pgid_file, log) = (dir.join("pgid"), dir.join("log"));
+    let script = format!(
+        "echo $$ > {p}; trap '' TERM; while :; do echo first >> {l}; sleep 0.02; done & wait",
+        p = pgid_file.display(),
+        l = log.display()
+    );
+    let holder = Running::spawn(&[
+        "--endpoints",
+        &proxy.endpoint(),
+        "lock",
+        &name,
+        "--ttl",
+        "3",
+        "--kill-after",
+        "60",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let pgid = written_pid(&pgid_file).await;
+    eventually("the group writes", || {
+        let wrote = std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty());
+        async move { wrote }
+    })
+    .await;
+    proxy.black_hole();
+    let backend = backend().await;
+    let s = Session::new(backend.clone()).await.unwrap();
+    let next = within(
+        "the next holder",
+        Duration::from_secs(20),
+        Mutex::new(&s, &name).unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+        writeln!(f, "granted").unwrap();
+    }
+    eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+    let log = std::fs::read_to_string(&log).unwrap();
+    let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
+    assert_eq!(
+        after,
+        ["granted"],
+        "the cut-off holder's group wrote after the next grant"
+    );
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(code, 79, "{stderr}");
+    assert!(stderr.contains("before the lease can expire"), "{stderr}");
+    next.unlock().await.unwrap();
+}
+
 /// The watchdog needs no shell: with no `sh` on `PATH`, `kill -9` of baton still takes the
 /// whole group. (Before: the watchdog was `sh`; without it a background job survived.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -52,8 +52,9 @@ gone before the lock can pass on; on Linux the kernel kills the command itself a
 SIGINT, SIGTERM and SIGHUP sent to baton are passed to the whole group (and SIGKILL follows
 after --kill-after if it does not end; a second signal sends it at once); SIGTERM and SIGHUP
 inherited as ignored (nohup) stay ignored; SIGINT inherited as ignored (a script's `baton
-... &`) still stops baton, which passes SIGTERM on. If the lock is lost, the group gets
-SIGTERM, then SIGKILL after --kill-after, and baton exits with 79 without waiting for etcd.
+... &`) still stops baton, which passes SIGTERM on. If renewals fail, the group gets SIGTERM
+a third of --ttl (or --kill-after, if shorter) before the session's deadline and SIGKILL at
+it, so it is gone before the lease can expire; baton then exits with 79.
 The lock is released only once every process of the group is gone; if the command exits
 first, baton says on standard error what it waits for. Processes that leave the group on
 purpose (setsid, a daemon) are not covered. At a terminal, the command's group gets the
@@ -649,6 +650,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                         verbose,
                         kill_after,
                         ttl: ttl.min(session.ttl()),
+                        session: session.clone(),
                     };
                     hold.run(held, spec, &mut signals).await
                 }
@@ -681,6 +683,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                                 verbose,
                                 kill_after,
                                 ttl: ttl.min(session.ttl()),
+                                session: session.clone(),
                             };
                             hold.run(Held::Lead(leadership), spec, &mut signals).await
                         }
@@ -860,6 +863,19 @@ fn out(line: &str) -> Result<(), Failure> {
         })
 }
 
+/// Resolves with the session's deadline once less than `margin` is left before it and no
+/// renewal has moved it: renewals have been failing (healthy ones keep two thirds of the TTL
+/// or more ahead, and `margin` is at most a third).
+async fn renewals_failing(session: Session, margin: Duration) -> tokio::time::Instant {
+    loop {
+        let deadline = tokio::time::Instant::from_std(session.deadline());
+        tokio::time::sleep_until(deadline.checked_sub(margin).unwrap_or(deadline)).await;
+        if tokio::time::Instant::from_std(session.deadline()) <= deadline {
+            return deadline;
+        }
+    }
+}
+
 /// How a lock or leadership is held once granted.
 struct Hold {
     what: String,
@@ -868,6 +884,9 @@ struct Hold {
     /// The TTL asked for or granted, the shorter: bounds how long the group may outlive a
     /// killed baton.
     ttl: Duration,
+    /// The session the lock is held on: its deadline says when renewals have failed for too
+    /// long.
+    session: Session,
 }
 
 impl Hold {
@@ -899,6 +918,12 @@ impl Hold {
         let pgid = group.pgid();
         let lost = held.lost();
         tokio::pin!(lost);
+        // Renewals failing: the group is told to stop `orphan_grace` before the session's
+        // deadline and killed at it, so that it is gone before the server can expire the
+        // lease (which is no sooner than the deadline) and grant the lock to someone else.
+        let at_risk = renewals_failing(self.session.clone(), orphan_grace);
+        tokio::pin!(at_risk);
+        let mut warned = false;
         // After a signal is passed on: SIGKILL at this instant if the group is still there.
         let mut escalate: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
         let status = loop {
@@ -912,7 +937,10 @@ impl Hold {
                 biased;
                 reason = &mut lost => {
                     eprintln!("baton: {} lost ({reason}); stopping `{}`", self.what, spec.program);
-                    let stopped = group.stop(self.kill_after, async { signals.recv().await; }).await;
+                    // Told to stop already (at risk): what is left is killed now. Else (a
+                    // loss the server reported) the grace is the one a killed baton gives.
+                    let grace = if warned { Duration::ZERO } else { orphan_grace };
+                    let stopped = group.stop(grace, async { signals.recv().await; }).await;
                     group.finish();
                     return Err(Failure::new(
                         exit::LOST,
@@ -920,6 +948,19 @@ impl Hold {
                     ));
                 }
                 status = group.wait() => break status,
+                deadline = &mut at_risk, if !warned => {
+                    warned = true;
+                    eprintln!(
+                        "baton: renewing {} has failed for {:.1} s; stopping `{}` (SIGTERM, then SIGKILL in {:.1} s) before the lease can expire",
+                        self.what,
+                        (self.ttl.saturating_sub(deadline.saturating_duration_since(tokio::time::Instant::now()))).as_secs_f64(),
+                        spec.program,
+                        deadline.saturating_duration_since(tokio::time::Instant::now()).as_secs_f64(),
+                    );
+                    supervise::signal_group(pgid, Signal::SIGTERM);
+                    group.note_signalled();
+                    escalate = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                }
                 sig = signals.recv() => {
                     if !group.interrupted() {
                         supervise::signal_group(pgid, signals.passed_on(sig));
