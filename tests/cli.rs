@@ -1540,63 +1540,100 @@ async fn the_command_starts_with_the_callers_signals() {
     );
 }
 
+/// A holder whose command's group ignores SIGTERM and writes to a log until killed, held with
+/// `--ttl 3 --kill-after 60` (through `endpoints`, if given).
+struct Stubborn {
+    holder: Running,
+    pgid: i32,
+    log: std::path::PathBuf,
+    name: String,
+}
+
+impl Stubborn {
+    async fn start(test: &str, endpoints: Option<&str>) -> Stubborn {
+        let name = name(test);
+        let dir = scratch(test);
+        let (pgid_file, log) = (dir.join("pgid"), dir.join("log"));
+        let script = format!(
+            "echo $$ > {p}; trap '' TERM; while :; do echo first >> {l}; sleep 0.02; done & wait",
+            p = pgid_file.display(),
+            l = log.display()
+        );
+        let mut args = Vec::new();
+        if let Some(endpoints) = endpoints {
+            args.extend(["--endpoints", endpoints]);
+        }
+        args.extend([
+            "lock",
+            &name,
+            "--ttl",
+            "3",
+            "--kill-after",
+            "60",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        let holder = Running::spawn(&args);
+        let pgid = written_pid(&pgid_file).await;
+        eventually("the group writes", || {
+            let wrote = std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty());
+            async move { wrote }
+        })
+        .await;
+        Stubborn {
+            holder,
+            pgid,
+            log,
+            name,
+        }
+    }
+
+    /// Takes the lock directly, marks the grant in the log, and asserts that the group wrote
+    /// nothing after it. Returns the holder process.
+    async fn nothing_after_the_next_grant(self) -> Running {
+        let backend = backend().await;
+        let s = Session::new(backend.clone()).await.unwrap();
+        let next = within(
+            "the next holder",
+            Duration::from_secs(20),
+            Mutex::new(&s, &self.name).unwrap().lock(),
+        )
+        .await
+        .unwrap();
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.log)
+                .unwrap();
+            writeln!(f, "granted").unwrap();
+        }
+        // A guard only: the group must be gone already.
+        let pgid = self.pgid;
+        eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+        let log = std::fs::read_to_string(&self.log).unwrap();
+        let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
+        assert_eq!(
+            after,
+            ["granted"],
+            "the first holder's group wrote after the next grant"
+        );
+        next.unlock().await.unwrap();
+        self.holder
+    }
+}
+
 /// After `kill -9` of baton, the whole group is gone before the lease can have expired,
 /// whatever `--kill-after` says: a process that ignores SIGTERM writes nothing after the next
 /// holder is granted. (Before: SIGKILL came `--kill-after` after SIGTERM; with `--ttl 3` and
 /// the default 10 s, writes went on about 6.5 s after the next grant.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_kill_9_the_group_is_gone_before_the_next_grant() {
-    let name = name("orphan-grace");
-    let dir = scratch("orphan-grace");
-    let (pgid_file, log) = (dir.join("pgid"), dir.join("log"));
-    let script = format!(
-        "echo $$ > {p}; trap '' TERM; while :; do echo first >> {l}; sleep 0.02; done & wait",
-        p = pgid_file.display(),
-        l = log.display()
-    );
-    let holder = Running::spawn(&[
-        "lock",
-        &name,
-        "--ttl",
-        "3",
-        "--kill-after",
-        "60",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let pgid = written_pid(&pgid_file).await;
-    eventually("the group writes", || {
-        let wrote = std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty());
-        async move { wrote }
-    })
-    .await;
-    holder.signal("-KILL");
-    let backend = backend().await;
-    let s = Session::new(backend.clone()).await.unwrap();
-    let next = within(
-        "the next holder",
-        Duration::from_secs(20),
-        Mutex::new(&s, &name).unwrap().lock(),
-    )
-    .await
-    .unwrap();
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-        writeln!(f, "granted").unwrap();
-    }
-    // A guard only: the group must be gone already.
-    eventually("the group is gone", || async move { !group_alive(pgid) }).await;
-    let log = std::fs::read_to_string(&log).unwrap();
-    let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
-    assert_eq!(
-        after,
-        ["granted"],
-        "the killed holder's group wrote after the next grant"
-    );
-    next.unlock().await.unwrap();
+    let stubborn = Stubborn::start("orphan-grace", None).await;
+    stubborn.holder.signal("-KILL");
+    stubborn.nothing_after_the_next_grant().await;
 }
 
 /// Cut off from etcd, baton stops the command before the lease can have expired, whatever
@@ -1607,61 +1644,12 @@ async fn after_kill_9_the_group_is_gone_before_the_next_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_off_the_group_is_gone_before_the_next_grant() {
     let proxy = support::proxy::Proxy::start(&EtcdNode::shared().endpoints()[0]).await;
-    let name = name("cut-off-grace");
-    let dir = scratch("cut-off-grace");
-    let (pgid_file, log) = (dir.join("pgid"), dir.join("log"));
-    let script = format!(
-        "echo $$ > {p}; trap '' TERM; while :; do echo first >> {l}; sleep 0.02; done & wait",
-        p = pgid_file.display(),
-        l = log.display()
-    );
-    let holder = Running::spawn(&[
-        "--endpoints",
-        &proxy.endpoint(),
-        "lock",
-        &name,
-        "--ttl",
-        "3",
-        "--kill-after",
-        "60",
-        "--",
-        "sh",
-        "-c",
-        &script,
-    ]);
-    let pgid = written_pid(&pgid_file).await;
-    eventually("the group writes", || {
-        let wrote = std::fs::read_to_string(&log).is_ok_and(|l| !l.is_empty());
-        async move { wrote }
-    })
-    .await;
+    let stubborn = Stubborn::start("cut-off-grace", Some(&proxy.endpoint())).await;
     proxy.black_hole();
-    let backend = backend().await;
-    let s = Session::new(backend.clone()).await.unwrap();
-    let next = within(
-        "the next holder",
-        Duration::from_secs(20),
-        Mutex::new(&s, &name).unwrap().lock(),
-    )
-    .await
-    .unwrap();
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-        writeln!(f, "granted").unwrap();
-    }
-    eventually("the group is gone", || async move { !group_alive(pgid) }).await;
-    let log = std::fs::read_to_string(&log).unwrap();
-    let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
-    assert_eq!(
-        after,
-        ["granted"],
-        "the cut-off holder's group wrote after the next grant"
-    );
+    let holder = stubborn.nothing_after_the_next_grant().await;
     let (code, stderr) = holder.exit_code().await;
     assert_eq!(code, 79, "{stderr}");
     assert!(stderr.contains("before the lease can expire"), "{stderr}");
-    next.unlock().await.unwrap();
 }
 
 /// The watchdog needs no shell: with no `sh` on `PATH`, `kill -9` of baton still takes the
