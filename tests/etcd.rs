@@ -307,9 +307,7 @@ async fn foreign_raw_key_is_respected() {
 /// `etcdctl lock` and baton share one lock, both ways round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interoperates_with_etcdctl_lock() {
-    if which("etcdctl").is_none() {
-        eprintln!("etcdctl not installed; skipping (CI installs it)");
-        assert!(std::env::var("CI").is_err(), "CI must have etcdctl");
+    if !have_etcdctl() {
         return;
     }
     let node = EtcdNode::shared();
@@ -318,9 +316,7 @@ async fn interoperates_with_etcdctl_lock() {
     let endpoints = node.endpoints().join(",");
 
     // etcdctl holds; baton waits behind it.
-    let mut etcdctl = etcdctl_lock(&endpoints, &name);
-    let first_line = read_line(&mut etcdctl).await;
-    assert!(first_line.starts_with(&format!("{name}/")), "{first_line}");
+    let mut etcdctl = etcdctl_holds(&endpoints, &name).await;
     let s = Session::new(backend.clone()).await.unwrap();
     let mutex = Mutex::new(&s, &name).unwrap();
     assert!(matches!(mutex.try_lock().await, Err(Error::Locked { .. })));
@@ -365,18 +361,14 @@ async fn interoperates_with_etcdctl_lock() {
 /// it releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcdctl_lock_holder_excludes_permits_and_readers() {
-    if which("etcdctl").is_none() {
-        eprintln!("etcdctl not installed; skipping (CI installs it)");
-        assert!(std::env::var("CI").is_err(), "CI must have etcdctl");
+    if !have_etcdctl() {
         return;
     }
     let node = EtcdNode::shared();
     let backend = backend().await;
     let name = test_name("etcdctl-kinds");
     let endpoints = node.endpoints().join(",");
-    let mut etcdctl = etcdctl_lock(&endpoints, &name);
-    let first_line = read_line(&mut etcdctl).await;
-    assert!(first_line.starts_with(&format!("{name}/")), "{first_line}");
+    let mut etcdctl = etcdctl_holds(&endpoints, &name).await;
     let s = Session::new(backend.clone()).await.unwrap();
     let sem = baton::Semaphore::new(&s, &name, 3).unwrap();
     let rw = baton::RwLock::new(&s, &name).unwrap();
@@ -399,6 +391,24 @@ async fn an_etcdctl_lock_holder_excludes_permits_and_readers() {
         .unwrap()
         .unwrap();
     permit.release().await.unwrap();
+}
+
+/// Whether `etcdctl` is installed; outside CI a test without it is skipped (said on stderr).
+fn have_etcdctl() -> bool {
+    if which("etcdctl").is_some() {
+        return true;
+    }
+    eprintln!("etcdctl not installed; skipping (CI installs it)");
+    assert!(std::env::var("CI").is_err(), "CI must have etcdctl");
+    false
+}
+
+/// `etcdctl lock name`, once it holds (it printed its key).
+async fn etcdctl_holds(endpoints: &str, name: &str) -> tokio::process::Child {
+    let mut etcdctl = etcdctl_lock(endpoints, name);
+    let first_line = read_line(&mut etcdctl).await;
+    assert!(first_line.starts_with(&format!("{name}/")), "{first_line}");
+    etcdctl
 }
 
 fn which(bin: &str) -> Option<std::path::PathBuf> {
