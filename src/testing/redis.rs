@@ -185,6 +185,27 @@ impl RedisTls {
         self.ca.as_deref()
     }
 
+    /// `options` with the CA and, if there is one, the client certificate: for a client of
+    /// this server.
+    pub fn client_options(&self, options: crate::RedisOptions) -> crate::RedisOptions {
+        let options = options.with_ca_cert(self.ca_pem.clone());
+        match &self.client {
+            Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
+            None => options,
+        }
+    }
+
+    /// The same, for the `redis` crate's own clients ([`RedisNode::command`]).
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.as_ref().map(|client| redis::ClientTlsConfig {
+                client_cert: client.cert_pem().as_bytes().to_vec(),
+                client_key: client.key_pem().as_bytes().to_vec(),
+            }),
+            root_cert: Some(self.ca_pem.as_bytes().to_vec()),
+        }
+    }
+
     /// The files the server reads, by name in its TLS directory.
     fn files(&self) -> [(&'static str, &str); 3] {
         [
@@ -308,6 +329,9 @@ impl RedisNode {
     /// port of 127.0.0.1, with `tls`'s certificates; its URL is `rediss://127.0.0.1:<port>`.
     /// `BATON_REDIS_URL` does not apply: the server is always started (in a container, or as
     /// a local process under the same rules as [`start`](Self::start)).
+    ///
+    /// [`backend`](Self::backend) and [`command`](Self::command) connect with the CA and, if
+    /// there is one, `tls`'s client certificate.
     ///
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local `redis-server`
@@ -482,7 +506,11 @@ impl RedisNode {
             command,
             source: Box::new(source),
         };
-        let client = redis::Client::open(self.url()).map_err(failed)?;
+        let client = match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates()),
+            None => redis::Client::open(self.url()),
+        }
+        .map_err(failed)?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -513,7 +541,8 @@ impl RedisNode {
         self.instance.unpause().await
     }
 
-    /// A backend connected to this node, without a restart grace: the node was started for
+    /// A backend connected to this node (over TLS, with the CA and the client certificate, for
+    /// a TLS node), without a restart grace: the node was started for
     /// this test run, so no lock holder can predate its state (see
     /// [`RedisOptions::with_restart_grace`](crate::RedisOptions::with_restart_grace); a test
     /// of restarts passes its own options to `RedisBackend::connect`).
@@ -522,6 +551,10 @@ impl RedisNode {
     /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
         let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
+        let options = match &self.tls {
+            Some(tls) => tls.client_options(options),
+            None => options,
+        };
         crate::RedisBackend::connect(&self.url(), options).await
     }
 }
