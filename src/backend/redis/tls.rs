@@ -232,10 +232,15 @@ impl Refused {
 
 /// The first TLS library error among `error` and its causes, looking inside the I/O errors on
 /// the way (the TLS library reports through them, and `io::Error::source` skips the error it
-/// wraps).
+/// wraps) and inside the shared errors the `redis` crate keeps its causes in (an
+/// `Arc<dyn Error>`, which is an error of its own type).
 fn tls_cause(error: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
     let mut next = Some(error);
-    while let Some(cause) = next {
+    while let Some(mut cause) = next {
+        if let Some(shared) = cause.downcast_ref::<Shared>() {
+            cause = &**shared;
+        }
         if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
             return Some(tls.clone());
         }
