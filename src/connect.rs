@@ -100,8 +100,8 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 
 /// Options for [`connect_with`], common to every backend.
 ///
-/// TLS (a CA, a client certificate, a server name) is for etcd, as
-/// `EtcdOptions` takes it; a Redis URL with TLS options is refused.
+/// TLS (a CA, a client certificate) is for etcd (`https://`) and Redis (`rediss://`), as
+/// `EtcdOptions` and `RedisOptions` take it; a TLS server name is for etcd only.
 #[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
@@ -178,15 +178,15 @@ impl ConnectOptions {
         self
     }
 
-    /// etcd over TLS: trust the CA certificates in `pem` (PEM) for the servers' certificates
-    /// (see `EtcdOptions::with_ca_cert`).
+    /// etcd or Redis over TLS: trust the CA certificates in `pem` (PEM) for the servers'
+    /// certificates (see `EtcdOptions::with_ca_cert`, `RedisOptions::with_ca_cert`).
     pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_cert = Some(pem.into());
         self
     }
 
-    /// etcd over TLS: present this client certificate and key (PEM; see
-    /// `EtcdOptions::with_client_cert`).
+    /// etcd or Redis over TLS: present this client certificate and key (PEM; see
+    /// `EtcdOptions::with_client_cert`, `RedisOptions::with_client_cert`).
     pub fn with_client_cert(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -197,13 +197,14 @@ impl ConnectOptions {
     }
 
     /// etcd over TLS: check the servers' certificates against `name` (see
-    /// `EtcdOptions::with_tls_server_name`).
+    /// `EtcdOptions::with_tls_server_name`). Refused with a Redis URL: Redis checks the
+    /// certificate against the URL's host.
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
         self.tls_server_name = Some(name.into());
         self
     }
 
-    #[cfg(any(feature = "redis", feature = "zookeeper"))]
+    #[cfg(feature = "zookeeper")]
     fn has_tls(&self) -> bool {
         self.ca_cert.is_some() || self.client_cert.is_some() || self.tls_server_name.is_some()
     }
@@ -232,7 +233,8 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 /// # Errors
 /// [`Error::InvalidArgument`] for endpoints that do not parse, or that name a backend this
 /// build does not include (each network backend is a cargo feature: `etcd`, `redis`,
-/// `zookeeper`), or TLS options with a Redis or ZooKeeper URL; then the errors of that backend's `connect`.
+/// `zookeeper`), TLS options with a ZooKeeper URL, or a TLS server name with a Redis URL; then
+/// the errors of that backend's `connect`.
 ///
 /// # Cancel safety
 /// Cancel safe: nothing is created on the server before it returns.
@@ -278,16 +280,22 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
                     "Redis takes its credentials in the URL: redis://user:password@host:port",
                 ));
             }
-            if options.has_tls() {
+            if options.tls_server_name.is_some() {
                 return Err(Error::InvalidArgument(
-                    "TLS options (a CA, a client certificate) are for etcd; baton's Redis \
-                     backend does not take them",
+                    "a TLS server name is for etcd; Redis checks the certificate against the \
+                     URL's host",
                 ));
             }
             let mut redis =
                 crate::RedisOptions::new().with_connect_timeout(options.connect_timeout);
             if let Some(grace) = options.restart_grace {
                 redis = redis.with_restart_grace(grace);
+            }
+            if let Some(ca) = options.ca_cert {
+                redis = redis.with_ca_cert(ca);
+            }
+            if let Some((cert, key)) = options.client_cert {
+                redis = redis.with_client_cert(cert, key);
             }
             Ok(Arc::new(crate::RedisBackend::connect(&url, redis).await?))
         }
@@ -323,10 +331,20 @@ mod tests {
     /// Nothing is sent: the options are refused before connecting.
     #[cfg(feature = "redis")]
     #[tokio::test]
-    async fn tls_options_are_refused_for_redis() {
+    async fn tls_options_need_rediss_and_a_server_name_is_for_etcd() {
         let refused = connect_with(
             "redis://127.0.0.1:1",
             ConnectOptions::new().with_ca_cert("-----BEGIN CERTIFICATE-----"),
+        )
+        .await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("rediss://")),
+            "{:?}",
+            refused.err()
+        );
+        let refused = connect_with(
+            "rediss://127.0.0.1:1",
+            ConnectOptions::new().with_tls_server_name("redis.internal"),
         )
         .await;
         assert!(

@@ -694,7 +694,8 @@ impl Redlock {
     /// accepted with a warning.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no URL, a server named twice (two URLs with the same
+    /// [`Error::InvalidArgument`] for no URL, a `rediss://` URL (TLS is not supported here
+    /// yet), a server named twice (two URLs with the same
     /// host and port, or two URLs whose servers answer with the same `run_id`: one server
     /// behind two names), or options that could never hold a lock (a TTL not longer than the
     /// per-node timeout plus the drift allowance, a drift factor outside `[0, 1)`);
@@ -913,6 +914,12 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
     let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(urls.len());
     for url in urls {
         let url = url.as_ref();
+        if url.starts_with("rediss://") {
+            return Err(Error::InvalidArgument(
+                "Redlock does not take rediss:// URLs yet (no CA or client certificate \
+                 options); RedisBackend does",
+            ));
+        }
         let client = redis::Client::open(url).map_err(|e| Error::Connect {
             endpoints: vec![redact(url)],
             source: Box::new(e),
@@ -1214,6 +1221,21 @@ impl RedlockGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// TLS is not supported by Redlock yet: a `rediss://` URL is refused in words before
+    /// anything is sent, not reported as an unreachable node.
+    #[test]
+    fn rediss_urls_are_refused_clearly() {
+        let refused = prepare(
+            &["redis://127.0.0.1:1", "rediss://127.0.0.1:2"],
+            &RedlockOptions::new(),
+        );
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("rediss://")),
+            "{:?}",
+            refused.err()
+        );
+    }
 
     #[test]
     fn quorum_is_a_strict_majority() {

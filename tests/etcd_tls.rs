@@ -653,10 +653,10 @@ mod cli {
                 "need https://",
             ),
             (
-                "TLS for Redis",
+                "TLS over redis://",
                 "redis://127.0.0.1:1",
                 vec!["--cacert".into(), path(&ca)],
-                "are for etcd",
+                "need a rediss:// URL",
             ),
         ];
         for (case, endpoints, mut args, says) in cases {

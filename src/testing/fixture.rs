@@ -353,18 +353,9 @@ impl Server {
         Ok(())
     }
 
-    /// Starts the server in a container with host networking and waits until it logs
+    /// Starts the server in a container with host networking, with `files` (path in the
+    /// container, contents) copied in before the server starts, and waits until it logs
     /// [`ready`](Self::ready).
-    #[cfg(any(feature = "redis", feature = "zookeeper"))]
-    pub(crate) async fn start_container(
-        &self,
-        args: Vec<String>,
-    ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
-        self.start_container_with_files(args, Vec::new()).await
-    }
-
-    /// [`start_container`](Self::start_container), with `files` (path in the container,
-    /// contents) copied in before the server starts.
     pub(crate) async fn start_container_with_files(
         &self,
         args: Vec<String>,
@@ -761,7 +752,21 @@ mod node {
             args: Vec<String>,
             fallback: impl FnOnce() -> std::io::Result<ServerProcess>,
         ) -> Result<Instance, FixtureError> {
-            let (running, watchdog) = match server.start_container(args).await {
+            Instance::start_with_files(server, port, probe, args, Vec::new(), fallback).await
+        }
+
+        /// [`start`](Self::start), with `files` (path in the container, contents) copied into
+        /// the container before the server starts; `fallback` writes its own.
+        pub(crate) async fn start_with_files(
+            server: Server,
+            port: u16,
+            probe: Probe,
+            args: Vec<String>,
+            files: Vec<(String, Vec<u8>)>,
+            fallback: impl FnOnce() -> std::io::Result<ServerProcess>,
+        ) -> Result<Instance, FixtureError> {
+            let started = server.start_container_with_files(args, files).await;
+            let (running, watchdog) = match started {
                 Ok(container) => {
                     // Dropping the container on failure removes it; the process's watchdog
                     // removes it if this process dies.

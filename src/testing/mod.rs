@@ -96,7 +96,9 @@
 //! port ([`RedisNode::restart`]; its data is lost) and, in a container, paused
 //! ([`RedisNode::pause`]). A primary with a replica: [`RedisNode::start_replica`] (returns
 //! once it is in sync), then [`RedisNode::detach`] (it misses writes from then on) and
-//! [`RedisNode::promote`] (a failover).
+//! [`RedisNode::promote`] (a failover). [`RedisNode::start_tls`] starts a server that serves
+//! TLS only (`rediss://127.0.0.1:<port>`) with the certificates of a [`RedisTls`] (made at test
+//! time by [`RedisTls::generate`]), requiring client certificates or not.
 //!
 //! Environment:
 //! - `BATON_REDIS_URL`: the URL of a Redis you run yourself; [`RedisNode`] starts no server
@@ -179,7 +181,7 @@ pub use faults::{Call, Fault, FaultyBackend};
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
-pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes};
+pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};
 #[cfg(any(feature = "etcd", feature = "redis"))]
 pub use tls::{CertPem, TestCa};
 #[cfg(feature = "zookeeper")]

@@ -1,7 +1,8 @@
 //! Redis fixtures: one server ([`RedisNode`]) or several independent ones ([`RedisNodes`]),
-//! in containers, that fault tests can stop, restart and pause.
+//! in containers, that fault tests can stop, restart and pause; a server may serve TLS
+//! ([`RedisTls`]).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -10,6 +11,7 @@ use tokio::time::Instant;
 use super::fixture::{
     FixtureError, Instance, Server, ServerProcess, exchange, free_port, free_ports, start_shared,
 };
+use super::tls::{CertPem, TestCa};
 
 /// The image used when `BATON_REDIS_IMAGE` is not set: the one `scripts/build-redis-image.sh`
 /// builds from Debian's `redis-server`. A fixture that finds it missing builds it with that
@@ -61,12 +63,206 @@ fn ping(port: u16) -> BoxFuture<'static, bool> {
     })
 }
 
+/// Whether 127.0.0.1:`port` accepts a TCP connection: the readiness probe of a server that
+/// serves TLS only (no plain-text `PING` reaches it). A server with persistence off has no
+/// data to load, so it serves once it listens (a container is also waited for until it logs
+/// that it is ready).
+fn listening(port: u16) -> BoxFuture<'static, bool> {
+    Box::pin(async move {
+        exchange(format!("127.0.0.1:{port}"), Vec::new(), |_| true)
+            .await
+            .is_ok()
+    })
+}
+
 /// What the local fallback runs: `redis-server` from `PATH`, its files in its working
 /// directory.
 fn local_process(port: u16, extra: &[String]) -> std::io::Result<ServerProcess> {
     let mut args = vec!["--dir".to_owned(), ".".to_owned()];
     args.extend(server_args(port, extra));
     ServerProcess::new(REDIS, port, ping, "redis-server", args)
+}
+
+/// The certificates of a Redis that serves TLS, PEM-encoded, and whether it asks its clients
+/// for a certificate (`--tls-auth-clients`), for [`RedisNode::start_tls`]; with the client
+/// certificate the fixture's own clients present.
+///
+/// [`generate`](Self::generate) makes the whole set for tests: a CA, a server certificate for
+/// `127.0.0.1` and `localhost`, and a client certificate.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::testing::{RedisNode, RedisTls};
+/// let tls = RedisTls::generate()?.with_client_cert_auth(false);
+/// let redis = RedisNode::start_tls(&tls).await?; // rediss://127.0.0.1:<port>, TLS only
+/// // Your client: the node's URL and the CA (and a client certificate, if the server asks).
+/// let options = baton::ConnectOptions::new().with_ca_cert(tls.ca_pem());
+/// let backend = baton::connect_with(&redis.url(), options).await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    ca_pem: String,
+    server: CertPem,
+    client: Option<CertPem>,
+    auth_clients: bool,
+    /// The CA that made these certificates, when they were generated.
+    ca: Option<Arc<TestCa>>,
+}
+
+impl RedisTls {
+    /// The server presents `server` (its certificate and key), signed by the CA `ca_pem`.
+    /// Client certificates are not asked for until
+    /// [`with_client_cert_auth`](Self::with_client_cert_auth); then they must be signed by the
+    /// same CA.
+    pub fn new(ca_pem: impl Into<String>, server: CertPem) -> Self {
+        RedisTls {
+            ca_pem: ca_pem.into(),
+            server,
+            client: None,
+            auth_clients: false,
+            ca: None,
+        }
+    }
+
+    /// A new CA (`baton test CA`), a server certificate for `127.0.0.1` and `localhost`, and a
+    /// client certificate (common name `baton-test`) that the fixture's clients present;
+    /// client certificates required (Redis's own default).
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if a key or certificate cannot be made.
+    pub fn generate() -> Result<Self, FixtureError> {
+        let ca = TestCa::generate("baton test CA")?;
+        let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
+        let client = ca.client_cert("baton-test")?;
+        Ok(RedisTls {
+            ca_pem: ca.cert_pem(),
+            server,
+            client: Some(client),
+            auth_clients: true,
+            ca: Some(Arc::new(ca)),
+        })
+    }
+
+    /// Whether the server requires a client certificate signed by the CA
+    /// (`--tls-auth-clients yes`, or `no`).
+    #[must_use]
+    pub fn with_client_cert_auth(mut self, required: bool) -> Self {
+        self.auth_clients = required;
+        self
+    }
+
+    /// The client certificate the fixture's clients ([`RedisNode::backend`],
+    /// [`RedisNode::command`]) present.
+    #[must_use]
+    pub fn with_client_cert(mut self, client: CertPem) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server's certificate and key.
+    pub fn server_cert(&self) -> &CertPem {
+        &self.server
+    }
+
+    /// The client certificate the fixture's clients present, if any.
+    pub fn client_cert(&self) -> Option<&CertPem> {
+        self.client.as_ref()
+    }
+
+    /// Whether the server requires client certificates.
+    pub fn client_cert_auth(&self) -> bool {
+        self.auth_clients
+    }
+
+    /// The CA that made the certificates, when they were [generated](Self::generate): to
+    /// issue more (another client, an expired certificate).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.ca.as_deref()
+    }
+
+    /// `options` with the CA and, if there is one, the client certificate: for a client of
+    /// this server.
+    pub fn client_options(&self, options: crate::RedisOptions) -> crate::RedisOptions {
+        let options = options.with_ca_cert(self.ca_pem.clone());
+        match &self.client {
+            Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
+            None => options,
+        }
+    }
+
+    /// The same, for the `redis` crate's own clients ([`RedisNode::command`]).
+    fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.as_ref().map(|client| redis::ClientTlsConfig {
+                client_cert: client.cert_pem().as_bytes().to_vec(),
+                client_key: client.key_pem().as_bytes().to_vec(),
+            }),
+            root_cert: Some(self.ca_pem.as_bytes().to_vec()),
+        }
+    }
+
+    /// The files the server reads, by name in its TLS directory.
+    fn files(&self) -> [(&'static str, &str); 3] {
+        [
+            (TLS_CA, &self.ca_pem),
+            (TLS_CERT, self.server.cert_pem()),
+            (TLS_KEY, self.server.key_pem()),
+        ]
+    }
+
+    /// The arguments that make a server read its files from `dir` and serve TLS only, on
+    /// `port`.
+    fn args(&self, port: u16, dir: &str) -> Vec<String> {
+        let file = |name: &str| format!("{dir}/{name}");
+        let auth = if self.auth_clients { "yes" } else { "no" };
+        [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            file(TLS_CERT),
+            "--tls-key-file".to_owned(),
+            file(TLS_KEY),
+            "--tls-ca-cert-file".to_owned(),
+            file(TLS_CA),
+            "--tls-auth-clients".to_owned(),
+            auth.to_owned(),
+        ]
+        .into()
+    }
+}
+
+const TLS_CA: &str = "ca.pem";
+const TLS_CERT: &str = "server.pem";
+const TLS_KEY: &str = "server-key.pem";
+/// Where a container finds the TLS files.
+const CONTAINER_TLS_DIR: &str = "/baton-tls";
+/// Where a local process finds them: in its working directory.
+const LOCAL_TLS_DIR: &str = "tls";
+
+/// [`local_process`] for a server that serves TLS: the files written into its working
+/// directory (the key readable by its owner only).
+fn local_tls_process(port: u16, tls: &RedisTls) -> std::io::Result<ServerProcess> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let process = local_process(port, &tls.args(port, LOCAL_TLS_DIR))?;
+    let dir = REDIS.work_dir(port).join(LOCAL_TLS_DIR);
+    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
+    for (name, pem) in tls.files() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(name))
+            .and_then(|mut file| std::io::Write::write_all(&mut file, pem.as_bytes()))?;
+    }
+    Ok(process)
 }
 
 /// One Redis server for tests, with persistence off.
@@ -78,6 +274,8 @@ fn local_process(port: u16, extra: &[String]) -> std::io::Result<ServerProcess> 
 pub struct RedisNode {
     url: String,
     instance: Instance,
+    /// The certificates of a node that serves TLS.
+    tls: Option<RedisTls>,
 }
 
 impl RedisNode {
@@ -109,6 +307,7 @@ impl RedisNode {
             return Ok(RedisNode {
                 instance: Instance::external(REDIS, port_of(&url), reason),
                 url,
+                tls: None,
             });
         }
         RedisNode::start_on(free_port()?, args).await
@@ -123,7 +322,47 @@ impl RedisNode {
         Ok(RedisNode {
             url: format!("redis://127.0.0.1:{port}"),
             instance,
+            tls: None,
         })
+    }
+
+    /// Starts a Redis server that serves TLS only (`--port 0 --tls-port <port>`), on a free
+    /// port of 127.0.0.1, with `tls`'s certificates; its URL is `rediss://127.0.0.1:<port>`.
+    /// `BATON_REDIS_URL` does not apply: the server is always started (in a container, or as
+    /// a local process under the same rules as [`start`](Self::start)).
+    ///
+    /// [`backend`](Self::backend) and [`command`](Self::command) connect with the CA and, if
+    /// there is one, `tls`'s client certificate.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if neither a container nor (when allowed) a local `redis-server`
+    /// starts.
+    pub async fn start_tls(tls: &RedisTls) -> Result<RedisNode, FixtureError> {
+        let port = free_port()?;
+        let files = tls
+            .files()
+            .iter()
+            .map(|(name, pem)| {
+                (
+                    format!("{CONTAINER_TLS_DIR}/{name}"),
+                    pem.as_bytes().to_vec(),
+                )
+            })
+            .collect();
+        let args = server_args(port, &tls.args(port, CONTAINER_TLS_DIR));
+        let fallback = || local_tls_process(port, tls);
+        let instance =
+            Instance::start_with_files(REDIS, port, listening, args, files, fallback).await?;
+        Ok(RedisNode {
+            url: format!("rediss://127.0.0.1:{port}"),
+            instance,
+            tls: Some(tls.clone()),
+        })
+    }
+
+    /// The certificates of a node started with [`start_tls`](Self::start_tls).
+    pub fn tls(&self) -> Option<&RedisTls> {
+        self.tls.as_ref()
     }
 
     /// One node shared by every test of this process, started on first use on a runtime of
@@ -142,7 +381,8 @@ impl RedisNode {
         SHARED.get_or_init(|| start_shared(REDIS.name, RedisNode::start))
     }
 
-    /// The URL to connect to, `redis://127.0.0.1:<port>` (or `BATON_REDIS_URL` as given).
+    /// The URL to connect to, `redis://127.0.0.1:<port>` (`rediss://` for a TLS node; or
+    /// `BATON_REDIS_URL` as given).
     pub fn url(&self) -> String {
         self.url.clone()
     }
@@ -267,7 +507,11 @@ impl RedisNode {
             command,
             source: Box::new(source),
         };
-        let client = redis::Client::open(self.url()).map_err(failed)?;
+        let client = match &self.tls {
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates()),
+            None => redis::Client::open(self.url()),
+        }
+        .map_err(failed)?;
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
@@ -298,7 +542,8 @@ impl RedisNode {
         self.instance.unpause().await
     }
 
-    /// A backend connected to this node, without a restart grace: the node was started for
+    /// A backend connected to this node (over TLS, with the CA and the client certificate, for
+    /// a TLS node), without a restart grace: the node was started for
     /// this test run, so no lock holder can predate its state (see
     /// [`RedisOptions::with_restart_grace`](crate::RedisOptions::with_restart_grace); a test
     /// of restarts passes its own options to `RedisBackend::connect`).
@@ -307,6 +552,10 @@ impl RedisNode {
     /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
         let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
+        let options = match &self.tls {
+            Some(tls) => tls.client_options(options),
+            None => options,
+        };
         crate::RedisBackend::connect(&self.url(), options).await
     }
 }

@@ -4,6 +4,7 @@
 
 mod mailbox;
 mod scripts;
+mod tls;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -47,6 +48,18 @@ const SAFE_EVICTION: &[&str] = &[
 ///     .with_prefix("billing:")
 ///     .with_request_timeout(Duration::from_secs(2));
 /// ```
+///
+/// Over TLS (`rediss://`), with the CA that signed the server's certificate and, for a server
+/// that asks for one (`tls-auth-clients yes`), a client certificate:
+///
+/// ```no_run
+/// # fn main() -> std::io::Result<()> {
+/// let options = baton::RedisOptions::new()
+///     .with_ca_cert(std::fs::read("ca.pem")?)
+///     .with_client_cert(std::fs::read("client.pem")?, std::fs::read("client-key.pem")?);
+/// // baton::RedisBackend::connect("rediss://redis.internal:6380", options)
+/// # let _ = options; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RedisOptions {
@@ -56,6 +69,7 @@ pub struct RedisOptions {
     prefix: String,
     recheck: Duration,
     restart_grace: Duration,
+    tls: tls::TlsConfig,
 }
 
 impl Default for RedisOptions {
@@ -76,7 +90,35 @@ impl RedisOptions {
             prefix: "baton:".to_owned(),
             recheck: Duration::from_secs(30),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
+            tls: tls::TlsConfig::default(),
         }
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more, PEM-encoded: redis-cli's `--cacert`
+    /// file) for the server's certificate, instead of the system's roots. For `rediss://`
+    /// URLs (TLS); a `redis://` URL with TLS options is refused.
+    ///
+    /// Checked at connect: a bundle with no certificate, or one that does not parse, is
+    /// [`Error::InvalidArgument`]. The server's certificate must name the URL's host.
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` (a PEM certificate, or a chain with the
+    /// client's certificate first) with its private key `key_pem` (PEM, PKCS#8, PKCS#1 or
+    /// SEC1), for a server that asks for one (`tls-auth-clients yes`, Redis's default when it
+    /// serves TLS; redis-cli's `--cert` and `--key`). For `rediss://` URLs.
+    ///
+    /// Checked at connect: a certificate or key that does not parse, or a key that is not the
+    /// certificate's, is [`Error::InvalidArgument`].
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// How long nothing is granted after baton's state on the server was lost or rolled back
@@ -312,6 +354,51 @@ fn redis_err(op: &'static str, e: RedisError) -> Error {
     }
 }
 
+/// Waits for `connecting`. For a `rediss://` URL whose TLS greeting is not answered within
+/// [`tls::UNANSWERED`], asks the server in plain text whether it speaks it, and if it does,
+/// gives up at once with that: a plain-text Redis may wait for the rest of a greeting it reads
+/// as a command until the connect timeout.
+async fn first_answer<T>(
+    probe: &tls::Probe,
+    connecting: impl Future<Output = T>,
+) -> std::result::Result<T, tls::Refused> {
+    if !probe.is_tls() {
+        return Ok(connecting.await);
+    }
+    let plain_text = async {
+        tokio::time::sleep(tls::UNANSWERED).await;
+        match probe.speaks_plain_text().await {
+            Some(refused) => refused,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        answer = connecting => Ok(answer),
+        refused = plain_text => Err(refused),
+    }
+}
+
+/// The error of a connection that failed with `e`: a TLS refusal the error holds, or one a
+/// handshake of our own finds (a refused client certificate the connection saw only as a
+/// reset; a TLS server reached at `redis://`); else `failed` with `e`.
+async fn explain(
+    probe: &tls::Probe,
+    e: RedisError,
+    failed: impl FnOnce(BoxError) -> Error,
+) -> Error {
+    if let Some(refused) = tls::Refused::of(&e) {
+        return refused.into_error(failed);
+    }
+    // A connection made and then broken (not one refused, not a server's answer).
+    if e.is_io_error()
+        && !e.is_connection_refusal()
+        && let Some(refused) = probe.after_failure(tls::PROBE_LIMIT).await
+    {
+        return refused.into_error(failed);
+    }
+    failed(Box::new(e))
+}
+
 /// The URL without its password, for messages.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -436,15 +523,22 @@ impl Args {
 
 impl RedisBackend {
     /// Connects to the Redis at `url` (`redis://[user:password@]host:port[/db]`, or
-    /// `rediss://` for TLS when the `redis` crate is built with it) and checks that the server
-    /// can keep baton's promises: version 5.0 or newer, and an eviction policy that never
-    /// evicts keys without a TTL (`noeviction` or a `volatile-*` policy; `allkeys-*` could
-    /// silently delete a lock holder's entry).
+    /// `rediss://` for TLS, with [`RedisOptions::with_ca_cert`] and
+    /// [`RedisOptions::with_client_cert`], or the system's roots without a CA) and checks that
+    /// the server can keep baton's promises: version 5.0 or newer, and an eviction policy that
+    /// never evicts keys without a TTL (`noeviction` or a `volatile-*` policy; `allkeys-*`
+    /// could silently delete a lock holder's entry).
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for TLS options with a `redis://` URL, a CA, certificate or
+    /// key that does not parse, a key that is not the certificate's, or a `rediss://` URL with
+    /// a `#fragment` (`#insecure` is not supported); nothing is sent.
     /// [`Error::Connect`] if the URL is malformed or the server does not answer within the
-    /// connect timeout; [`Error::Auth`] if it refuses the credentials;
-    /// [`Error::UnsupportedVersion`] for a server older than 5.0;
+    /// connect timeout, and at once, saying which, if the server's TLS certificate is not
+    /// trusted (another CA, another host name, expired), if a `rediss://` URL names a server
+    /// that does not speak TLS, or a `redis://` URL one that speaks only TLS;
+    /// [`Error::Auth`] if it refuses the credentials, or the client certificate (or its
+    /// absence); [`Error::UnsupportedVersion`] for a server older than 5.0;
     /// [`Error::ServerSetting`] for an eviction policy that may delete entries.
     ///
     /// # Cancel safety
@@ -456,7 +550,7 @@ impl RedisBackend {
             endpoints: vec![endpoint.clone()],
             source,
         };
-        let client = redis::Client::open(url).map_err(|e| failed(Box::new(e)))?;
+        let (client, probe) = tls::client(url, &options.tls)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             // Each attempt is bounded by our own timeout (see `attempts`), so that a slow answer
@@ -464,31 +558,43 @@ impl RedisBackend {
             .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(250));
-        let conn = tokio::time::timeout(
+        let connecting = tokio::time::timeout(
             options.connect_timeout,
             client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|elapsed| failed(Box::new(elapsed)))?
-        .map_err(|e| match e.kind() {
-            ErrorKind::AuthenticationFailed => Error::Auth {
-                source: Box::new(e),
-            },
-            _ => failed(Box::new(e)),
-        })?;
-        let mut probe = conn.clone();
-        let info: String = tokio::time::timeout(
+        );
+        let conn = match first_answer(&probe, connecting).await {
+            Err(refused) => return Err(refused.into_error(failed)),
+            Ok(Err(elapsed)) => return Err(failed(Box::new(elapsed))),
+            Ok(Ok(Ok(conn))) => conn,
+            Ok(Ok(Err(e))) if e.kind() == ErrorKind::AuthenticationFailed => {
+                return Err(Error::Auth {
+                    source: Box::new(e),
+                });
+            }
+            Ok(Ok(Err(e))) => return Err(explain(&probe, e, failed).await),
+        };
+        let mut server = conn.clone();
+        let info = tokio::time::timeout(
             options.connect_timeout,
-            redis::cmd("INFO").arg("server").query_async(&mut probe),
+            redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut server),
         )
         .await
-        .map_err(|elapsed| failed(Box::new(elapsed)))?
-        .map_err(|e| redis_err("connect", e))?;
+        .map_err(|elapsed| failed(Box::new(elapsed)))?;
+        let info = match info {
+            Ok(info) => info,
+            // A TLS 1.3 server judges the client certificate after the connection is made.
+            Err(e) if probe.is_tls() && e.is_io_error() => {
+                return Err(explain(&probe, e, failed).await);
+            }
+            Err(e) => return Err(redis_err("connect", e)),
+        };
         check_version(&info)?;
-        check_eviction(&mut probe).await?;
+        check_eviction(&mut server).await?;
         let (secs, micros): (i64, i64) = tokio::time::timeout(
             options.connect_timeout,
-            redis::cmd("TIME").query_async(&mut probe),
+            redis::cmd("TIME").query_async(&mut server),
         )
         .await
         .map_err(|elapsed| failed(Box::new(elapsed)))?

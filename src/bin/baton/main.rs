@@ -118,15 +118,16 @@ struct Cli {
     /// Password for etcd authentication (with --user). Not passed on to the command.
     #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true, help_heading = GLOBAL)]
     password: Option<String>,
-    /// etcd over TLS: the CA bundle (PEM) that signed the servers' certificates, instead of
-    /// the system's roots. Turns TLS on for host:port endpoints (https:// is TLS anyway).
+    /// etcd or Redis over TLS: the CA bundle (PEM) that signed the servers' certificates,
+    /// instead of the system's roots. Turns TLS on for etcd's host:port endpoints (https:// is
+    /// TLS anyway); Redis takes it with rediss:// only.
     #[arg(long, env = "BATON_CACERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cacert: Option<PathBuf>,
-    /// etcd over TLS: the client certificate (PEM) for an etcd that asks for one
-    /// (--client-cert-auth); with --key.
+    /// etcd or Redis over TLS: the client certificate (PEM) for a server that asks for one
+    /// (etcd's --client-cert-auth, Redis's tls-auth-clients); with --key.
     #[arg(long, env = "BATON_CERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cert: Option<PathBuf>,
-    /// etcd over TLS: the private key (PEM) of the --cert certificate.
+    /// etcd or Redis over TLS: the private key (PEM) of the --cert certificate.
     #[arg(long, env = "BATON_KEY", global = true, help_heading = GLOBAL, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.
@@ -446,13 +447,20 @@ fn read_tls_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
     })
 }
 
-/// --cacert, --cert and --key: for etcd, cert and key together, the files readable.
+/// --cacert, --cert and --key: for etcd or Redis, cert and key together, the files readable.
 fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
     let any = cli.cacert.is_some() || cli.cert.is_some() || cli.key.is_some();
-    if any && !matches!(endpoints, Endpoints::Etcd(_)) {
+    if any && matches!(endpoints, Endpoints::ZooKeeper(_)) {
         return Err(Failure::new(
             exit::USAGE,
-            "--cacert, --cert and --key are for etcd; baton's Redis backend does not take them",
+            "--cacert, --cert and --key are for etcd and Redis (rediss://); baton's ZooKeeper \
+             backend does not take them",
+        ));
+    }
+    if any && matches!(endpoints, Endpoints::Redis(url) if !url.starts_with("rediss://")) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--cacert, --cert and --key need a rediss:// URL; redis:// is plain text",
         ));
     }
     let client = match (&cli.cert, &cli.key) {

@@ -1,0 +1,519 @@
+//! TLS for the Redis backend (`rediss://`): the options as given ([`TlsConfig`]), checked and
+//! turned into the `redis` crate's client ([`client`]); the failures that retrying cannot fix,
+//! told apart and described ([`Refused`]); and the probes of our own that learn what the
+//! `redis` crate's connection hides ([`Probe`]): a server that speaks plain text on a
+//! `rediss://` URL (it may never answer a TLS greeting), a TLS server reached at `redis://`,
+//! a server's verdict on the client certificate.
+//!
+//! One TLS stack for the crate: rustls on ring, as for etcd (docs/design.md, 2026-11-25).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::RedisError;
+use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, NamedGroup, RootCertStore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::Notify;
+
+use crate::error::{BoxError, Error, Result};
+
+/// The TLS part of [`RedisOptions`](super::RedisOptions), as given: checked at connect.
+#[derive(Clone, Default)]
+pub(super) struct TlsConfig {
+    /// PEM: one or more CA certificates.
+    pub(super) ca: Option<Vec<u8>>,
+    /// PEM: the client's certificate (chain) and its private key.
+    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the private key; the certificates say nothing worth a log line.
+        f.debug_struct("TlsConfig")
+            .field("ca", &self.ca.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    fn is_set(&self) -> bool {
+        self.ca.is_some() || self.identity.is_some()
+    }
+}
+
+/// The `redis` crate's client for `url`, with `tls` for a `rediss://` URL, and the probe that
+/// can tell what a failed connection hides. Checks what can be checked without the server:
+/// the scheme agrees with the options, the PEMs parse, the key is the certificate's.
+pub(super) fn client(url: &str, tls: &TlsConfig) -> Result<(redis::Client, Probe)> {
+    let Some(rest) = url.strip_prefix("rediss://") else {
+        if tls.is_set() {
+            return Err(Error::InvalidArgument(
+                "TLS options (a CA, a client certificate) need a rediss:// URL; redis:// is \
+                 plain text",
+            ));
+        }
+        let client = redis::Client::open(url).map_err(|e| malformed(url, e))?;
+        let probe = Probe::plain(host_port(&client));
+        return Ok((client, probe));
+    };
+    if rest.contains('#') {
+        return Err(Error::InvalidArgument(
+            "rediss:// URLs take no #fragment: #insecure (no certificate check) is not \
+             supported; give the CA that signed the server's certificate (with_ca_cert, \
+             --cacert)",
+        ));
+    }
+    let roots = match &tls.ca {
+        Some(pem) => certificates(
+            pem,
+            "the CA certificate (with_ca_cert, --cacert) holds no PEM certificate",
+        )?,
+        // As redis-cli: without a CA, the system's roots (the `redis` crate loads them too).
+        None => {
+            let system = rustls_native_certs::load_native_certs().certs;
+            if system.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "rediss:// without a CA certificate (with_ca_cert, --cacert) trusts the \
+                     system's roots, and this system has none",
+                ));
+            }
+            system
+        }
+    };
+    let identity = match &tls.identity {
+        Some((cert, key)) => Some(client_identity(cert, key)?),
+        None => None,
+    };
+    ensure_provider();
+    let certificates = redis::TlsCertificates {
+        client_tls: tls
+            .identity
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    };
+    let client = redis::Client::build_with_tls(url, certificates).map_err(|e| malformed(url, e))?;
+    let probe = Probe {
+        address: host_port(&client),
+        tls: Some(Handshake { roots, identity }),
+    };
+    Ok((client, probe))
+}
+
+/// A URL the `redis` crate does not take: [`Error::Connect`], as before TLS.
+fn malformed(url: &str, e: RedisError) -> Error {
+    Error::Connect {
+        endpoints: vec![super::redact(url)],
+        source: Box::new(e),
+    }
+}
+
+/// The `redis` crate builds its TLS configurations with rustls's process-wide default
+/// provider, and rustls panics when none is installed and its features do not name exactly
+/// one (another crate in the build may enable aws-lc-rs too). Install ring, the provider this
+/// crate is built with, unless the application installed one.
+fn ensure_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one since: then that one stays, as wanted.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// `host` and `port` of the client's TCP address (`None` for a Unix socket).
+fn host_port(client: &redis::Client) -> Option<(String, u16)> {
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+        _ => None,
+    }
+}
+
+/// The certificates in `pem`: at least one, all parsed; else `InvalidArgument(invalid)`.
+fn certificates(pem: &[u8], invalid: &'static str) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::InvalidArgument(invalid))?;
+    if certs.is_empty() {
+        return Err(Error::InvalidArgument(invalid));
+    }
+    Ok(certs)
+}
+
+/// The client's certificate chain and key, parsed, after checking that the key is the
+/// certificate's.
+fn client_identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let chain = certificates(
+        cert,
+        "the client certificate (with_client_cert, --cert) holds no PEM certificate",
+    )?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+        Error::InvalidArgument("the client key (with_client_cert, --key) holds no PEM private key")
+    })?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| {
+        Error::InvalidArgument(
+            "the client key (with_client_cert, --key) is not a key type TLS supports",
+        )
+    })?;
+    // `Unknown`: the key cannot tell its public half; the server will judge.
+    let mismatch = rustls::sign::CertifiedKey::new(chain.clone(), signing)
+        .keys_match()
+        .is_err_and(|e| {
+            !matches!(
+                e,
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)
+            )
+        });
+    if mismatch {
+        return Err(Error::InvalidArgument(
+            "the client key (with_client_cert, --key) is not the client certificate's key",
+        ));
+    }
+    Ok((chain, key))
+}
+
+/// A failure that retrying cannot fix: a certificate refused by either side, a server that
+/// does not speak TLS on a `rediss://` URL, or one that speaks only TLS on a `redis://` URL.
+/// Says which, in words; its source is the TLS library's error, where there is one.
+#[derive(Debug)]
+pub(super) struct Refused {
+    /// What went wrong, for the message.
+    what: &'static str,
+    /// The server refused our client certificate (rather than we its certificate).
+    client_cert: bool,
+    tls: Option<rustls::Error>,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
+}
+
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.tls.as_ref().map(|e| e as _)
+    }
+}
+
+impl Refused {
+    /// The TLS failure among `error` and its causes, if any means a refusal.
+    pub(super) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
+        let tls = tls_cause(error)?;
+        let (what, client_cert) = describe(&tls)?;
+        Some(Refused {
+            what,
+            client_cert,
+            tls: Some(tls),
+        })
+    }
+
+    /// As an [`Error`]: [`Error::Auth`] for a refused client certificate, else
+    /// [`Error::Connect`] (through `failed`) with this as its source.
+    pub(super) fn into_error(self, failed: impl FnOnce(BoxError) -> Error) -> Error {
+        if self.client_cert {
+            Error::Auth {
+                source: Box::new(self),
+            }
+        } else {
+            failed(Box::new(self))
+        }
+    }
+}
+
+/// The first TLS library error among `error` and its causes, looking inside the I/O errors on
+/// the way (the TLS library reports through them, and `io::Error::source` skips the error it
+/// wraps) and inside the shared errors the `redis` crate keeps its causes in (an
+/// `Arc<dyn Error>`, which is an error of its own type).
+fn tls_cause(error: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let mut next = Some(error);
+    while let Some(mut cause) = next {
+        if let Some(shared) = cause.downcast_ref::<Shared>() {
+            cause = &**shared;
+        }
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls.clone());
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
+        {
+            return Some(tls.clone());
+        }
+        next = cause.source();
+    }
+    None
+}
+
+/// The alerts a server refuses a client certificate with.
+const CLIENT_CERT_ALERTS: [rustls::AlertDescription; 7] = [
+    rustls::AlertDescription::BadCertificate,
+    rustls::AlertDescription::CertificateRequired,
+    rustls::AlertDescription::CertificateExpired,
+    rustls::AlertDescription::CertificateRevoked,
+    rustls::AlertDescription::CertificateUnknown,
+    rustls::AlertDescription::UnsupportedCertificate,
+    rustls::AlertDescription::UnknownCA,
+];
+
+/// What a TLS error means for the user, and whether it is the server refusing our client
+/// certificate. `None` for errors that may pass.
+fn describe(tls: &rustls::Error) -> Option<(&'static str, bool)> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    Some(match tls {
+        Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => (
+            "the server's TLS certificate is not signed by a trusted CA (give the CA that \
+             signed it: with_ca_cert, --cacert)",
+            false,
+        ),
+        Tls::InvalidCertificate(
+            Cert::Expired
+            | Cert::ExpiredContext { .. }
+            | Cert::NotValidYet
+            | Cert::NotValidYetContext { .. },
+        ) => (
+            "the server's TLS certificate is expired or not yet valid",
+            false,
+        ),
+        Tls::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => (
+            "the server's TLS certificate is not issued for the host connected to (connect \
+             to a host name the certificate names)",
+            false,
+        ),
+        Tls::InvalidCertificate(_) | Tls::NoCertificatesPresented => {
+            ("the server's TLS certificate was refused", false)
+        }
+        Tls::AlertReceived(alert) if CLIENT_CERT_ALERTS.contains(alert) => (
+            "the server refused the client certificate: none was given (with_client_cert, \
+             --cert and --key), or it is expired, or not signed by a CA the server trusts",
+            true,
+        ),
+        Tls::AlertReceived(Alert::HandshakeFailure | Alert::ProtocolVersion) => (
+            "the TLS handshake failed: the server and baton share no TLS version or cipher",
+            false,
+        ),
+        Tls::InvalidMessage(_) => (NOT_TLS, false),
+        _ => return None,
+    })
+}
+
+const NOT_TLS: &str =
+    "the server does not answer in TLS (is it serving plain redis:// on this port?)";
+
+/// How long a `rediss://` connection may go without an answer to its TLS greeting before
+/// [`Probe::speaks_plain_text`] asks the server in plain text. A plain-text Redis reads a TLS
+/// greeting as an inline command and waits for a newline the greeting may not hold: without
+/// the probe, such a connection would end only with the connect timeout.
+pub(super) const UNANSWERED: Duration = Duration::from_millis(300);
+
+/// The longest a probe waits for a server's answer (a TLS server that accepts the client sends
+/// its session tickets at once, one that refuses it its alert; a plain-text server answers
+/// `PING` at once).
+pub(super) const PROBE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Connections of our own to the server, to learn what the `redis` crate's connection hides.
+#[derive(Debug)]
+pub(super) struct Probe {
+    /// The server's TCP address (none for a Unix socket: nothing to probe).
+    address: Option<(String, u16)>,
+    /// For a `rediss://` URL: what the handshake trusts and presents.
+    tls: Option<Handshake>,
+}
+
+/// The roots and client certificate of a `rediss://` URL, as the `redis` crate's client has
+/// them.
+struct Handshake {
+    roots: Vec<CertificateDer<'static>>,
+    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+}
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("roots", &self.roots.len())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl Probe {
+    fn plain(address: Option<(String, u16)>) -> Probe {
+        Probe { address, tls: None }
+    }
+
+    /// Whether the URL is `rediss://`.
+    pub(super) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// For a `rediss://` URL whose TLS greeting went unanswered: whether the server answers
+    /// `PING` in plain text (RESP: `+PONG`, or an error such as `-NOAUTH`), which a TLS server
+    /// never does. Then the refusal to report.
+    pub(super) async fn speaks_plain_text(&self) -> Option<Refused> {
+        let (host, port) = self.address.as_ref()?;
+        let exchange = async {
+            let mut tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
+                .await
+                .ok()?;
+            tcp.write_all(b"PING\r\n").await.ok()?;
+            let mut reply = [0u8; 64];
+            let n = tcp.read(&mut reply).await.ok()?;
+            let reply = &reply[..n];
+            (matches!(reply.first(), Some(b'+' | b'-')) && reply.ends_with(b"\r\n")).then_some(
+                Refused {
+                    what: NOT_TLS,
+                    client_cert: false,
+                    tls: None,
+                },
+            )
+        };
+        tokio::time::timeout(PROBE_LIMIT, exchange).await.ok()?
+    }
+
+    /// After a failed connection: what a handshake of our own tells, within `within`.
+    ///
+    /// For a `rediss://` URL, whether the server refuses the client certificate (or its
+    /// absence), or we its certificate. With TLS 1.3 a server judges the client certificate
+    /// after the client has finished its side of the handshake; the client has sent its first
+    /// command by then, and the server, closing on unread data, may reset the connection
+    /// before the alert is read, which looks like a connection that broke. This handshake
+    /// sends no data after it, so the server's verdict arrives intact: an alert, or (accepted)
+    /// the session tickets a TLS 1.3 server issues once it has accepted the client.
+    ///
+    /// For a `redis://` URL, whether the server speaks TLS (it closes a plain-text connection
+    /// without a word, and answers a TLS greeting with its certificate).
+    pub(super) async fn after_failure(&self, within: Duration) -> Option<Refused> {
+        tokio::time::timeout(within, self.handshake())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn handshake(&self) -> Option<Refused> {
+        let (host, port) = self.address.as_ref()?;
+        let name = ServerName::try_from(host.clone()).ok()?;
+        let tickets = Arc::new(Tickets::default());
+        let config = Arc::new(self.config(Arc::clone(&tickets))?);
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
+            .await
+            .ok()?;
+        let handshake = tokio_rustls::TlsConnector::from(config)
+            .connect(name, tcp)
+            .await;
+        if self.tls.is_none() {
+            // No roots: a TLS server's certificate is refused, which proves it is one.
+            let tls = tls_cause(&handshake.err()?)?;
+            return (!matches!(tls, rustls::Error::InvalidMessage(_))).then_some(Refused {
+                what: "the server answers in TLS: reach it at rediss:// (with the CA that \
+                       signed its certificate: with_ca_cert, --cacert)",
+                client_cert: false,
+                tls: Some(tls),
+            });
+        }
+        let mut stream = match handshake {
+            Ok(stream) => stream,
+            Err(e) => return Refused::of(&e),
+        };
+        let mut byte = [0u8; 1];
+        tokio::select! {
+            read = stream.read(&mut byte) => read.err().and_then(|e| Refused::of(&e)),
+            // Accepted: the server went on to issue tickets.
+            () = tickets.0.notified() => None,
+        }
+    }
+
+    /// A client configuration like the `redis` crate's (the same roots and client
+    /// certificate), whose session tickets are reported to `tickets`.
+    fn config(&self, tickets: Arc<Tickets>) -> Option<ClientConfig> {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        let mut roots = RootCertStore::empty();
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .ok()?;
+        let Some(tls) = &self.tls else {
+            return Some(builder.with_root_certificates(roots).with_no_client_auth());
+        };
+        roots.add_parsable_certificates(tls.roots.iter().cloned());
+        let builder = builder.with_root_certificates(roots);
+        let mut config = match &tls.identity {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .ok()?,
+            None => builder.with_no_client_auth(),
+        };
+        config.resumption = rustls::client::Resumption::store(tickets);
+        Some(config)
+    }
+}
+
+/// A session store that keeps nothing and tells when a TLS 1.3 ticket arrives.
+#[derive(Debug, Default)]
+struct Tickets(Notify);
+
+impl ClientSessionStore for Tickets {
+    fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
+
+    fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
+        None
+    }
+
+    fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
+
+    fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        None
+    }
+
+    fn remove_tls12_session(&self, _: &ServerName<'static>) {}
+
+    fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {
+        self.0.notify_one();
+    }
+
+    fn take_tls13_ticket(&self, _: &ServerName<'_>) -> Option<Tls13ClientSessionValue> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused client certificate is an authentication failure; a refused server
+    /// certificate and a server that does not speak TLS are connect failures; each says so in
+    /// one line.
+    #[test]
+    fn refusals_are_told_apart() {
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        let redis = RedisError::from(io);
+        let refused = Refused::of(&redis).expect("a refused client certificate");
+        assert!(refused.client_cert);
+        assert!(matches!(
+            refused.into_error(|_| Error::Unavailable),
+            Error::Auth { .. }
+        ));
+        let io = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let refused = Refused::of(&RedisError::from(io)).expect("an untrusted certificate");
+        assert!(!refused.client_cert);
+        assert!(refused.to_string().contains("not signed by a trusted CA"));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(Refused::of(&RedisError::from(reset)).is_none());
+    }
+}
