@@ -161,7 +161,7 @@ async fn a_certificate_we_do_not_trust_is_refused() {
     let stranger = TestCa::generate("stranger CA").unwrap();
     let (e, took) = refused(&node.url(), options(&stranger.cert_pem())).await;
     assert!(took < QUICKLY, "refused after {took:?}");
-    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
     let text = chain(&e);
     assert!(
         text.contains("not signed by a trusted CA"),
@@ -177,7 +177,7 @@ async fn a_certificate_we_do_not_trust_is_refused() {
     let node = start(&elsewhere).await;
     let (e, took) = refused(&node.url(), options(tls.ca_pem())).await;
     assert!(took < QUICKLY, "refused after {took:?}");
-    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
     let text = chain(&e);
     assert!(
         text.contains("not issued for the host"),
@@ -196,7 +196,7 @@ async fn rediss_to_a_plain_text_server_is_refused_at_once() {
     for attempt in 0..6 {
         let (e, took) = refused(&url, options(&ca.cert_pem())).await;
         assert!(took < QUICKLY, "attempt {attempt}: refused after {took:?}");
-        assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+        assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
         let text = chain(&e);
         assert!(
             text.contains("does not answer in TLS"),
@@ -213,7 +213,7 @@ async fn rediss_to_a_plain_text_server_is_refused_at_once() {
     )
     .await;
     assert!(took < QUICKLY, "refused after {took:?}");
-    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
     let text = chain(&e);
     assert!(text.contains("answers in TLS"), "{text}");
 }

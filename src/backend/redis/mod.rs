@@ -383,18 +383,19 @@ async fn first_answer<T>(
 /// reset; a TLS server reached at `redis://`); else `failed` with `e`.
 async fn explain(
     probe: &tls::Probe,
+    endpoint: &str,
     e: RedisError,
     failed: impl FnOnce(BoxError) -> Error,
 ) -> Error {
     if let Some(refused) = tls::Refused::of(&e) {
-        return refused.into_error(failed);
+        return refused.into_error(endpoint);
     }
     // A connection made and then broken (not one refused, not a server's answer).
     if e.is_io_error()
         && !e.is_connection_refusal()
         && let Some(refused) = probe.after_failure(tls::PROBE_LIMIT).await
     {
-        return refused.into_error(failed);
+        return refused.into_error(endpoint);
     }
     failed(Box::new(e))
 }
@@ -534,9 +535,10 @@ impl RedisBackend {
     /// key that does not parse, a key that is not the certificate's, or a `rediss://` URL with
     /// a `#fragment` (`#insecure` is not supported); nothing is sent.
     /// [`Error::Connect`] if the URL is malformed or the server does not answer within the
-    /// connect timeout, and at once, saying which, if the server's TLS certificate is not
-    /// trusted (another CA, another host name, expired), if a `rediss://` URL names a server
-    /// that does not speak TLS, or a `redis://` URL one that speaks only TLS;
+    /// connect timeout; [`Error::Misconfigured`] at once, saying which, if the server's TLS
+    /// certificate is not trusted (another CA, another host name, expired), if a `rediss://`
+    /// URL names a server that does not speak TLS, or a `redis://` URL one that speaks only
+    /// TLS;
     /// [`Error::Auth`] if it refuses the credentials, or the client certificate (or its
     /// absence); [`Error::UnsupportedVersion`] for a server older than 5.0;
     /// [`Error::ServerSetting`] for an eviction policy that may delete entries.
@@ -563,7 +565,7 @@ impl RedisBackend {
             client.get_connection_manager_with_config(config),
         );
         let conn = match first_answer(&probe, connecting).await {
-            Err(refused) => return Err(refused.into_error(failed)),
+            Err(refused) => return Err(refused.into_error(&endpoint)),
             Ok(Err(elapsed)) => return Err(failed(Box::new(elapsed))),
             Ok(Ok(Ok(conn))) => conn,
             Ok(Ok(Err(e))) if e.kind() == ErrorKind::AuthenticationFailed => {
@@ -571,7 +573,7 @@ impl RedisBackend {
                     source: Box::new(e),
                 });
             }
-            Ok(Ok(Err(e))) => return Err(explain(&probe, e, failed).await),
+            Ok(Ok(Err(e))) => return Err(explain(&probe, &endpoint, e, failed).await),
         };
         let mut server = conn.clone();
         let info = tokio::time::timeout(
@@ -586,7 +588,7 @@ impl RedisBackend {
             Ok(info) => info,
             // A TLS 1.3 server judges the client certificate after the connection is made.
             Err(e) if probe.is_tls() && e.is_io_error() => {
-                return Err(explain(&probe, e, failed).await);
+                return Err(explain(&probe, &endpoint, e, failed).await);
             }
             Err(e) => return Err(redis_err("connect", e)),
         };

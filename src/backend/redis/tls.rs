@@ -18,7 +18,7 @@ use rustls::{ClientConfig, NamedGroup, RootCertStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::error::{BoxError, Error, Result};
+use crate::error::{Error, Result};
 
 /// The TLS part of [`RedisOptions`](super::RedisOptions), as given: checked at connect.
 #[derive(Clone, Default)]
@@ -218,14 +218,19 @@ impl Refused {
     }
 
     /// As an [`Error`]: [`Error::Auth`] for a refused client certificate, else
-    /// [`Error::Connect`] (through `failed`) with this as its source.
-    pub(super) fn into_error(self, failed: impl FnOnce(BoxError) -> Error) -> Error {
+    /// [`Error::Misconfigured`] for `endpoint` (a certificate we do not trust, TLS on one
+    /// side only: the configuration must change, retrying cannot help), with this as its
+    /// source.
+    pub(super) fn into_error(self, endpoint: &str) -> Error {
         if self.client_cert {
             Error::Auth {
                 source: Box::new(self),
             }
         } else {
-            failed(Box::new(self))
+            Error::Misconfigured {
+                endpoints: vec![endpoint.to_owned()],
+                source: Box::new(self),
+            }
         }
     }
 }
@@ -502,10 +507,7 @@ mod tests {
         let redis = RedisError::from(io);
         let refused = Refused::of(&redis).expect("a refused client certificate");
         assert!(refused.client_cert);
-        assert!(matches!(
-            refused.into_error(|_| Error::Unavailable),
-            Error::Auth { .. }
-        ));
+        assert!(matches!(refused.into_error("e"), Error::Auth { .. }));
         let io = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
@@ -513,6 +515,10 @@ mod tests {
         let refused = Refused::of(&RedisError::from(io)).expect("an untrusted certificate");
         assert!(!refused.client_cert);
         assert!(refused.to_string().contains("not signed by a trusted CA"));
+        assert!(matches!(
+            refused.into_error("e"),
+            Error::Misconfigured { .. }
+        ));
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert!(Refused::of(&RedisError::from(reset)).is_none());
     }
