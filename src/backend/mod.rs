@@ -24,6 +24,8 @@ pub(crate) mod memory;
 mod reach;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod tls;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 

@@ -11,14 +11,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisError;
-use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, NamedGroup, RootCertStore};
+use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Notify;
 
+use crate::backend::tls::{Tickets, Wording, certificates, client_identity, describe, tls_cause};
 use crate::error::{Error, Result};
+
+/// How the TLS errors of a Redis server are told.
+const WORDING: Wording = Wording {
+    wrong_host: "the server's TLS certificate is not issued for the host connected to (connect \
+                 to a host name the certificate names)",
+    not_tls: NOT_TLS,
+};
 
 /// The TLS part of [`RedisOptions`](super::RedisOptions), as given: checked at connect.
 #[derive(Clone, Default)]
@@ -63,22 +68,21 @@ pub(super) fn client(url: &str, tls: &TlsConfig) -> Result<(redis::Client, Probe
     if rest.contains('#') {
         return Err(Error::InvalidArgument(
             "rediss:// URLs take no #fragment: #insecure (no certificate check) is not \
-             supported; give the CA that signed the server's certificate (with_ca_cert, \
-             --cacert)",
+             supported; give the CA that signed the server's certificate (with_ca_cert)",
         ));
     }
     let roots = match &tls.ca {
         Some(pem) => certificates(
             pem,
-            "the CA certificate (with_ca_cert, --cacert) holds no PEM certificate",
+            "the CA certificate (with_ca_cert) holds no PEM certificate",
         )?,
         // As redis-cli: without a CA, the system's roots (the `redis` crate loads them too).
         None => {
             let system = rustls_native_certs::load_native_certs().certs;
             if system.is_empty() {
                 return Err(Error::InvalidArgument(
-                    "rediss:// without a CA certificate (with_ca_cert, --cacert) trusts the \
-                     system's roots, and this system has none",
+                    "rediss:// without a CA certificate (with_ca_cert) trusts the system's \
+                     roots, and this system has none",
                 ));
             }
             system
@@ -135,52 +139,6 @@ fn host_port(client: &redis::Client) -> Option<(String, u16)> {
     }
 }
 
-/// The certificates in `pem`: at least one, all parsed; else `InvalidArgument(invalid)`.
-fn certificates(pem: &[u8], invalid: &'static str) -> Result<Vec<CertificateDer<'static>>> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|_| Error::InvalidArgument(invalid))?;
-    if certs.is_empty() {
-        return Err(Error::InvalidArgument(invalid));
-    }
-    Ok(certs)
-}
-
-/// The client's certificate chain and key, parsed, after checking that the key is the
-/// certificate's.
-fn client_identity(
-    cert: &[u8],
-    key: &[u8],
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
-    let chain = certificates(
-        cert,
-        "the client certificate (with_client_cert, --cert) holds no PEM certificate",
-    )?;
-    let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
-        Error::InvalidArgument("the client key (with_client_cert, --key) holds no PEM private key")
-    })?;
-    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| {
-        Error::InvalidArgument(
-            "the client key (with_client_cert, --key) is not a key type TLS supports",
-        )
-    })?;
-    // `Unknown`: the key cannot tell its public half; the server will judge.
-    let mismatch = rustls::sign::CertifiedKey::new(chain.clone(), signing)
-        .keys_match()
-        .is_err_and(|e| {
-            !matches!(
-                e,
-                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)
-            )
-        });
-    if mismatch {
-        return Err(Error::InvalidArgument(
-            "the client key (with_client_cert, --key) is not the client certificate's key",
-        ));
-    }
-    Ok((chain, key))
-}
-
 /// A failure that retrying cannot fix: a certificate refused by either side, a server that
 /// does not speak TLS on a `rediss://` URL, or one that speaks only TLS on a `redis://` URL.
 /// Says which, in words; its source is the TLS library's error, where there is one.
@@ -209,7 +167,7 @@ impl Refused {
     /// The TLS failure among `error` and its causes, if any means a refusal.
     pub(super) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
         let tls = tls_cause(error)?;
-        let (what, client_cert) = describe(&tls)?;
+        let (what, client_cert) = describe(&tls, WORDING)?;
         Some(Refused {
             what,
             client_cert,
@@ -233,83 +191,6 @@ impl Refused {
             }
         }
     }
-}
-
-/// The first TLS library error among `error` and its causes, looking inside the I/O errors on
-/// the way (the TLS library reports through them, and `io::Error::source` skips the error it
-/// wraps) and inside the shared errors the `redis` crate keeps its causes in (an
-/// `Arc<dyn Error>`, which is an error of its own type).
-fn tls_cause(error: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
-    type Shared = Arc<dyn std::error::Error + Send + Sync>;
-    let mut next = Some(error);
-    while let Some(mut cause) = next {
-        if let Some(shared) = cause.downcast_ref::<Shared>() {
-            cause = &**shared;
-        }
-        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
-            return Some(tls.clone());
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>()
-            && let Some(inner) = io.get_ref()
-            && let Some(tls) = inner.downcast_ref::<rustls::Error>()
-        {
-            return Some(tls.clone());
-        }
-        next = cause.source();
-    }
-    None
-}
-
-/// The alerts a server refuses a client certificate with.
-const CLIENT_CERT_ALERTS: [rustls::AlertDescription; 7] = [
-    rustls::AlertDescription::BadCertificate,
-    rustls::AlertDescription::CertificateRequired,
-    rustls::AlertDescription::CertificateExpired,
-    rustls::AlertDescription::CertificateRevoked,
-    rustls::AlertDescription::CertificateUnknown,
-    rustls::AlertDescription::UnsupportedCertificate,
-    rustls::AlertDescription::UnknownCA,
-];
-
-/// What a TLS error means for the user, and whether it is the server refusing our client
-/// certificate. `None` for errors that may pass.
-fn describe(tls: &rustls::Error) -> Option<(&'static str, bool)> {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
-    Some(match tls {
-        Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => (
-            "the server's TLS certificate is not signed by a trusted CA (give the CA that \
-             signed it: with_ca_cert, --cacert)",
-            false,
-        ),
-        Tls::InvalidCertificate(
-            Cert::Expired
-            | Cert::ExpiredContext { .. }
-            | Cert::NotValidYet
-            | Cert::NotValidYetContext { .. },
-        ) => (
-            "the server's TLS certificate is expired or not yet valid",
-            false,
-        ),
-        Tls::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => (
-            "the server's TLS certificate is not issued for the host connected to (connect \
-             to a host name the certificate names)",
-            false,
-        ),
-        Tls::InvalidCertificate(_) | Tls::NoCertificatesPresented => {
-            ("the server's TLS certificate was refused", false)
-        }
-        Tls::AlertReceived(alert) if CLIENT_CERT_ALERTS.contains(alert) => (
-            "the server refused the client certificate: none was given (with_client_cert, \
-             --cert and --key), or it is expired, or not signed by a CA the server trusts",
-            true,
-        ),
-        Tls::AlertReceived(Alert::HandshakeFailure | Alert::ProtocolVersion) => (
-            "the TLS handshake failed: the server and baton share no TLS version or cipher",
-            false,
-        ),
-        Tls::InvalidMessage(_) => (NOT_TLS, false),
-        _ => return None,
-    })
 }
 
 const NOT_TLS: &str =
@@ -420,7 +301,7 @@ impl Probe {
             let tls = tls_cause(&handshake.err()?)?;
             return (!matches!(tls, rustls::Error::InvalidMessage(_))).then_some(Refused {
                 what: "the server answers in TLS: reach it at rediss:// (with the CA that \
-                       signed its certificate: with_ca_cert, --cacert)",
+                       signed its certificate: with_ca_cert)",
                 client_cert: false,
                 tls: Some(tls),
             });
@@ -460,34 +341,6 @@ impl Probe {
         };
         config.resumption = rustls::client::Resumption::store(tickets);
         Some(config)
-    }
-}
-
-/// A session store that keeps nothing and tells when a TLS 1.3 ticket arrives.
-#[derive(Debug, Default)]
-struct Tickets(Notify);
-
-impl ClientSessionStore for Tickets {
-    fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
-
-    fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
-        None
-    }
-
-    fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
-
-    fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        None
-    }
-
-    fn remove_tls12_session(&self, _: &ServerName<'static>) {}
-
-    fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {
-        self.0.notify_one();
-    }
-
-    fn take_tls13_ticket(&self, _: &ServerName<'_>) -> Option<Tls13ClientSessionValue> {
-        None
     }
 }
 

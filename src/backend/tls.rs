@@ -1,0 +1,214 @@
+//! What the TLS clients of the etcd and Redis backends share: reading the PEM files given,
+//! telling a TLS failure's meaning from its error, and a session store that says when a
+//! TLS 1.3 server has accepted the client.
+
+use std::sync::Arc;
+
+use rustls::NamedGroup;
+use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::sync::Notify;
+
+use crate::error::{Error, Result};
+
+/// The certificates in `pem`: at least one, all parsed; else `InvalidArgument(invalid)`.
+pub(crate) fn certificates(
+    pem: &[u8],
+    invalid: &'static str,
+) -> Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|_| Error::InvalidArgument(invalid))?;
+    if certs.is_empty() {
+        return Err(Error::InvalidArgument(invalid));
+    }
+    Ok(certs)
+}
+
+/// The client's certificate chain and key, parsed, after checking that the key is the
+/// certificate's.
+pub(crate) fn client_identity(
+    cert: &[u8],
+    key: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)> {
+    let chain = certificates(
+        cert,
+        "the client certificate (the certificate of with_client_cert) holds no PEM certificate",
+    )?;
+    let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+        Error::InvalidArgument(
+            "the client key (the key of with_client_cert) holds no PEM private key",
+        )
+    })?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|_| {
+        Error::InvalidArgument(
+            "the client key (the key of with_client_cert) is not a key type TLS supports",
+        )
+    })?;
+    // `Unknown`: the key cannot tell its public half; the server will judge.
+    let mismatch = rustls::sign::CertifiedKey::new(chain.clone(), signing)
+        .keys_match()
+        .is_err_and(|e| {
+            !matches!(
+                e,
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)
+            )
+        });
+    if mismatch {
+        return Err(Error::InvalidArgument(
+            "the client key (the key of with_client_cert) is not the client certificate's key",
+        ));
+    }
+    Ok((chain, key))
+}
+
+/// The first TLS library error among `error` and its causes, looking inside the I/O errors
+/// on the way (the TLS library reports through them, and `io::Error::source` skips the error
+/// it wraps) and inside shared errors (the `redis` crate keeps its causes in an
+/// `Arc<dyn Error>`, which is an error of its own type).
+pub(crate) fn tls_cause(error: &(dyn std::error::Error + 'static)) -> Option<rustls::Error> {
+    type Shared = Arc<dyn std::error::Error + Send + Sync>;
+    let mut next = Some(error);
+    while let Some(mut cause) = next {
+        if let Some(shared) = cause.downcast_ref::<Shared>() {
+            cause = &**shared;
+        }
+        if let Some(tls) = cause.downcast_ref::<rustls::Error>() {
+            return Some(tls.clone());
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && let Some(inner) = io.get_ref()
+        {
+            if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+                return Some(tls.clone());
+            }
+            if io.kind() == std::io::ErrorKind::InvalidData
+                && let Some(alert) = alert_in_text(&inner.to_string())
+            {
+                return Some(alert);
+            }
+        }
+        next = cause.source();
+    }
+    None
+}
+
+/// The alerts a server refuses a client certificate with.
+pub(crate) const CLIENT_CERT_ALERTS: [rustls::AlertDescription; 7] = [
+    rustls::AlertDescription::BadCertificate,
+    rustls::AlertDescription::CertificateRequired,
+    rustls::AlertDescription::CertificateExpired,
+    rustls::AlertDescription::CertificateRevoked,
+    rustls::AlertDescription::CertificateUnknown,
+    rustls::AlertDescription::UnsupportedCertificate,
+    rustls::AlertDescription::UnknownCA,
+];
+
+/// The alert a TLS error reported as text stands for. With TLS 1.3 the server checks a client
+/// certificate after the client has finished its handshake, so its alert arrives on the
+/// HTTP/2 connection, whose I/O errors keep only their kind and text (h2 does that): the text
+/// is the TLS library's own rendering of the error, matched against the same rendering here.
+fn alert_in_text(text: &str) -> Option<rustls::Error> {
+    CLIENT_CERT_ALERTS
+        .iter()
+        .map(|alert| rustls::Error::AlertReceived(*alert))
+        .find(|tls| tls.to_string() == text)
+}
+
+/// The words of [`describe`] that differ between backends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wording {
+    /// A server certificate issued for another host: what to do about it.
+    pub(crate) wrong_host: &'static str,
+    /// A server that does not answer in TLS.
+    pub(crate) not_tls: &'static str,
+}
+
+/// What a TLS error means for the user, and whether it is the server refusing our client
+/// certificate. `None` for errors that may pass.
+pub(crate) fn describe(tls: &rustls::Error, wording: Wording) -> Option<(&'static str, bool)> {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as Tls};
+    Some(match tls {
+        Tls::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => (
+            "the server's TLS certificate is not signed by a trusted CA (give the CA that \
+             signed it: with_ca_cert)",
+            false,
+        ),
+        Tls::InvalidCertificate(
+            Cert::Expired
+            | Cert::ExpiredContext { .. }
+            | Cert::NotValidYet
+            | Cert::NotValidYetContext { .. },
+        ) => (
+            "the server's TLS certificate is expired or not yet valid",
+            false,
+        ),
+        Tls::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
+            (wording.wrong_host, false)
+        }
+        Tls::InvalidCertificate(_) | Tls::NoCertificatesPresented => {
+            ("the server's TLS certificate was refused", false)
+        }
+        Tls::AlertReceived(alert) if CLIENT_CERT_ALERTS.contains(alert) => (
+            "the server refused the client certificate: none was given (with_client_cert), or \
+             it is expired, or not signed by a CA the server trusts",
+            true,
+        ),
+        Tls::AlertReceived(Alert::HandshakeFailure | Alert::ProtocolVersion) => (
+            "the TLS handshake failed: the server and baton share no TLS version or cipher",
+            false,
+        ),
+        Tls::InvalidMessage(_) => (wording.not_tls, false),
+        Tls::InconsistentKeys(_) => ("the client key is not the client certificate's key", false),
+        _ => return None,
+    })
+}
+
+/// A session store that keeps nothing and tells when a TLS 1.3 ticket arrives.
+#[derive(Debug, Default)]
+pub(crate) struct Tickets(pub(crate) Notify);
+
+impl ClientSessionStore for Tickets {
+    fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
+
+    fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
+        None
+    }
+
+    fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
+
+    fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        None
+    }
+
+    fn remove_tls12_session(&self, _: &ServerName<'static>) {}
+
+    fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {
+        self.0.notify_one();
+    }
+
+    fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The alert text h2 leaves of a TLS error is read back as that alert, and nothing else
+    /// is.
+    #[test]
+    fn alerts_are_read_back_from_their_text() {
+        let text =
+            rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate).to_string();
+        assert_eq!(
+            alert_in_text(&text),
+            Some(rustls::Error::AlertReceived(
+                rustls::AlertDescription::BadCertificate
+            ))
+        );
+        assert_eq!(alert_in_text("connection reset by peer"), None);
+    }
+}
