@@ -296,6 +296,9 @@ pub(crate) fn check_exclusive_value(value: &[u8]) -> Result<()> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Limit<'a> {
     Fixed(usize),
+    /// No count: only entries of another kind ahead hold the contender back (a read lock:
+    /// readers hold together, anything else under the name excludes them).
+    None,
     /// The limit stored (in decimal) at `key` by [`crate::Semaphore`], read again at every
     /// look, so that a change applies to waiters at once.
     Stored {
@@ -525,7 +528,8 @@ pub(crate) fn default_owner() -> Vec<u8> {
 
 /// What one look at the queue found, for [`Turn::Fewer`].
 enum Look {
-    Granted,
+    /// Granted by the count; with every entry ahead in `of` when the count read them all.
+    Granted(Option<Vec<Entry>>),
     /// Not yet: the entries to watch (the `limit` just ahead), and the stored limit as read.
     Wait(Vec<Entry>, Option<Vec<u8>>),
     /// Few enough ahead, but these entries of another kind are ahead too: wait for them to
@@ -553,21 +557,22 @@ async fn look(backend: &dyn Backend, mine: &Entry, rule: &Fewer<'_>) -> Result<L
     let Some(kind) = rule.kind else {
         return Ok(looked);
     };
-    if !matches!(looked, Look::Granted) {
-        return Ok(looked);
-    }
+    let ahead = match looked {
+        // The count read everything ahead under the name already.
+        Look::Granted(Some(all)) if kind.name == rule.of => all,
+        Look::Granted(_) => backend.ahead(kind.name, mine, ALL).await?,
+        waiting => return Ok(waiting),
+    };
     // Entries ahead only ever go (new ones come behind): none of another kind now means none
-    // for as long as `mine` lives.
-    let others: Vec<Entry> = backend
-        .ahead(kind.name, mine, ALL)
-        .await?
+    // for as long as `mine` lives. While the newest of them remains, `mine` cannot hold: it is
+    // the one to watch.
+    let newest_other = ahead
         .into_iter()
         .filter(|e| !e.value().starts_with(kind.mark))
-        .collect();
-    Ok(if others.is_empty() {
-        Look::Granted
-    } else {
-        Look::Others(others)
+        .max_by_key(Entry::token);
+    Ok(match newest_other {
+        None => Look::Granted(None),
+        Some(other) => Look::Others(vec![other]),
     })
 }
 
@@ -581,11 +586,12 @@ async fn count(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) 
         Limit::Fixed(limit) => {
             let ahead = backend.ahead(of, mine, limit).await?;
             Ok(if ahead.len() < limit {
-                Look::Granted
+                Look::Granted(Some(ahead))
             } else {
                 Look::Wait(ahead, None)
             })
         }
+        Limit::None => Ok(Look::Granted(None)),
         Limit::Stored {
             key,
             name,
@@ -601,7 +607,7 @@ async fn count(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) 
                 if ahead.len() < want {
                     // All of them.
                     if ahead.len() < limit {
-                        return Ok(Look::Granted);
+                        return Ok(Look::Granted(Some(ahead)));
                     }
                 } else if want < limit {
                     // There may be more than were asked for: ask for enough.
@@ -647,8 +653,8 @@ async fn wait_for_fewer(
             reason = &mut *lost => return Err(Error::SessionLost(reason)),
         };
         let (window, seen) = match looked {
-            Ok(Look::Granted) if waited => return Ok(Turned::Handoff),
-            Ok(Look::Granted) => return Ok(Turned::Free),
+            Ok(Look::Granted(_)) if waited => return Ok(Turned::Handoff),
+            Ok(Look::Granted(_)) => return Ok(Turned::Free),
             Ok(Look::Wait(..) | Look::Others(_)) if mode == Mode::Try => return Ok(Turned::Busy),
             Ok(Look::Wait(window, seen)) => (window, Some(seen)),
             Ok(Look::Others(window)) => (window, None),

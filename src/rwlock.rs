@@ -181,9 +181,11 @@ impl RwLock {
         // Counted from the start, so that a write asked for while this read waits is refused
         // too: it would queue behind this read.
         let reading = Reading::new(&self.reading);
+        // Readers hold together; a writer, or any entry of another kind under the name (a
+        // Mutex's, a permit, `etcdctl lock`'s), ahead of this one holds it back.
         let rule = Fewer {
-            of: &self.writers,
-            limit: Limit::Fixed(1),
+            of: &self.name,
+            limit: Limit::None,
             kind: Some(Shared {
                 name: &self.name,
                 mark: queue::READ,
