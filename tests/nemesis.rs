@@ -29,8 +29,11 @@ fn main() -> ExitCode {
         .expect("a runtime");
     runtime.block_on(async {
         match args.as_slice() {
-            [backend, seconds, rest @ ..] => {
-                let seconds = seconds.parse().expect("SECONDS is a number");
+            [backend, seconds, rest @ ..]
+                if ["etcd", "redis"].contains(&backend.as_str())
+                    && seconds.parse::<u64>().is_ok() =>
+            {
+                let seconds = seconds.parse().unwrap_or(30);
                 let seed = match rest.first() {
                     Some(s) => s.parse().expect("SEED is a number"),
                     None => std::time::SystemTime::now()
@@ -49,9 +52,11 @@ fn main() -> ExitCode {
                 }
             }
             [] => suite().await,
+            // A test-name filter meant for the other test binaries (`cargo test NAME`):
+            // nothing here matches it, as libtest would say.
             _ => {
-                eprintln!("usage: nemesis [BACKEND SECONDS [SEED]]");
-                ExitCode::FAILURE
+                println!("nemesis: no run for {args:?} (usage: BACKEND SECONDS [SEED])");
+                ExitCode::SUCCESS
             }
         }
     })

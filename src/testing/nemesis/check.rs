@@ -59,8 +59,10 @@ struct Hold {
     paused: bool,
 }
 
+/// The fault's kind and target from its words (`pause c4 (SIGSTOP)`, or as read back from a
+/// line, `pause_c4_(SIGSTOP)`).
 fn client_of_fault(what: &str) -> Option<(&str, &str)> {
-    let mut w = what.split('_');
+    let mut w = what.split(|c: char| c == '_' || c.is_whitespace());
     Some((w.next()?, w.next()?))
 }
 
@@ -451,7 +453,7 @@ mod tests {
             "nemesis",
             What::FaultStart {
                 id: 0,
-                what: "pause_c0_(SIGSTOP)".into(),
+                what: "pause c0 (SIGSTOP)".into(),
             },
         )];
         paused.extend(h);
