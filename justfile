@@ -67,3 +67,10 @@ _clean-containers:
         kill -0 "$pid" 2>/dev/null || docker rm -f "$id" >/dev/null
       done
     fi
+
+# The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
+# kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
+# the history. BACKEND: etcd or redis. SEED replays the schedule (default: the time).
+# BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
+nemesis backend seconds seed="":
+    cargo test --features testing,etcd,redis --test nemesis -- {{backend}} {{seconds}} {{seed}}

@@ -537,6 +537,109 @@ impl EtcdNode {
     pub async fn backend(&self) -> crate::Result<EtcdBackend> {
         EtcdBackend::connect(&self.endpoints, self.options.clone()).await
     }
+
+    fn container(&self, what: &'static str) -> Result<&ContainerAsync<GenericImage>, FixtureError> {
+        match &self.running {
+            Running::Container(c) => Ok(c),
+            Running::Process(_) => Err(FixtureError::Unsupported {
+                op: what,
+                reason: "the node is a local etcd process, not a container",
+            }),
+            Running::External => Err(FixtureError::Unsupported {
+                op: what,
+                reason: "the node is external (BATON_ETCD_ENDPOINTS); the test did not start it",
+            }),
+        }
+    }
+
+    /// Kills the node at once (its container stopped without a grace period); its data
+    /// directory stays, so [`start_again`](Self::start_again) brings it back with every key
+    /// and lease it had, as a crashed member restarts. Containers only.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
+    /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the node may or may not have been stopped.
+    pub async fn stop(&self) -> Result<(), FixtureError> {
+        self.container("stop")?
+            .stop_with_timeout(Some(0))
+            .await
+            .map_err(|source| ETCD.container_error(source))
+    }
+
+    /// Starts the node again after [`stop`](Self::stop), with its data, and returns once it
+    /// serves a linearizable read. Containers only.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::NotReady`] if it does not serve within
+    /// 30 s; [`FixtureError::Unsupported`] for a node that is not a container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the node may or may not have been started.
+    pub async fn start_again(&self) -> Result<(), FixtureError> {
+        self.container("start")?
+            .start()
+            .await
+            .map_err(|source| ETCD.container_error(source))?;
+        let endpoint = self.endpoints.first().cloned().unwrap_or_default();
+        wait_serving(&endpoint, self.options.clone()).await
+    }
+
+    /// Freezes the node (`docker pause`): connections stay open, requests hang until
+    /// [`unpause`](Self::unpause). Containers only.
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
+    /// container.
+    pub async fn pause(&self) -> Result<(), FixtureError> {
+        self.container("pause")?
+            .pause()
+            .await
+            .map_err(|source| ETCD.container_error(source))
+    }
+
+    /// Unfreezes the node after [`pause`](Self::pause).
+    ///
+    /// # Errors
+    /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
+    /// container.
+    pub async fn unpause(&self) -> Result<(), FixtureError> {
+        self.container("unpause")?
+            .unpause()
+            .await
+            .map_err(|source| ETCD.container_error(source))
+    }
+}
+
+/// Waits until `endpoint` serves a linearizable read (it knows a leader and has a quorum), for
+/// at most 30 s.
+async fn wait_serving(endpoint: &str, options: EtcdOptions) -> Result<(), FixtureError> {
+    let healthy = || async {
+        let options = options.clone().with_connect_timeout(Duration::from_secs(1));
+        let backend = EtcdBackend::connect(&[endpoint.to_owned()], options).await;
+        let Ok(backend) = backend else { return false };
+        let mut client = backend.client().clone();
+        let read = client.get("baton-fixture/health", None);
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), read).await,
+            Ok(Ok(_))
+        )
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if healthy().await {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(FixtureError::NotReady {
+                server: ETCD.name,
+                address: endpoint.to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A three-member etcd cluster in three containers, for fault tests. Needs Docker.

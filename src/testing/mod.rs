@@ -30,6 +30,11 @@
 //! (`black_hole`), lose only the server's answers (`drop_answers`) and heal: how baton's own
 //! fault tests cut a holder off from etcd or Redis.
 //!
+//! # A nemesis
+//! [`nemesis`] runs client processes on every recipe while a seeded schedule pauses, kills
+//! and cuts them off and restarts or rolls back the server, and checks the one history it
+//! records (fencing, token order, loss before the successor's grant, progress, leftovers).
+//!
 //! # Test dependencies
 //! ```toml
 //! [dev-dependencies]
@@ -166,6 +171,7 @@ mod etcd;
 mod faults;
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod fixture;
+pub mod nemesis;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;

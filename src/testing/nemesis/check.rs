@@ -1,0 +1,495 @@
+//! The checker: reads one history and reports every broken promise with the shortest window
+//! of events that shows it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::time::Duration;
+
+use super::Recipe;
+use super::history::{Event, What};
+
+/// What the checker needs to know about the run besides the history.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Each lock's name and recipe.
+    pub locks: Vec<(String, Recipe)>,
+    /// The clients (`c0`, ...), each with the lock it contends for.
+    pub clients: Vec<(String, String)>,
+    /// Every live client must be granted within this bound after the last fault healed.
+    pub progress_bound: Duration,
+}
+
+/// A broken promise.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    /// The rule: `fence`, `counter`, `token-order`, `lost-first`, `progress`, `leftover`.
+    pub rule: &'static str,
+    /// What is wrong, in words.
+    pub message: String,
+    /// The shortest window of the history that shows it.
+    pub window: Vec<Event>,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "[{}] {}", self.rule, self.message)?;
+        let start = self.window.first().map_or(0, |e| e.at);
+        for e in &self.window {
+            let line = e.to_string();
+            // Drop the prefix and the raw clock: show milliseconds into the window.
+            let rest = line.splitn(3, ' ').nth(2).unwrap_or(&line);
+            let offset_ms = (e.at.saturating_sub(start)) as f64 / 1e6;
+            writeln!(f, "    +{offset_ms:>10.3} ms  {rest}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One hold: from the grant to the release call, the `lost()`, the process's death or exit.
+#[derive(Debug, Clone)]
+struct Hold {
+    client: String,
+    token: u64,
+    mode: char,
+    invoked: u64,
+    granted: u64,
+    end: u64,
+    /// The client was paused (SIGSTOP) between the call and the end: it cannot be told in
+    /// time, only fenced.
+    paused: bool,
+}
+
+/// The fault's kind and target from its words (`pause c4 (SIGSTOP)`, or as read back from a
+/// line, `pause_c4_(SIGSTOP)`).
+fn client_of_fault(what: &str) -> Option<(&str, &str)> {
+    let mut w = what.split(|c: char| c == '_' || c.is_whitespace());
+    Some((w.next()?, w.next()?))
+}
+
+/// Checks `history` (sorted by time) against `plan`.
+pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let lock_of: HashMap<&str, &str> = plan
+        .clients
+        .iter()
+        .map(|(c, l)| (c.as_str(), l.as_str()))
+        .collect();
+    // Pause windows per client.
+    let mut pause_start: HashMap<u32, (String, u64)> = HashMap::new();
+    let mut pauses: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
+    let end_of_history = history.last().map_or(0, |e| e.at);
+    for e in history {
+        match &e.what {
+            What::FaultStart { id, what } => {
+                if let Some(("pause", client)) = client_of_fault(what) {
+                    pause_start.insert(*id, (client.to_owned(), e.at));
+                }
+            }
+            What::FaultEnd { id } => {
+                if let Some((client, from)) = pause_start.remove(id) {
+                    pauses.entry(client).or_default().push((from, e.at));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (_, (client, from)) in pause_start {
+        pauses
+            .entry(client)
+            .or_default()
+            .push((from, end_of_history));
+    }
+    let paused_during = |client: &str, from: u64, to: u64| {
+        pauses
+            .get(client)
+            .is_some_and(|p| p.iter().any(|&(a, b)| a <= to && b >= from))
+    };
+
+    // Holds, per lock.
+    let mut holds: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
+    let mut open: HashMap<String, Hold> = HashMap::new();
+    let mut invoked: HashMap<String, u64> = HashMap::new();
+    let close = |open: &mut HashMap<String, Hold>,
+                 holds: &mut BTreeMap<String, Vec<Hold>>,
+                 client: &str,
+                 at: u64| {
+        if let Some(mut h) = open.remove(client) {
+            h.end = at;
+            h.paused = paused_during(client, h.invoked, h.end);
+            if let Some(lock) = lock_of.get(client) {
+                holds.entry((*lock).to_owned()).or_default().push(h);
+            }
+        }
+    };
+    for e in history {
+        let who = e.who.as_str();
+        match &e.what {
+            What::Acquire { .. } => {
+                invoked.insert(e.who.clone(), e.at);
+            }
+            What::Granted { token, mode } => {
+                close(&mut open, &mut holds, who, e.at);
+                open.insert(
+                    e.who.clone(),
+                    Hold {
+                        client: e.who.clone(),
+                        token: *token,
+                        mode: *mode,
+                        invoked: invoked.get(who).copied().unwrap_or(e.at),
+                        granted: e.at,
+                        end: e.at,
+                        paused: false,
+                    },
+                );
+            }
+            What::Lost { token } | What::Release { token }
+                if open.get(who).is_some_and(|h| h.token == *token) =>
+            {
+                close(&mut open, &mut holds, who, e.at);
+            }
+            What::Exit | What::Start { .. } => close(&mut open, &mut holds, who, e.at),
+            What::Killed { client } => close(&mut open, &mut holds, client, e.at),
+            _ => {}
+        }
+    }
+    let left: Vec<String> = open.keys().cloned().collect();
+    for client in left {
+        close(&mut open, &mut holds, &client, end_of_history);
+    }
+
+    let window = |from: u64, to: u64, clients: &[&str], lock: &str| -> Vec<Event> {
+        history
+            .iter()
+            .filter(|e| e.at >= from && e.at <= to)
+            .filter(|e| match &e.what {
+                What::Accepted {
+                    lock: l, client, ..
+                }
+                | What::Refused {
+                    lock: l, client, ..
+                } => l == lock && clients.contains(&client.as_str()),
+                What::Killed { client } => clients.contains(&client.as_str()),
+                What::FaultStart { .. } | What::FaultEnd { .. } | What::Healed => true,
+                _ => clients.contains(&e.who.as_str()),
+            })
+            .cloned()
+            .collect()
+    };
+
+    for (lock, recipe) in &plan.locks {
+        let mut list = holds.remove(lock).unwrap_or_default();
+        list.sort_by_key(|h| h.granted);
+        // (2) Tokens: unique, and a grant that returned before another was asked for has the
+        // lower token.
+        let mut seen: HashMap<u64, &Hold> = HashMap::new();
+        for h in &list {
+            if let Some(other) = seen.insert(h.token, h) {
+                violations.push(Violation {
+                    rule: "token-order",
+                    message: format!(
+                        "{lock}: token {} granted twice ({} and {})",
+                        h.token, other.client, h.client
+                    ),
+                    window: window(other.granted, h.granted, &[&other.client, &h.client], lock),
+                });
+            }
+        }
+        let mut by_invoke: Vec<&Hold> = list.iter().collect();
+        by_invoke.sort_by_key(|h| h.invoked);
+        let mut best: Option<&Hold> = None;
+        let mut next = 0;
+        for b in &by_invoke {
+            while next < list.len() && list[next].granted < b.invoked {
+                if best.is_none_or(|x| list[next].token > x.token) {
+                    best = Some(&list[next]);
+                }
+                next += 1;
+            }
+            if let Some(a) = best
+                && a.token > b.token
+            {
+                violations.push(Violation {
+                    rule: "token-order",
+                    message: format!(
+                        "{lock}: {} was granted token {} before {} asked, and {} got the lower token {}",
+                        a.client, a.token, b.client, b.client, b.token
+                    ),
+                    window: window(a.granted, b.granted, &[&a.client, &b.client], lock),
+                });
+            }
+        }
+        // (3) No more holders than the recipe admits, among holders that could be told.
+        let permits = match recipe {
+            Recipe::Semaphore => Recipe::SEMAPHORE_PERMITS as usize,
+            _ => 1,
+        };
+        let told: Vec<&Hold> = list.iter().filter(|h| !h.paused).collect();
+        for (i, b) in told.iter().enumerate() {
+            let beside: Vec<&&Hold> = told[..i]
+                .iter()
+                .filter(|a| a.end > b.granted && !(a.mode == 'r' && b.mode == 'r'))
+                .collect();
+            if beside.len() >= permits {
+                let first = beside.iter().map(|a| a.granted).min().unwrap_or(b.granted);
+                let mut clients: Vec<&str> = beside.iter().map(|a| a.client.as_str()).collect();
+                clients.push(&b.client);
+                violations.push(Violation {
+                    rule: "lost-first",
+                    message: format!(
+                        "{lock}: {} granted token {} ({}) while {} still held, not told of a loss",
+                        b.client,
+                        b.token,
+                        b.mode,
+                        beside
+                            .iter()
+                            .map(|a| format!("{} (token {}, {})", a.client, a.token, a.mode))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    window: window(first, b.granted, &clients, lock),
+                });
+            }
+        }
+        // (1) The resource: accepted tokens never go down; every accepted write adds one to
+        // the value the last accepted write left; acknowledged <= applied <= acknowledged +
+        // unknown.
+        let mut highest: Option<&Event> = None;
+        let mut last_write: Option<&Event> = None;
+        let mut applied = 0u64;
+        for e in history {
+            let What::Accepted {
+                lock: l,
+                token,
+                write,
+                value,
+                client,
+            } = &e.what
+            else {
+                continue;
+            };
+            if l != lock {
+                continue;
+            }
+            if let Some(h) = highest
+                && let What::Accepted {
+                    token: top,
+                    client: top_client,
+                    ..
+                } = &h.what
+            {
+                if token < top {
+                    violations.push(Violation {
+                        rule: "fence",
+                        message: format!(
+                            "{lock}: the resource accepted token {token} from {client} after token {top} from {top_client}"
+                        ),
+                        window: window(h.at, e.at, &[client, top_client], lock),
+                    });
+                } else {
+                    highest = Some(e);
+                }
+            } else {
+                highest = Some(e);
+            }
+            if *write {
+                applied += 1;
+                let before = match last_write.map(|w| &w.what) {
+                    Some(What::Accepted { value, .. }) => *value,
+                    _ => 0,
+                };
+                if *value != before + 1 {
+                    let (from, other) = match last_write {
+                        Some(w) => match &w.what {
+                            What::Accepted { client, .. } => (w.at, client.as_str()),
+                            _ => (w.at, client.as_str()),
+                        },
+                        None => (e.at, client.as_str()),
+                    };
+                    violations.push(Violation {
+                        rule: "counter",
+                        message: format!(
+                            "{lock}: {client} (token {token}) wrote {value} over {before}: an increment was lost"
+                        ),
+                        window: window(from, e.at, &[client, other], lock),
+                    });
+                }
+                last_write = Some(e);
+            }
+        }
+        let mut acked = 0u64;
+        let mut unknown = 0u64;
+        let mut pending: HashMap<&str, bool> = HashMap::new();
+        for e in history {
+            if lock_of.get(e.who.as_str()) != Some(&lock.as_str()) {
+                continue;
+            }
+            match &e.what {
+                What::WriteInvoked { .. } => {
+                    pending.insert(&e.who, true);
+                }
+                What::WriteOk { .. } => {
+                    acked += 1;
+                    pending.remove(e.who.as_str());
+                }
+                What::WriteRefused { .. } => {
+                    pending.remove(e.who.as_str());
+                }
+                What::WriteUnknown { .. } => {
+                    unknown += 1;
+                    pending.remove(e.who.as_str());
+                }
+                // The process before this one died with its write unanswered.
+                What::Start { .. } if pending.remove(e.who.as_str()).is_some() => {
+                    unknown += 1;
+                }
+                _ => {}
+            }
+        }
+        unknown += pending.len() as u64;
+        if applied < acked || applied > acked + unknown {
+            violations.push(Violation {
+                rule: "counter",
+                message: format!(
+                    "{lock}: {applied} increments applied, {acked} acknowledged, {unknown} of unknown outcome"
+                ),
+                window: Vec::new(),
+            });
+        }
+    }
+
+    // (4) Progress after the last fault healed.
+    if let Some(healed) = history.iter().find(|e| e.what == What::Healed) {
+        let bound = plan.progress_bound.as_nanos() as u64;
+        for (client, lock) in &plan.clients {
+            let granted = history.iter().any(|e| {
+                &e.who == client
+                    && matches!(e.what, What::Granted { .. })
+                    && e.at > healed.at
+                    && e.at <= healed.at + bound
+            });
+            if !granted {
+                let to = (healed.at + bound).min(end_of_history);
+                let mut w = window(healed.at, to, &[client], lock);
+                // The shortest window: the heal and this client's last few events.
+                let keep = w.len().saturating_sub(12);
+                let tail = w.split_off(keep);
+                w.truncate(1);
+                w.extend(tail);
+                violations.push(Violation {
+                    rule: "progress",
+                    message: format!(
+                        "{client} ({lock}) was not granted within {:?} after the last fault healed",
+                        plan.progress_bound
+                    ),
+                    window: w,
+                });
+            }
+        }
+    }
+
+    // (5) Nothing left in the backend.
+    for e in history {
+        if let What::Leftover { lock, key } = &e.what {
+            violations.push(Violation {
+                rule: "leftover",
+                message: format!(
+                    "{lock}: entry {key} left in the backend after every client stopped"
+                ),
+                window: vec![e.clone()],
+            });
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(at: u64, who: &str, what: What) -> Event {
+        Event {
+            at,
+            who: who.into(),
+            what,
+        }
+    }
+
+    fn plan() -> Plan {
+        Plan {
+            locks: vec![("l".into(), Recipe::Mutex)],
+            clients: vec![("c0".into(), "l".into()), ("c1".into(), "l".into())],
+            progress_bound: Duration::from_secs(1),
+        }
+    }
+
+    fn grant(at: u64, who: &str, token: u64) -> [Event; 2] {
+        [
+            ev(at, who, What::Acquire { mode: 'x' }),
+            ev(at + 1, who, What::Granted { token, mode: 'x' }),
+        ]
+    }
+
+    #[test]
+    fn a_clean_handoff_passes() {
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 5));
+        h.push(ev(10, "c0", What::Release { token: 5 }));
+        h.extend(grant(20, "c1", 7));
+        h.push(ev(30, "c1", What::Release { token: 7 }));
+        assert!(check(&h, &plan()).is_empty());
+    }
+
+    #[test]
+    fn an_overlap_without_a_pause_is_caught_and_with_one_excused() {
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 5));
+        h.extend(grant(20, "c1", 7));
+        h.push(ev(30, "c0", What::Lost { token: 5 }));
+        let v = check(&h, &plan());
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].rule, "lost-first");
+        let mut paused = vec![ev(
+            5,
+            "nemesis",
+            What::FaultStart {
+                id: 0,
+                what: "pause c0 (SIGSTOP)".into(),
+            },
+        )];
+        paused.extend(h);
+        paused.push(ev(29, "nemesis", What::FaultEnd { id: 0 }));
+        paused.sort_by_key(|e| e.at);
+        assert!(check(&paused, &plan()).is_empty());
+    }
+
+    #[test]
+    fn a_lower_token_after_a_higher_one_is_caught() {
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 9));
+        h.push(ev(10, "c0", What::Release { token: 9 }));
+        h.extend(grant(20, "c1", 7));
+        let v = check(&h, &plan());
+        assert!(v.iter().any(|v| v.rule == "token-order"), "{v:?}");
+    }
+
+    #[test]
+    fn the_fence_and_the_counter_are_checked() {
+        let acc = |at, token, client: &str, value| {
+            ev(
+                at,
+                "resource",
+                What::Accepted {
+                    lock: "l".into(),
+                    token,
+                    client: client.into(),
+                    write: true,
+                    value,
+                },
+            )
+        };
+        let h = vec![acc(1, 7, "c1", 1), acc(2, 5, "c0", 1)];
+        let v = check(&h, &plan());
+        assert!(v.iter().any(|v| v.rule == "fence"), "{v:?}");
+        assert!(v.iter().any(|v| v.rule == "counter"), "{v:?}");
+    }
+}

@@ -1,0 +1,747 @@
+//! The nemesis (feature `testing`): client **processes** lock, make a fenced
+//! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
+//! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
+//! restarts) and cuts off (both ways, or answers only) clients and pauses, restarts, rolls
+//! back or flushes the server. Every event goes into one history on one clock
+//! (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//!
+//! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
+//!    every accepted write adds one to what the last left; acknowledged increments <= applied
+//!    <= acknowledged + those of unknown outcome;
+//! 2. **token-order**: no token is granted twice, and a grant that returned before another
+//!    was asked for has the lower token;
+//! 3. **lost-first**: no grant while a holder that could be told (not paused) still holds and
+//!    was not told (`lost()`), beyond the recipe's permits;
+//! 4. **progress**: after the last fault healed, every client is granted within
+//!    [`Options::progress_bound`];
+//! 5. **leftover**: no entry is left in the backend once every client stopped.
+//!
+//! A violation prints the seed and the shortest window of events that shows it; the seed
+//! replays the schedule (which faults, on whom, when; the processes' interleaving is the
+//! operating system's). `docs/reliability.md` says what each backend promises under each
+//! fault.
+//!
+//! # Client processes
+//! The runner starts each client by running a program again (by default the current
+//! executable) with `BATON_NEMESIS_CLIENT` set: call [`client_if_requested`] first thing in
+//! that program's `main`, as baton's own `tests/nemesis.rs` (a test with `harness = false`)
+//! does.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use baton::testing::nemesis::{self, Options, Server};
+//! // In main, before anything else:
+//! if let Some(code) = nemesis::client_if_requested() {
+//!     std::process::exit(code);
+//! }
+//! let report = nemesis::run(&Server::External("redis://127.0.0.1:6379".into()),
+//!     Options::new(60, 1)).await?;
+//! assert!(report.violations.is_empty(), "{}", report.summary());
+//! # Ok(()) }
+//! ```
+
+mod check;
+mod client;
+mod history;
+mod resource;
+mod schedule;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub use check::{Plan, Violation, check};
+pub use history::{Event, What, now_ns};
+pub use resource::Bug;
+
+use crate::testing::Proxy;
+use resource::{Resource, Sink, record};
+use schedule::{Fault, FaultKind};
+
+/// The variable that makes a program a nemesis client (see [`client_if_requested`]).
+pub const ENV_CLIENT: &str = "BATON_NEMESIS_CLIENT";
+
+/// The recipes the clients use, one lock (and one fenced resource) each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    /// `Mutex::lock`.
+    Mutex,
+    /// `Semaphore::acquire` with [`Recipe::SEMAPHORE_PERMITS`] permits.
+    Semaphore,
+    /// `RwLock::read` or `write` (half each); writers write, readers only hold.
+    RwLock,
+    /// `Election::campaign`; the leader writes.
+    Election,
+}
+
+impl Recipe {
+    /// The semaphore's limit.
+    pub const SEMAPHORE_PERMITS: u32 = 2;
+    /// Every recipe.
+    pub const ALL: [Recipe; 4] = [
+        Recipe::Mutex,
+        Recipe::Semaphore,
+        Recipe::RwLock,
+        Recipe::Election,
+    ];
+
+    /// Its name in a lock's name and in the environment.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recipe::Mutex => "mutex",
+            Recipe::Semaphore => "semaphore",
+            Recipe::RwLock => "rwlock",
+            Recipe::Election => "election",
+        }
+    }
+
+    /// The recipe `name` names.
+    pub fn parse(name: &str) -> Option<Recipe> {
+        Recipe::ALL.into_iter().find(|r| r.name() == name)
+    }
+}
+
+/// When this process was started as a nemesis client (`BATON_NEMESIS_CLIENT` set), runs the
+/// client to its end and returns its exit code; otherwise `None` at once.
+pub fn client_if_requested() -> Option<i32> {
+    std::env::var_os(ENV_CLIENT)?;
+    let Some(config) = client::ClientConfig::from_env() else {
+        eprintln!("nemesis client: incomplete BATON_NEMESIS_* environment");
+        return Some(2);
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nemesis client: no runtime: {e}");
+            return Some(2);
+        }
+    };
+    Some(runtime.block_on(client::run(config)))
+}
+
+/// The server the nemesis runs against.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Server {
+    /// A single etcd member started by the fixture: paused, killed and restarted with its data.
+    #[cfg(feature = "etcd")]
+    Etcd(crate::testing::EtcdNode),
+    /// A Redis started by the fixture: paused, killed and restarted with its data, without
+    /// it and from an older snapshot, flushed.
+    #[cfg(feature = "redis")]
+    Redis(crate::testing::RedisNode),
+    /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`): only the
+    /// clients are faulted (paused, killed, cut off). The proxies run on 127.0.0.1, so the
+    /// server must be reachable from here.
+    External(String),
+}
+
+impl Server {
+    fn name(&self) -> &'static str {
+        match self {
+            #[cfg(feature = "etcd")]
+            Server::Etcd(_) => "etcd",
+            #[cfg(feature = "redis")]
+            Server::Redis(_) => "redis",
+            Server::External(url) if url.starts_with("redis") => "redis",
+            Server::External(_) => "etcd",
+        }
+    }
+
+    /// The server's URL as clients would use it directly.
+    fn url(&self) -> String {
+        match self {
+            #[cfg(feature = "etcd")]
+            Server::Etcd(n) => n.endpoints().first().cloned().unwrap_or_default(),
+            #[cfg(feature = "redis")]
+            Server::Redis(n) => n.url(),
+            Server::External(url) => url.clone(),
+        }
+    }
+
+    fn faults(&self) -> Vec<FaultKind> {
+        match self {
+            #[cfg(feature = "etcd")]
+            Server::Etcd(_) => vec![FaultKind::ServerPause, FaultKind::ServerRestart],
+            #[cfg(feature = "redis")]
+            Server::Redis(_) => vec![
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::ServerRestartEmpty,
+                FaultKind::ServerRestartFromSnapshot,
+                FaultKind::Flush,
+            ],
+            Server::External(_) => Vec::new(),
+        }
+    }
+
+    async fn act(&self, act: ServerAct) -> Result<(), String> {
+        let e = |e: crate::testing::FixtureError| e.to_string();
+        match (self, act) {
+            #[cfg(feature = "etcd")]
+            (Server::Etcd(n), ServerAct::Pause) => n.pause().await.map_err(e),
+            #[cfg(feature = "etcd")]
+            (Server::Etcd(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
+            #[cfg(feature = "etcd")]
+            (Server::Etcd(n), ServerAct::Stop) => n.stop().await.map_err(e),
+            #[cfg(feature = "etcd")]
+            (Server::Etcd(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Pause) => n.pause().await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Stop) => n.stop().await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Save) => n.command::<()>("SAVE", &[]).await.map_err(e),
+            #[cfg(feature = "redis")]
+            (Server::Redis(n), ServerAct::Flush) => {
+                n.command::<()>("FLUSHALL", &[]).await.map_err(e)
+            }
+            (_, act) => Err(format!("{act:?} is not supported on this server")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ServerAct {
+    Pause,
+    Unpause,
+    Stop,
+    Start,
+    Save,
+    Flush,
+}
+
+/// A run's settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    seconds: u64,
+    seed: u64,
+    clients_per_recipe: usize,
+    ttl: Duration,
+    bug: Option<Bug>,
+    history_dir: Option<PathBuf>,
+    program: Option<(PathBuf, Vec<String>)>,
+}
+
+impl Options {
+    /// Faults for `seconds` (then the run waits for progress, stops the clients and looks for
+    /// leftovers), scheduled from `seed`. Defaults: 2 clients per recipe, a TTL of 2 s (the
+    /// Redis restart grace is the same).
+    pub fn new(seconds: u64, seed: u64) -> Options {
+        Options {
+            seconds,
+            seed,
+            clients_per_recipe: 2,
+            ttl: Duration::from_secs(2),
+            bug: None,
+            history_dir: None,
+            program: None,
+        }
+    }
+
+    /// Clients per recipe (at least 1).
+    #[must_use]
+    pub fn with_clients_per_recipe(mut self, n: usize) -> Options {
+        self.clients_per_recipe = n.max(1);
+        self
+    }
+
+    /// The sessions' TTL (and the Redis restart grace).
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Options {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Injects a defect, to see the checker catch it.
+    #[must_use]
+    pub fn with_bug(mut self, bug: Option<Bug>) -> Options {
+        self.bug = bug;
+        self
+    }
+
+    /// Writes the history to `<dir>/<backend>-<seed>.history`.
+    #[must_use]
+    pub fn with_history_dir(mut self, dir: impl Into<PathBuf>) -> Options {
+        self.history_dir = Some(dir.into());
+        self
+    }
+
+    /// The program (and arguments) run as each client; it must call
+    /// [`client_if_requested`]. Default: the current executable, no arguments.
+    #[must_use]
+    pub fn with_client_program(
+        mut self,
+        program: impl Into<PathBuf>,
+        args: Vec<String>,
+    ) -> Options {
+        self.program = Some((program.into(), args));
+        self
+    }
+
+    /// After the last fault heals, every client must be granted within this: the restart
+    /// grace, then three TTLs (a killed or cut-off holder's lease ends, the queue moves),
+    /// plus 10 s for queues of several clients and reconnections.
+    pub fn progress_bound(&self) -> Duration {
+        self.ttl * 4 + Duration::from_secs(10)
+    }
+}
+
+/// What a run did and found.
+#[derive(Debug)]
+pub struct Report {
+    /// The seed (replays the schedule).
+    pub seed: u64,
+    /// `etcd` or `redis`.
+    pub backend: &'static str,
+    /// The faults injected, in words.
+    pub faults: Vec<String>,
+    /// The whole history, sorted by time.
+    pub history: Vec<Event>,
+    /// What the checker found.
+    pub violations: Vec<Violation>,
+    /// Where the history was written, if anywhere.
+    pub history_file: Option<PathBuf>,
+}
+
+impl Report {
+    /// Counts and every violation with its window, ending with how to replay the run.
+    pub fn summary(&self) -> String {
+        let count = |f: fn(&What) -> bool| self.history.iter().filter(|e| f(&e.what)).count();
+        let mut s = format!(
+            "nemesis {} seed {}: {} faults, {} grants, {} writes accepted, {} refused, {} lost, {} violations\n",
+            self.backend,
+            self.seed,
+            self.faults.len(),
+            count(|w| matches!(w, What::Granted { .. })),
+            count(|w| matches!(w, What::Accepted { write: true, .. })),
+            count(|w| matches!(w, What::Refused { .. })),
+            count(|w| matches!(w, What::Lost { .. })),
+            self.violations.len()
+        );
+        for v in &self.violations {
+            s.push_str(&v.to_string());
+        }
+        if let Some(f) = &self.history_file {
+            s.push_str(&format!("history: {}\n", f.display()));
+        }
+        if !self.violations.is_empty() {
+            s.push_str(&format!(
+                "replay: just nemesis {} <seconds> {}\n",
+                self.backend, self.seed
+            ));
+        }
+        s
+    }
+}
+
+/// One client: how to start it again, its process, its proxy.
+#[derive(Debug)]
+struct Slot {
+    config: client::ClientConfig,
+    child: Option<Child>,
+    proxy: Proxy,
+}
+
+/// The runner's state shared by the fault tasks.
+#[derive(Debug)]
+struct Run {
+    sink: Sink,
+    slots: Vec<tokio::sync::Mutex<Slot>>,
+    program: (PathBuf, Vec<String>),
+    /// Clients a fault has cut off (a server fault's own cut must not heal them).
+    cut: StdMutex<HashSet<usize>>,
+}
+
+impl Run {
+    fn spawn(&self, slot: &mut Slot) -> std::io::Result<()> {
+        let mut child = Command::new(&self.program.0)
+            .args(&self.program.1)
+            .envs(slot.config.to_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        if let Some(stdout) = child.stdout.take() {
+            let sink = Arc::clone(&self.sink);
+            let who = format!("c{}", slot.config.id);
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(event) = Event::parse(&line)
+                        && event.who == who
+                    {
+                        sink.lock().unwrap_or_else(|p| p.into_inner()).push(event);
+                    }
+                }
+            });
+        }
+        slot.child = Some(child);
+        Ok(())
+    }
+
+    fn signal(slot: &Slot, signal: Signal) {
+        if let Some(pid) = slot.child.as_ref().and_then(Child::id)
+            && let Ok(pid) = i32::try_from(pid)
+        {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Whether every client was granted after `since`.
+    fn all_granted_since(&self, since: u64) -> bool {
+        let events = self.events();
+        (0..self.slots.len()).all(|i| {
+            let who = format!("c{i}");
+            events
+                .iter()
+                .any(|e| e.who == who && e.at > since && matches!(e.what, What::Granted { .. }))
+        })
+    }
+}
+
+/// Runs the nemesis against `server` and checks the history.
+///
+/// # Errors
+/// An I/O error starting the resource, a proxy or a client; a fault the server could not
+/// carry out (a restart that failed), in words.
+pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
+    let sink: Sink = Arc::default();
+    let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
+    let url = server.url();
+    let upstream = url
+        .split_once("://")
+        .map_or(url.as_str(), |(_, rest)| rest)
+        .trim_end_matches('/')
+        .to_owned();
+    let prefix = format!("nemesis-{}-{}", options.seed, std::process::id());
+    let program = match options.program.clone() {
+        Some(p) => p,
+        None => (std::env::current_exe()?, Vec::new()),
+    };
+    let mut slots = Vec::new();
+    let mut clients = Vec::new();
+    let mut locks = Vec::new();
+    for recipe in Recipe::ALL {
+        let lock = format!("{prefix}/{}", recipe.name());
+        locks.push((lock.clone(), recipe));
+        for _ in 0..options.clients_per_recipe {
+            let id = slots.len();
+            let proxy = Proxy::start(&upstream).await?;
+            let endpoint = match server.name() {
+                "redis" => format!("redis://{}", proxy.addr()),
+                _ => proxy.endpoint(),
+            };
+            clients.push((format!("c{id}"), lock.clone()));
+            slots.push(Slot {
+                config: client::ClientConfig {
+                    id,
+                    incarnation: 0,
+                    endpoint,
+                    lock: lock.clone(),
+                    recipe,
+                    resource: resource.addr().to_string(),
+                    ttl: options.ttl,
+                    grace: options.ttl,
+                    seed: options.seed,
+                    bug: options.bug,
+                },
+                child: None,
+                proxy,
+            });
+        }
+    }
+    let run = Arc::new(Run {
+        sink: Arc::clone(&sink),
+        slots: slots.into_iter().map(tokio::sync::Mutex::new).collect(),
+        program,
+        cut: StdMutex::default(),
+    });
+    let outcome = drive(&run, server, &options).await;
+    // Whatever happened, every client ends: asked (stdin closed), then killed by its PID.
+    let stopped = stop_clients(&run).await;
+    let leftovers = if outcome.is_ok() {
+        find_leftovers(server, &url, &locks, &options, &sink).await
+    } else {
+        Ok(())
+    };
+    let faults = outcome?;
+    stopped?;
+    leftovers?;
+    drop(resource);
+    let mut history = run.events();
+    history.sort_by_key(|e| e.at);
+    let plan = Plan {
+        locks,
+        clients,
+        progress_bound: options.progress_bound(),
+    };
+    let violations = check(&history, &plan);
+    let history_file = match &options.history_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            let path = dir.join(format!("{}-{}.history", server.name(), options.seed));
+            let text: String = history.iter().map(|e| format!("{e}\n")).collect();
+            std::fs::write(&path, text)?;
+            Some(path)
+        }
+        None => None,
+    };
+    Ok(Report {
+        seed: options.seed,
+        backend: server.name(),
+        faults,
+        history,
+        violations,
+        history_file,
+    })
+}
+
+/// Starts the clients, waits for their first grants, runs the schedule, then waits for
+/// every client to be granted after the last heal (or the bound).
+async fn drive(run: &Arc<Run>, server: &Server, options: &Options) -> std::io::Result<Vec<String>> {
+    for slot in &run.slots {
+        let mut slot = slot.lock().await;
+        run.spawn(&mut slot)?;
+    }
+    // Every client granted once before the first fault (a Redis server's first use waits out
+    // the restart grace), for at most the progress bound.
+    let warm = tokio::time::Instant::now() + options.progress_bound();
+    while !run.all_granted_since(0) && tokio::time::Instant::now() < warm {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let slots = schedule::plan(
+        options.seed,
+        run.slots.len(),
+        &server.faults(),
+        options.ttl,
+        Duration::from_secs(options.seconds),
+    );
+    let started = tokio::time::Instant::now();
+    let window = Duration::from_secs(options.seconds);
+    let mut done = Vec::new();
+    for slot in slots {
+        tokio::time::sleep(slot.gap).await;
+        if started.elapsed() >= window {
+            break;
+        }
+        let results =
+            futures::future::join_all(slot.faults.iter().map(|f| inject(run, server, f))).await;
+        for (fault, result) in slot.faults.iter().zip(results) {
+            result.map_err(std::io::Error::other)?;
+            done.push(fault.kind.describe(server.name()));
+        }
+    }
+    record(&run.sink, "nemesis", What::Healed);
+    let healed = now_ns();
+    let bound = tokio::time::Instant::now() + options.progress_bound();
+    while !run.all_granted_since(healed) && tokio::time::Instant::now() < bound {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(done)
+}
+
+/// Carries out one fault, recording its start and its end.
+async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String> {
+    let start = |run: &Run| {
+        record(
+            &run.sink,
+            "nemesis",
+            What::FaultStart {
+                id: fault.id,
+                what: fault.kind.describe(server.name()),
+            },
+        );
+    };
+    let end = |run: &Run| record(&run.sink, "nemesis", What::FaultEnd { id: fault.id });
+    match fault.kind {
+        FaultKind::Pause(c) => {
+            let slot = run.slots[c].lock().await;
+            start(run);
+            Run::signal(&slot, Signal::SIGSTOP);
+            tokio::time::sleep(fault.hold).await;
+            Run::signal(&slot, Signal::SIGCONT);
+            end(run);
+        }
+        FaultKind::Kill(c) => {
+            let mut slot = run.slots[c].lock().await;
+            start(run);
+            Run::signal(&slot, Signal::SIGKILL);
+            record(
+                &run.sink,
+                "nemesis",
+                What::Killed {
+                    client: format!("c{c}"),
+                },
+            );
+            if let Some(mut child) = slot.child.take() {
+                let _ = child.wait().await;
+            }
+            tokio::time::sleep(fault.hold).await;
+            slot.config.incarnation += 1;
+            run.spawn(&mut slot).map_err(|e| e.to_string())?;
+            end(run);
+        }
+        FaultKind::Cut(c) | FaultKind::CutAnswers(c) => {
+            let slot = run.slots[c].lock().await;
+            run.cut.lock().unwrap_or_else(|p| p.into_inner()).insert(c);
+            start(run);
+            if matches!(fault.kind, FaultKind::Cut(_)) {
+                slot.proxy.black_hole();
+            } else {
+                slot.proxy.drop_answers();
+            }
+            tokio::time::sleep(fault.hold).await;
+            slot.proxy.heal();
+            run.cut.lock().unwrap_or_else(|p| p.into_inner()).remove(&c);
+            end(run);
+        }
+        FaultKind::ServerPause => {
+            start(run);
+            server.act(ServerAct::Pause).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Unpause).await?;
+            end(run);
+        }
+        FaultKind::ServerRestart => {
+            start(run);
+            if server.name() == "redis" {
+                // Redis keeps its data across a restart only in a snapshot: take it now.
+                server.act(ServerAct::Save).await?;
+            }
+            server.act(ServerAct::Stop).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Start).await?;
+            end(run);
+        }
+        FaultKind::ServerRestartEmpty => {
+            start(run);
+            // The clients must not see the flush before the kill: cut them all off first,
+            // empty the snapshot the restart loads, kill, start, then let them back.
+            let spared: Vec<usize> = {
+                let cut = run.cut.lock().unwrap_or_else(|p| p.into_inner());
+                (0..run.slots.len()).filter(|c| !cut.contains(c)).collect()
+            };
+            for &c in &spared {
+                run.slots[c].lock().await.proxy.black_hole();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            server.act(ServerAct::Flush).await?;
+            server.act(ServerAct::Save).await?;
+            server.act(ServerAct::Stop).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Start).await?;
+            for &c in &spared {
+                run.slots[c].lock().await.proxy.heal();
+            }
+            end(run);
+        }
+        FaultKind::ServerRestartFromSnapshot => {
+            start(run);
+            server.act(ServerAct::Save).await?;
+            tokio::time::sleep(fault.lead).await;
+            server.act(ServerAct::Stop).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Start).await?;
+            end(run);
+        }
+        FaultKind::Flush => {
+            start(run);
+            server.act(ServerAct::Flush).await?;
+            end(run);
+        }
+    }
+    Ok(())
+}
+
+/// Asks every client to stop (closes its standard input), waits up to 15 s for each, then
+/// kills what is left by its PID.
+async fn stop_clients(run: &Run) -> std::io::Result<()> {
+    record(&run.sink, "nemesis", What::Stopping);
+    for slot in &run.slots {
+        let mut slot = slot.lock().await;
+        Run::signal(&slot, Signal::SIGCONT);
+        if let Some(child) = slot.child.as_mut() {
+            drop(child.stdin.take());
+        }
+    }
+    for (i, slot) in run.slots.iter().enumerate() {
+        let mut slot = slot.lock().await;
+        let Some(mut child) = slot.child.take() else {
+            continue;
+        };
+        if tokio::time::timeout(Duration::from_secs(15), child.wait())
+            .await
+            .is_err()
+        {
+            child.start_kill()?;
+            record(
+                &run.sink,
+                "nemesis",
+                What::Killed {
+                    client: format!("c{i}"),
+                },
+            );
+            child.wait().await?;
+        }
+    }
+    Ok(())
+}
+
+/// Once every client stopped: waits until no lock has an entry (a killed client's lease ends
+/// within its TTL), for at most two TTLs, the restart grace and 5 s; records what is left.
+async fn find_leftovers(
+    server: &Server,
+    url: &str,
+    locks: &[(String, Recipe)],
+    options: &Options,
+    sink: &Sink,
+) -> std::io::Result<()> {
+    let connect = crate::ConnectOptions::new().with_restart_grace(options.ttl);
+    let backend = crate::connect_with(url, connect).await.map_err(|e| {
+        std::io::Error::other(format!("{} for the leftover check: {e}", server.name()))
+    })?;
+    let deadline = tokio::time::Instant::now() + options.ttl * 3 + Duration::from_secs(5);
+    loop {
+        let mut left = Vec::new();
+        for (lock, _) in locks {
+            match backend.entries(lock).await {
+                Ok(entries) => left.extend(
+                    entries
+                        .into_iter()
+                        .map(|e| (lock.clone(), e.key().to_owned())),
+                ),
+                Err(e) => left.push((lock.clone(), format!("(read failed: {e})"))),
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for (lock, key) in left {
+                record(sink, "nemesis", What::Leftover { lock, key });
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,213 @@
+//! The seeded schedule of faults: a small PRNG (SplitMix64) seeded from the run's seed, no
+//! other source of randomness, so one seed gives one schedule.
+
+use std::time::Duration;
+
+/// SplitMix64: small, fast, and the same sequence for a seed on every machine.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`0` when `n` is 0).
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next_u64() % n }
+    }
+
+    /// A duration in `lo..=hi`.
+    pub(crate) fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let (lo_ms, hi_ms) = (lo.as_millis() as u64, hi.as_millis() as u64);
+        Duration::from_millis(lo_ms + self.below(hi_ms.saturating_sub(lo_ms) + 1))
+    }
+}
+
+/// One fault of a schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FaultKind {
+    /// SIGSTOP a client for `hold` (past its TTL), then SIGCONT.
+    Pause(usize),
+    /// SIGKILL a client; start it again after `hold`.
+    Kill(usize),
+    /// Cut a client off both ways (its proxy drops everything) for `hold`.
+    Cut(usize),
+    /// The client's requests reach the server, the answers are dropped, for `hold`.
+    CutAnswers(usize),
+    /// Freeze the server for `hold`.
+    ServerPause,
+    /// Kill the server, start it again with its data after `hold`.
+    ServerRestart,
+    /// Kill the server, start it again empty after `hold` (Redis).
+    ServerRestartEmpty,
+    /// Snapshot the server, let it run for `lead`, kill it, start it again from the
+    /// snapshot after `hold` (Redis).
+    ServerRestartFromSnapshot,
+    /// `FLUSHALL` (Redis).
+    Flush,
+}
+
+impl FaultKind {
+    pub(crate) fn on_server(&self) -> bool {
+        !matches!(
+            self,
+            FaultKind::Pause(_) | FaultKind::Kill(_) | FaultKind::Cut(_) | FaultKind::CutAnswers(_)
+        )
+    }
+
+    pub(crate) fn client(&self) -> Option<usize> {
+        match self {
+            FaultKind::Pause(c)
+            | FaultKind::Kill(c)
+            | FaultKind::Cut(c)
+            | FaultKind::CutAnswers(c) => Some(*c),
+            _ => None,
+        }
+    }
+
+    /// In words, for the history.
+    pub(crate) fn describe(&self, backend: &str) -> String {
+        match self {
+            FaultKind::Pause(c) => format!("pause c{c} (SIGSTOP)"),
+            FaultKind::Kill(c) => format!("kill c{c} (SIGKILL), restart"),
+            FaultKind::Cut(c) => format!("cut c{c} off both ways"),
+            FaultKind::CutAnswers(c) => format!("cut c{c} off one way (answers dropped)"),
+            FaultKind::ServerPause => format!("{backend} paused"),
+            FaultKind::ServerRestart => format!("{backend} killed, restarted with its data"),
+            FaultKind::ServerRestartEmpty => format!("{backend} killed, restarted without data"),
+            FaultKind::ServerRestartFromSnapshot => {
+                format!("{backend} killed, restarted from an older snapshot")
+            }
+            FaultKind::Flush => format!("{backend} FLUSHALL"),
+        }
+    }
+}
+
+/// A fault and when: it starts `at` after the first slot's start, waits `lead` (a snapshot's
+/// age), strikes, and heals `hold` later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Fault {
+    pub(crate) id: u32,
+    pub(crate) kind: FaultKind,
+    pub(crate) lead: Duration,
+    pub(crate) hold: Duration,
+}
+
+/// Faults that run together (a combination); slots run one after another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// The pause before this slot starts (after the previous one healed).
+    pub(crate) gap: Duration,
+    pub(crate) faults: Vec<Fault>,
+}
+
+/// The schedule of a run: slots of one or two faults (two on different targets: a
+/// combination), with gaps between, planned to fill `window`.
+pub(crate) fn plan(
+    seed: u64,
+    clients: usize,
+    server_faults: &[FaultKind],
+    ttl: Duration,
+    window: Duration,
+) -> Vec<Slot> {
+    let mut rng = Rng::new(seed);
+    let mut slots = Vec::new();
+    let mut planned = Duration::ZERO;
+    let mut id = 0;
+    while planned < window {
+        let gap = rng.between(Duration::from_millis(500), Duration::from_millis(3000));
+        let count = if rng.below(3) == 0 { 2 } else { 1 };
+        let mut faults: Vec<Fault> = Vec::new();
+        for _ in 0..count {
+            let kind = loop {
+                let choice = rng.below(4 + server_faults.len() as u64);
+                let client = rng.below(clients as u64) as usize;
+                let kind = match choice {
+                    0 => FaultKind::Pause(client),
+                    1 => FaultKind::Kill(client),
+                    2 => FaultKind::Cut(client),
+                    3 => FaultKind::CutAnswers(client),
+                    n => server_faults[(n - 4) as usize].clone(),
+                };
+                // A combination hits two different targets.
+                let clash = faults.iter().any(|f| {
+                    (f.kind.on_server() && kind.on_server())
+                        || (f.kind.client().is_some() && f.kind.client() == kind.client())
+                });
+                if !clash {
+                    break kind;
+                }
+            };
+            let past_ttl = |rng: &mut Rng| rng.between(ttl + ttl / 4, ttl * 2);
+            let (lead, hold) = match kind {
+                FaultKind::Pause(_) | FaultKind::Cut(_) | FaultKind::CutAnswers(_) => {
+                    (Duration::ZERO, past_ttl(&mut rng))
+                }
+                FaultKind::Kill(_) => (
+                    Duration::ZERO,
+                    rng.between(Duration::from_millis(100), Duration::from_millis(2000)),
+                ),
+                FaultKind::ServerPause => (
+                    Duration::ZERO,
+                    rng.between(Duration::from_millis(300), ttl * 2),
+                ),
+                FaultKind::ServerRestart | FaultKind::ServerRestartEmpty => (
+                    Duration::ZERO,
+                    rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
+                ),
+                FaultKind::ServerRestartFromSnapshot => (
+                    rng.between(Duration::from_millis(500), Duration::from_millis(3000)),
+                    rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
+                ),
+                FaultKind::Flush => (Duration::ZERO, Duration::ZERO),
+            };
+            faults.push(Fault {
+                id,
+                kind,
+                lead,
+                hold,
+            });
+            id += 1;
+        }
+        let longest = faults
+            .iter()
+            .map(|f| f.lead + f.hold)
+            .max()
+            .unwrap_or_default();
+        planned += gap + longest;
+        slots.push(Slot { gap, faults });
+    }
+    slots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_seed_one_schedule() {
+        let server = [FaultKind::ServerRestart, FaultKind::Flush];
+        let ttl = Duration::from_secs(2);
+        let a = plan(7, 6, &server, ttl, Duration::from_secs(60));
+        assert_eq!(a, plan(7, 6, &server, ttl, Duration::from_secs(60)));
+        assert_ne!(a, plan(8, 6, &server, ttl, Duration::from_secs(60)));
+        for slot in &a {
+            let on_server = slot.faults.iter().filter(|f| f.kind.on_server()).count();
+            assert!(on_server <= 1);
+            for f in &slot.faults {
+                if let FaultKind::Pause(_) | FaultKind::Cut(_) | FaultKind::CutAnswers(_) = f.kind {
+                    assert!(f.hold > ttl, "a pause or a cut outlasts the TTL");
+                }
+            }
+        }
+    }
+}
