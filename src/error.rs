@@ -124,6 +124,21 @@ pub enum Error {
         name: String,
     },
 
+    /// A `try_*` call found that the backend grants nothing at all for now: its state was
+    /// lost or rolled back, and a holder from before may still believe it holds (a Redis
+    /// restart grace, [`RedisOptions::with_restart_grace`](crate::RedisOptions)). The lock
+    /// may be free; nothing was left behind. A waiting call (`lock()`) waits it out.
+    #[error(
+        "lock `{name}` cannot be granted for {:.1} s more: the backend's restart grace (its state was lost or rolled back; a holder from before may still believe it holds)",
+        left.as_secs_f64()
+    )]
+    RestartGrace {
+        /// The lock name.
+        name: String,
+        /// How much longer the backend grants nothing, as far as this process knows.
+        left: std::time::Duration,
+    },
+
     /// The session's lease is gone; every lock and wait built on it has ended.
     #[error("session lost: {0}")]
     SessionLost(LostReason),

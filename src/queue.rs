@@ -472,8 +472,10 @@ fn take_turn<'a>(
             if session.backend().delete_entry(mine).await.is_ok() {
                 pending.trace = Trace::Nothing;
             }
-            return Err(Error::Locked {
-                name: meter.name().to_string(),
+            let name = meter.name().to_string();
+            return Err(match session.backend().grants_nothing_for() {
+                Some(left) => Error::RestartGrace { name, left },
+                None => Error::Locked { name },
             });
         }
         // Nothing is granted to a lost session, even one whose loss nothing has recorded yet

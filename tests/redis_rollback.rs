@@ -694,3 +694,24 @@ async fn a_holder_whose_entry_and_queue_were_deleted_is_told() {
         "{reason:?}"
     );
 }
+
+/// A `try_lock` during a restart grace says so (`Error::RestartGrace`, with the time left),
+/// not "held or contended": the lock may well be free. `lock()` waits the grace out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_during_the_grace_says_so() {
+    let node = RedisNode::start().await.unwrap();
+    let backend = backend(&node.url(), TTL).await;
+    let s = session(&backend).await;
+    let mutex = Mutex::new(&s, name("grace-try")).unwrap();
+    match mutex.try_lock().await {
+        Err(Error::RestartGrace { left, .. }) => {
+            assert!(left > Duration::ZERO && left <= TTL, "{left:?}");
+        }
+        other => panic!("try_lock during the grace: {other:?}"),
+    }
+    let guard = within("lock() after the grace", TTL * 2, mutex.lock())
+        .await
+        .unwrap();
+    guard.unlock().await.unwrap();
+    assert_eq!(backend.grants_nothing_for(), None);
+}

@@ -394,6 +394,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`enqueue`](Backend::enqueue) failed learns whether it was applied.
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>>;
 
+    /// How much longer this backend grants nothing at all, whatever its queues hold, as far as
+    /// this process knows: the rest of a Redis restart grace after its state was lost or
+    /// rolled back. A `try_*` call refused while it lasts says so
+    /// ([`Error::RestartGrace`](crate::Error::RestartGrace)) instead of "held or contended".
+    /// The default: `None` (backends whose state does not go back in time).
+    fn grants_nothing_for(&self) -> Option<Duration> {
+        None
+    }
+
     /// The entry `<queue>/<tag>` of `lease`, if it exists, for a caller that gave up on an
     /// [`enqueue`](Backend::enqueue) of it (failed, or dropped in flight): like
     /// [`find_entry`](Backend::find_entry), and moreover no `enqueue` of that tag for that

@@ -427,6 +427,10 @@ impl Backend for FaultyBackend {
             .await
     }
 
+    fn grants_nothing_for(&self) -> Option<std::time::Duration> {
+        self.inner.grants_nothing_for()
+    }
+
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
         self.run(Call::Predecessor, self.inner.predecessor(mine))
             .await

@@ -227,6 +227,8 @@ struct Shared {
     /// The start (`since`, server ms) of the last restart grace reported: each epoch's grace
     /// is reported once per backend.
     grace_told: std::sync::atomic::AtomicI64,
+    /// The end (server ms) of the last restart grace seen in an answer.
+    grace_end: std::sync::atomic::AtomicI64,
     /// The highest counter value (token, lease id, epoch) this backend has seen: sent with
     /// the requests that take new values, so that the server never hands out a lower one
     /// (and knows its state went back in time if its counter is below it).
@@ -618,6 +620,7 @@ impl RedisBackend {
                 mailbox,
                 requests: AtomicU64::new(0),
                 grace_told: std::sync::atomic::AtomicI64::new(i64::MIN),
+                grace_end: std::sync::atomic::AtomicI64::new(i64::MIN),
                 floor,
                 stamps: AtomicU64::new(0),
                 clock,
@@ -892,6 +895,7 @@ impl RedisBackend {
             && let Some(left) = grace_left(self.inner.options.restart_grace, since, now)
         {
             let end = now.and_then(number).unwrap_or(0) + i64::try_from(left).unwrap_or(0);
+            self.inner.grace_end.fetch_max(end, Ordering::Relaxed);
             let start = since.and_then(number).unwrap_or(0);
             if self.inner.grace_told.swap(start, Ordering::Relaxed) != start {
                 tracing::warn!(
@@ -1112,6 +1116,12 @@ impl Backend for RedisBackend {
             "find_entry",
             &self.read_eval("find_entry", &SCRIPTS.find, args).await?,
         )
+    }
+
+    fn grants_nothing_for(&self) -> Option<Duration> {
+        let end = self.inner.grace_end.load(Ordering::Relaxed);
+        let left = end.checked_sub(self.inner.clock.now())?;
+        (left > 0).then(|| Duration::from_millis(left.unsigned_abs()))
     }
 
     async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {

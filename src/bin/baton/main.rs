@@ -291,7 +291,7 @@ impl From<Error> for Failure {
             | Error::UnsupportedVersion { .. }
             | Error::ServerSetting { .. }
             | Error::ForeignLayout { .. } => exit::CONFIG,
-            Error::Locked { .. } => exit::TIMEOUT,
+            Error::Locked { .. } | Error::RestartGrace { .. } => exit::TIMEOUT,
             Error::SessionLost(_)
             | Error::EntryGone { .. }
             | Error::NotOwner { .. }
@@ -628,6 +628,13 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 Error::Locked { .. } => Failure::new(
                     exit::TIMEOUT,
                     format!("{what} is held or contended (--try)"),
+                ),
+                Error::RestartGrace { left, .. } => Failure::new(
+                    exit::TIMEOUT,
+                    format!(
+                        "{what} cannot be granted for {:.1} s more (--try): Redis lost or rolled back its state, and nothing is granted until the restart grace has passed (--restart-grace)",
+                        left.as_secs_f64()
+                    ),
                 ),
                 other => other.into(),
             };
