@@ -559,28 +559,39 @@ async fn look(backend: &dyn Backend, mine: &Entry, rule: &Fewer<'_>) -> Result<L
     let Some(kind) = rule.kind else {
         return Ok(looked);
     };
-    let ahead = match looked {
+    let (ahead, complete) = match looked {
         // The count read everything ahead under the name already.
-        Look::Granted(Some(all)) if kind.name == rule.of => all,
-        Look::Granted(_) => backend.ahead(kind.name, mine, ALL).await?,
+        Look::Granted(Some(all)) if kind.name == rule.of => (all, true),
+        Look::Granted(_) => {
+            let ahead = backend.ahead(kind.name, mine, KINDS_READ).await?;
+            let complete = ahead.len() < KINDS_READ;
+            (ahead, complete)
+        }
         waiting => return Ok(waiting),
     };
     // Entries ahead only ever go (new ones come behind): none of another kind now means none
     // for as long as `mine` lives. While the newest of them remains, `mine` cannot hold: it is
-    // the one to watch.
-    let newest_other = ahead
-        .into_iter()
-        .filter(|e| !e.value().starts_with(kind.mark))
-        .max_by_key(Entry::token);
-    Ok(match newest_other {
+    // the one to watch. A read that may have missed some (as many as asked for came back)
+    // cannot say there are none: then the newest entry ahead, whatever its kind, is watched,
+    // and the look made again once it has gone.
+    let newest = if complete {
+        ahead
+            .into_iter()
+            .filter(|e| !e.value().starts_with(kind.mark))
+            .max_by_key(Entry::token)
+    } else {
+        ahead.into_iter().max_by_key(Entry::token)
+    };
+    Ok(match newest {
         None => Look::Granted(None),
         Some(other) => Look::Others(vec![other]),
     })
 }
 
-/// As many entries as a read asks for when it wants them all: any count every backend takes
-/// as an integer (Redis's scripts parse it); no queue is that long.
-const ALL: usize = i32::MAX as usize;
+/// The most entries a look for other kinds reads (the entries ahead under the name, for a
+/// read lock; a permit's count reads them already). More ahead than that (1,024 read locks
+/// holding, or a backend's stand-ins for a restart grace) is taken as "maybe another kind".
+const KINDS_READ: usize = crate::Semaphore::MAX_PERMITS as usize;
 
 /// Reads how many entries of `of` are ahead of `mine`, and the limit.
 async fn count(backend: &dyn Backend, mine: &Entry, of: &str, limit: Limit<'_>) -> Result<Look> {

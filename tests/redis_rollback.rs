@@ -715,3 +715,25 @@ async fn try_lock_during_the_grace_says_so() {
     guard.unlock().await.unwrap();
     assert_eq!(backend.grants_nothing_for(), None);
 }
+
+/// A read lock and a permit asked for during a restart grace wait it out and are granted
+/// after it. (The nemesis found a reader's process aborting here: the grace's stand-ins were
+/// padded up to the read's "every entry" limit, billions of them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_lock_and_a_permit_wait_out_the_grace() {
+    let node = RedisNode::start().await.unwrap();
+    let backend = backend(&node.url(), TTL).await;
+    let s = session(&backend).await;
+    let started = Instant::now();
+    let rw = baton::RwLock::new(&s, name("grace-read")).unwrap();
+    let read = within("the read lock", TTL * 3, rw.read()).await.unwrap();
+    let sem = Semaphore::new(&s, name("grace-permit"), 3).unwrap();
+    let permit = within("the permit", TTL * 3, sem.acquire()).await.unwrap();
+    assert!(
+        started.elapsed() >= TTL - Duration::from_millis(500),
+        "granted {:?} into a {TTL:?} grace",
+        started.elapsed()
+    );
+    read.release().await.unwrap();
+    permit.release().await.unwrap();
+}

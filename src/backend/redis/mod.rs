@@ -906,7 +906,10 @@ impl RedisBackend {
                     Duration::from_millis(left).as_secs_f64()
                 );
             }
-            let missing = limit - ahead.len();
+            // As many as the caller counts, up to the most any caller does (a semaphore's limit;
+            // a read that wants "all" entries would otherwise allocate billions): a caller
+            // that gets as many as it asked for takes it that more may be ahead.
+            let missing = (limit - ahead.len()).min(crate::Semaphore::MAX_PERMITS as usize);
             ahead.extend(self.grace_entries(missing, end));
         }
         ahead
