@@ -81,7 +81,7 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
 /// broken, the checker must find the stale writes.
 async fn suite() -> ExitCode {
     let mut failed = false;
-    for (backend, seed) in [("etcd", 1), ("redis", 2)] {
+    for (backend, seed) in [("etcd", 1), ("redis", 2), ("zookeeper", 1)] {
         let report = one(backend, 30, seed, None).await;
         println!("{}", report.summary());
         if !report.violations.is_empty() {

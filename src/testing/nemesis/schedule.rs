@@ -239,4 +239,24 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn an_expiry_targets_a_drawn_client_and_outlasts_every_session() {
+        let server = [FaultKind::ServerRestart, FaultKind::Expire(0)];
+        let ttl = Duration::from_secs(2);
+        let expiries: Vec<Fault> = (0..20)
+            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|slot| slot.faults)
+            .filter(|f| matches!(f.kind, FaultKind::Expire(_)))
+            .collect();
+        assert!(!expiries.is_empty());
+        assert!(
+            expiries.iter().any(|f| f.kind.client() != Some(0)),
+            "the client is drawn"
+        );
+        for f in &expiries {
+            assert!(!f.kind.on_server());
+            assert!(f.hold > ZK_SESSION_TIMEOUT + Duration::from_millis(200) && f.hold > ttl);
+        }
+    }
 }
