@@ -184,6 +184,14 @@ What it caught:
   Election. The same seed on this branch: 0 violations (918 grants, 12 faults). The fence held
   on 89c995b (equal tokens are admitted; the lower token was refused), so only the lock's own
   order showed the defect.
+- **A Redis client that aborts in the restart grace** (branch `nemesis-zk` on df22927,
+  Redis seed 2, 10 s, twice): `[progress] c4 (.../rwlock) was not granted within 18s after
+  the last fault healed`. c4 is a reader whose first `read()` comes in the grace of a fresh
+  server; its process dies with `memory allocation of 171798691760 bytes failed`: the kinds
+  check asks `ahead(name, mine, ALL)` (`ALL` = `i32::MAX`, src/queue.rs) and
+  `RedisBackend::with_grace` pads the answer with `limit - ahead.len()` stand-ins, 2^31
+  entries of 80 bytes. Not fixed yet (the call came with c3db513 and 46bab9f, the padding
+  with 974bd18f; which commit first made it reachable was not bisected).
 - **A defect in the checker itself**, found in its first real run: fault names read back
   from a line and recorded in memory differed (`pause_c4` vs `pause c4`), so a paused holder
   was not excused. Fixed; the unit test uses the runner's spelling.
