@@ -70,7 +70,8 @@ _clean-containers:
 
 # The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
 # kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
-# the history. BACKEND: etcd or redis. SEED replays the schedule (default: the time).
+# the history; on ZooKeeper it also expires a client's sessions. BACKEND: etcd, redis or
+# zookeeper. SEED replays the schedule (default: the time).
 # BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
 nemesis backend seconds seed="":
-    cargo test --features testing,etcd,redis --test nemesis -- {{backend}} {{seconds}} {{seed}}
+    cargo test --features testing,etcd,redis,zookeeper --test nemesis -- {{backend}} {{seconds}} {{seed}}

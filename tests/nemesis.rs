@@ -1,9 +1,9 @@
 //! The nemesis on real servers (issue #26): client processes on every recipe while a seeded
-//! schedule pauses, kills and cuts them off and restarts, rolls back or flushes the server;
-//! the checker reads the one history. This file has its own `main` (`harness = false`): the
+//! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server and
+//! (ZooKeeper) expires their sessions; the checker reads the one history. This file has its own `main` (`harness = false`): the
 //! same binary, run again with `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
-//! - `cargo test --test nemesis --features testing,etcd,redis`: the short runs CI makes, with
+//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper`: the short runs CI makes, with
 //!   fixed seeds; then the same with a defect injected, which the checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
 //!   `target/nemesis/`. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
@@ -12,7 +12,7 @@
 use std::process::ExitCode;
 
 use baton::testing::nemesis::{self, Bug, Options, Report, Server};
-use baton::testing::{EtcdNode, RedisNode};
+use baton::testing::{EtcdNode, RedisNode, ZkNode};
 
 fn main() -> ExitCode {
     if let Some(code) = nemesis::client_if_requested() {
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match args.as_slice() {
             [backend, seconds, rest @ ..]
-                if ["etcd", "redis"].contains(&backend.as_str())
+                if ["etcd", "redis", "zookeeper"].contains(&backend.as_str())
                     && seconds.parse::<u64>().is_ok() =>
             {
                 let seconds = seconds.parse().unwrap_or(30);
@@ -69,7 +69,8 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
     let server = match backend {
         "etcd" => Server::Etcd(EtcdNode::start().await.expect("etcd")),
         "redis" => Server::Redis(RedisNode::start().await.expect("redis")),
-        other => panic!("unknown backend {other}: etcd or redis"),
+        "zookeeper" => Server::ZooKeeper(ZkNode::start().await.expect("zookeeper")),
+        other => panic!("unknown backend {other}: etcd, redis or zookeeper"),
     };
     nemesis::run(&server, options)
         .await
@@ -80,7 +81,7 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
 /// broken, the checker must find the stale writes.
 async fn suite() -> ExitCode {
     let mut failed = false;
-    for (backend, seed) in [("etcd", 1), ("redis", 2)] {
+    for (backend, seed) in [("etcd", 1), ("redis", 2), ("zookeeper", 1)] {
         let report = one(backend, 30, seed, None).await;
         println!("{}", report.summary());
         if !report.violations.is_empty() {

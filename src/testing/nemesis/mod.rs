@@ -1,8 +1,8 @@
 //! The nemesis (feature `testing`): client **processes** lock, make a fenced
 //! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
-//! restarts) and cuts off (both ways, or answers only) clients and pauses, restarts, rolls
-//! back or flushes the server. Every event goes into one history on one clock
+//! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
+//! back or flushes the server, and (ZooKeeper) expires a client's sessions. Every event goes into one history on one clock
 //! (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
@@ -140,9 +140,15 @@ pub enum Server {
     /// it and from an older snapshot, flushed.
     #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
-    /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`): only the
-    /// clients are faulted (paused, killed, cut off). The proxies run on 127.0.0.1, so the
-    /// server must be reachable from here.
+    /// A ZooKeeper server started by the fixture: paused (a container only), killed and
+    /// restarted with its data; and a client's sessions expired (cut off past every session
+    /// timeout it has).
+    #[cfg(feature = "zookeeper")]
+    ZooKeeper(crate::testing::ZkNode),
+    /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
+    /// `zk://127.0.0.1:2181`): only the clients are faulted (paused, killed, cut off; on
+    /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
+    /// reachable from here; a ZooKeeper connect string's first server is the one used.
     External(String),
 }
 
@@ -153,7 +159,10 @@ impl Server {
             Server::Etcd(_) => "etcd",
             #[cfg(feature = "redis")]
             Server::Redis(_) => "redis",
+            #[cfg(feature = "zookeeper")]
+            Server::ZooKeeper(_) => "zookeeper",
             Server::External(url) if url.starts_with("redis") => "redis",
+            Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
         }
     }
@@ -165,6 +174,8 @@ impl Server {
             Server::Etcd(n) => n.endpoints().first().cloned().unwrap_or_default(),
             #[cfg(feature = "redis")]
             Server::Redis(n) => n.url(),
+            #[cfg(feature = "zookeeper")]
+            Server::ZooKeeper(n) => n.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -181,6 +192,16 @@ impl Server {
                 FaultKind::ServerRestartFromSnapshot,
                 FaultKind::Flush,
             ],
+            // `docker pause` freezes a container only; the local `java` fallback is not paused.
+            #[cfg(feature = "zookeeper")]
+            Server::ZooKeeper(n) if n.is_container() => vec![
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::Expire(0),
+            ],
+            #[cfg(feature = "zookeeper")]
+            Server::ZooKeeper(_) => vec![FaultKind::ServerRestart, FaultKind::Expire(0)],
+            Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
             Server::External(_) => Vec::new(),
         }
     }
@@ -210,6 +231,14 @@ impl Server {
             (Server::Redis(n), ServerAct::Flush) => {
                 n.command::<()>("FLUSHALL", &[]).await.map_err(e)
             }
+            #[cfg(feature = "zookeeper")]
+            (Server::ZooKeeper(n), ServerAct::Pause) => n.pause().await.map_err(e),
+            #[cfg(feature = "zookeeper")]
+            (Server::ZooKeeper(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
+            #[cfg(feature = "zookeeper")]
+            (Server::ZooKeeper(n), ServerAct::Stop) => n.stop().await.map_err(e),
+            #[cfg(feature = "zookeeper")]
+            (Server::ZooKeeper(n), ServerAct::Start) => n.start_again().await.map_err(e),
             (_, act) => Err(format!("{act:?} is not supported on this server")),
         }
     }
@@ -306,7 +335,7 @@ impl Options {
 pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
-    /// `etcd` or `redis`.
+    /// `etcd`, `redis` or `zookeeper`.
     pub backend: &'static str,
     /// The faults injected, in words.
     pub faults: Vec<String>,
@@ -428,11 +457,17 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let sink: Sink = Arc::default();
     let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
     let url = server.url();
-    let upstream = url
-        .split_once("://")
-        .map_or(url.as_str(), |(_, rest)| rest)
-        .trim_end_matches('/')
-        .to_owned();
+    // The proxies stand for the server's address; a path after it (a ZooKeeper chroot, a
+    // Redis database) goes after each proxy's, and of a ZooKeeper connect string's servers the
+    // first is used.
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let upstream = authority.split(',').next().unwrap_or(authority).to_owned();
+    let path = if path.is_empty() {
+        String::new()
+    } else {
+        format!("/{path}")
+    };
     let prefix = format!("nemesis-{}-{}", options.seed, std::process::id());
     let program = match options.program.clone() {
         Some(p) => p,
@@ -448,7 +483,8 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             let id = slots.len();
             let proxy = Proxy::start(&upstream).await?;
             let endpoint = match server.name() {
-                "redis" => format!("redis://{}", proxy.addr()),
+                "redis" => format!("redis://{}{path}", proxy.addr()),
+                "zookeeper" => format!("zk://{}{path}", proxy.addr()),
                 _ => proxy.endpoint(),
             };
             clients.push((format!("c{id}"), lock.clone()));
@@ -601,11 +637,12 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             run.spawn(&mut slot).map_err(|e| e.to_string())?;
             end(run);
         }
-        FaultKind::Cut(c) | FaultKind::CutAnswers(c) => {
+        FaultKind::Cut(c) | FaultKind::CutAnswers(c) | FaultKind::Expire(c) => {
             let slot = run.slots[c].lock().await;
             run.cut.lock().unwrap_or_else(|p| p.into_inner()).insert(c);
             start(run);
-            if matches!(fault.kind, FaultKind::Cut(_)) {
+            // An expiry is a cut held past the sessions' timeouts (the schedule's `hold`).
+            if matches!(fault.kind, FaultKind::Cut(_) | FaultKind::Expire(_)) {
                 slot.proxy.black_hole();
             } else {
                 slot.proxy.drop_answers();

@@ -54,13 +54,26 @@ pub(crate) enum FaultKind {
     ServerRestartFromSnapshot,
     /// `FLUSHALL` (Redis).
     Flush,
+    /// Cut a client off both ways for longer than the server takes to expire every session
+    /// it has (ZooKeeper: its leases' and its backend's own, [`ZK_SESSION_TIMEOUT`]), then
+    /// let it back: it finds its sessions expired. In a server's list of faults the client
+    /// is a placeholder; the schedule draws it.
+    Expire(usize),
 }
+
+/// The session timeout of a ZooKeeper backend's own connection (`ZkOptions`' default, which
+/// `baton::connect` keeps): the longest session a nemesis client has.
+pub(crate) const ZK_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl FaultKind {
     pub(crate) fn on_server(&self) -> bool {
         !matches!(
             self,
-            FaultKind::Pause(_) | FaultKind::Kill(_) | FaultKind::Cut(_) | FaultKind::CutAnswers(_)
+            FaultKind::Pause(_)
+                | FaultKind::Kill(_)
+                | FaultKind::Cut(_)
+                | FaultKind::CutAnswers(_)
+                | FaultKind::Expire(_)
         )
     }
 
@@ -69,7 +82,8 @@ impl FaultKind {
             FaultKind::Pause(c)
             | FaultKind::Kill(c)
             | FaultKind::Cut(c)
-            | FaultKind::CutAnswers(c) => Some(*c),
+            | FaultKind::CutAnswers(c)
+            | FaultKind::Expire(c) => Some(*c),
             _ => None,
         }
     }
@@ -88,6 +102,9 @@ impl FaultKind {
                 format!("{backend} killed, restarted from an older snapshot")
             }
             FaultKind::Flush => format!("{backend} FLUSHALL"),
+            FaultKind::Expire(c) => {
+                format!("expire c{c}'s sessions (cut off past the session timeouts)")
+            }
         }
     }
 }
@@ -136,7 +153,10 @@ pub(crate) fn plan(
                     1 => FaultKind::Kill(client),
                     2 => FaultKind::Cut(client),
                     3 => FaultKind::CutAnswers(client),
-                    n => server_faults[(n - 4) as usize].clone(),
+                    n => match server_faults[(n - 4) as usize] {
+                        FaultKind::Expire(_) => FaultKind::Expire(client),
+                        ref other => other.clone(),
+                    },
                 };
                 // A combination hits two different targets.
                 let clash = faults.iter().any(|f| {
@@ -169,6 +189,15 @@ pub(crate) fn plan(
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
                 ),
                 FaultKind::Flush => (Duration::ZERO, Duration::ZERO),
+                // Past the server's expiry: the timeout, then its next expiry tick (ZooKeeper
+                // expires sessions in buckets of one tick, 200 ms in the fixture), with room.
+                FaultKind::Expire(_) => (
+                    Duration::ZERO,
+                    rng.between(
+                        ttl.max(ZK_SESSION_TIMEOUT) + Duration::from_secs(1),
+                        ttl.max(ZK_SESSION_TIMEOUT) + Duration::from_secs(3),
+                    ),
+                ),
             };
             faults.push(Fault {
                 id,
@@ -208,6 +237,26 @@ mod tests {
                     assert!(f.hold > ttl, "a pause or a cut outlasts the TTL");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn an_expiry_targets_a_drawn_client_and_outlasts_every_session() {
+        let server = [FaultKind::ServerRestart, FaultKind::Expire(0)];
+        let ttl = Duration::from_secs(2);
+        let expiries: Vec<Fault> = (0..20)
+            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|slot| slot.faults)
+            .filter(|f| matches!(f.kind, FaultKind::Expire(_)))
+            .collect();
+        assert!(!expiries.is_empty());
+        assert!(
+            expiries.iter().any(|f| f.kind.client() != Some(0)),
+            "the client is drawn"
+        );
+        for f in &expiries {
+            assert!(!f.kind.on_server());
+            assert!(f.hold > ZK_SESSION_TIMEOUT + Duration::from_millis(200) && f.hold > ttl);
         }
     }
 }
