@@ -190,8 +190,10 @@ What it caught:
   server; its process dies with `memory allocation of 171798691760 bytes failed`: the kinds
   check asks `ahead(name, mine, ALL)` (`ALL` = `i32::MAX`, src/queue.rs) and
   `RedisBackend::with_grace` pads the answer with `limit - ahead.len()` stand-ins, 2^31
-  entries of 80 bytes. Not fixed yet (the call came with c3db513 and 46bab9f, the padding
-  with 974bd18f; which commit first made it reachable was not bisected).
+  entries of 80 bytes. Brought in this session by the kinds check (#25, item 2; the code
+  before it asked for at most a semaphore's limit); fixed the same day (stand-ins capped at
+  `Semaphore::MAX_PERMITS`, the kinds look reads at most 1,024 entries), with a regression
+  test (`a_read_lock_and_a_permit_wait_out_the_grace`, seen aborting before).
 - **A defect in the checker itself**, found in its first real run: fault names read back
   from a line and recorded in memory differed (`pause_c4` vs `pause c4`), so a paused holder
   was not excused. Fixed; the unit test uses the runner's spelling.
