@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use testcontainers::{ContainerAsync, GenericImage};
@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use super::fixture::{FixtureError, Server, Watchdog, free_port, or_local, start_shared};
-use super::tls::{CertPem, TestCa};
+use super::tls::{CONTAINER_TLS_DIR, ServerTls, TLS_CA, TLS_CERT, TLS_KEY};
 use crate::{EtcdBackend, EtcdOptions};
 
 /// The image used when `BATON_ETCD_IMAGE` is not set: the one `scripts/build-etcd-image.sh`
@@ -53,118 +53,19 @@ const ETCD: Server = Server {
 /// let expired = ca.client_cert_valid("old", long_ago, long_ago)?;
 /// # let _ = (backend, expired); Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct EtcdTls {
-    ca_pem: String,
-    server: CertPem,
-    client: Option<CertPem>,
-    client_cert_auth: bool,
-    /// The CA that made these certificates, when they were generated.
-    ca: Option<Arc<TestCa>>,
-}
+pub type EtcdTls = ServerTls;
 
-impl EtcdTls {
-    /// The server presents `server` (its certificate and key), signed by the CA `ca_pem`.
-    /// Client certificates are not asked for until
-    /// [`with_client_cert_auth`](Self::with_client_cert_auth); then they must be signed by
-    /// the same CA.
-    pub fn new(ca_pem: impl Into<String>, server: CertPem) -> Self {
-        EtcdTls {
-            ca_pem: ca_pem.into(),
-            server,
-            client: None,
-            client_cert_auth: false,
-            ca: None,
-        }
-    }
-
-    /// A new CA (`baton test CA`), a server certificate for `127.0.0.1` and `localhost`, and a
-    /// client certificate (common name `baton-test`) that the fixture's clients present;
-    /// client certificates required.
-    ///
-    /// # Errors
-    /// [`FixtureError::Certificate`] if a key or certificate cannot be made.
-    pub fn generate() -> Result<Self, FixtureError> {
-        let ca = TestCa::generate("baton test CA")?;
-        let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
-        let client = ca.client_cert("baton-test")?;
-        Ok(EtcdTls {
-            ca_pem: ca.cert_pem(),
-            server,
-            client: Some(client),
-            client_cert_auth: true,
-            ca: Some(Arc::new(ca)),
-        })
-    }
-
-    /// Whether etcd requires a client certificate signed by the CA (`--client-cert-auth`, with
-    /// the CA as `--trusted-ca-file`; etcd asks for client certificates whenever it has a
-    /// trusted CA, so without this it gets none).
-    #[must_use]
-    pub fn with_client_cert_auth(mut self, required: bool) -> Self {
-        self.client_cert_auth = required;
-        self
-    }
-
-    /// The client certificate [`client_options`](Self::client_options) (and so
-    /// [`EtcdNode::backend`]) presents.
-    #[must_use]
-    pub fn with_client_cert(mut self, client: CertPem) -> Self {
-        self.client = Some(client);
-        self
-    }
-
-    /// The CA certificate, PEM.
-    pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
-    }
-
-    /// The server's certificate and key.
-    pub fn server_cert(&self) -> &CertPem {
-        &self.server
-    }
-
-    /// The client certificate the fixture's clients present, if any.
-    pub fn client_cert(&self) -> Option<&CertPem> {
-        self.client.as_ref()
-    }
-
-    /// Whether etcd requires client certificates.
-    pub fn client_cert_auth(&self) -> bool {
-        self.client_cert_auth
-    }
-
-    /// The CA that made the certificates, when they were [generated](Self::generate): to
-    /// issue more (another client, an expired certificate).
-    pub fn ca(&self) -> Option<&TestCa> {
-        self.ca.as_deref()
-    }
-
+impl ServerTls {
     /// Options for a client of this server: the CA and, if there is one, the client
     /// certificate.
     pub fn client_options(&self) -> EtcdOptions {
-        let options = EtcdOptions::new().with_ca_cert(self.ca_pem.clone());
-        match &self.client {
+        let options = EtcdOptions::new().with_ca_cert(self.ca_pem().to_owned());
+        match self.client_cert() {
             Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
             None => options,
         }
     }
-
-    /// The files etcd reads, by name in its TLS directory.
-    fn files(&self) -> [(&'static str, &str); 3] {
-        [
-            (TLS_CA, &self.ca_pem),
-            (TLS_CERT, self.server.cert_pem()),
-            (TLS_KEY, self.server.key_pem()),
-        ]
-    }
 }
-
-const TLS_CA: &str = "ca.pem";
-const TLS_CERT: &str = "server.pem";
-const TLS_KEY: &str = "server-key.pem";
-/// Where a container finds the TLS files.
-const CONTAINER_TLS_DIR: &str = "/baton-tls";
 
 #[derive(Debug, Clone)]
 struct MemberSpec {
@@ -461,7 +362,7 @@ impl EtcdNode {
     /// the certificates cannot be written.
     pub async fn start_tls(tls: &EtcdTls) -> Result<EtcdNode, FixtureError> {
         let mut spec = MemberSpec::new("n0")?;
-        spec.tls = Some(tls.client_cert_auth);
+        spec.tls = Some(tls.client_cert_auth());
         EtcdNode::start_spec(spec, Some(tls)).await
     }
 

@@ -189,6 +189,6 @@ pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};
 #[cfg(any(feature = "etcd", feature = "redis"))]
-pub use tls::{CertPem, TestCa};
+pub use tls::{CertPem, ServerTls, TestCa};
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, four_letter};

@@ -2,7 +2,7 @@
 //! in containers, that fault tests can stop, restart and pause; a server may serve TLS
 //! ([`RedisTls`]).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::fixture::{
     FixtureError, Instance, Server, ServerProcess, exchange, free_port, free_ports, start_shared,
 };
-use super::tls::{CertPem, TestCa};
+use super::tls::{CONTAINER_TLS_DIR, ServerTls, TLS_CA, TLS_CERT, TLS_KEY};
 
 /// The image used when `BATON_REDIS_IMAGE` is not set: the one `scripts/build-redis-image.sh`
 /// builds from Debian's `redis-server`. A fixture that finds it missing builds it with that
@@ -100,97 +100,14 @@ fn local_process(port: u16, extra: &[String]) -> std::io::Result<ServerProcess> 
 /// let backend = baton::connect_with(&redis.url(), options).await?;
 /// # let _ = backend; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-pub struct RedisTls {
-    ca_pem: String,
-    server: CertPem,
-    client: Option<CertPem>,
-    auth_clients: bool,
-    /// The CA that made these certificates, when they were generated.
-    ca: Option<Arc<TestCa>>,
-}
+pub type RedisTls = ServerTls;
 
-impl RedisTls {
-    /// The server presents `server` (its certificate and key), signed by the CA `ca_pem`.
-    /// Client certificates are not asked for until
-    /// [`with_client_cert_auth`](Self::with_client_cert_auth); then they must be signed by the
-    /// same CA.
-    pub fn new(ca_pem: impl Into<String>, server: CertPem) -> Self {
-        RedisTls {
-            ca_pem: ca_pem.into(),
-            server,
-            client: None,
-            auth_clients: false,
-            ca: None,
-        }
-    }
-
-    /// A new CA (`baton test CA`), a server certificate for `127.0.0.1` and `localhost`, and a
-    /// client certificate (common name `baton-test`) that the fixture's clients present;
-    /// client certificates required (Redis's own default).
-    ///
-    /// # Errors
-    /// [`FixtureError::Certificate`] if a key or certificate cannot be made.
-    pub fn generate() -> Result<Self, FixtureError> {
-        let ca = TestCa::generate("baton test CA")?;
-        let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
-        let client = ca.client_cert("baton-test")?;
-        Ok(RedisTls {
-            ca_pem: ca.cert_pem(),
-            server,
-            client: Some(client),
-            auth_clients: true,
-            ca: Some(Arc::new(ca)),
-        })
-    }
-
-    /// Whether the server requires a client certificate signed by the CA
-    /// (`--tls-auth-clients yes`, or `no`).
-    #[must_use]
-    pub fn with_client_cert_auth(mut self, required: bool) -> Self {
-        self.auth_clients = required;
-        self
-    }
-
-    /// The client certificate the fixture's clients ([`RedisNode::backend`],
-    /// [`RedisNode::command`]) present.
-    #[must_use]
-    pub fn with_client_cert(mut self, client: CertPem) -> Self {
-        self.client = Some(client);
-        self
-    }
-
-    /// The CA certificate, PEM.
-    pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
-    }
-
-    /// The server's certificate and key.
-    pub fn server_cert(&self) -> &CertPem {
-        &self.server
-    }
-
-    /// The client certificate the fixture's clients present, if any.
-    pub fn client_cert(&self) -> Option<&CertPem> {
-        self.client.as_ref()
-    }
-
-    /// Whether the server requires client certificates.
-    pub fn client_cert_auth(&self) -> bool {
-        self.auth_clients
-    }
-
-    /// The CA that made the certificates, when they were [generated](Self::generate): to
-    /// issue more (another client, an expired certificate).
-    pub fn ca(&self) -> Option<&TestCa> {
-        self.ca.as_deref()
-    }
-
+impl ServerTls {
     /// `options` with the CA and, if there is one, the client certificate: for a client of
     /// this server.
-    pub fn client_options(&self, options: crate::RedisOptions) -> crate::RedisOptions {
-        let options = options.with_ca_cert(self.ca_pem.clone());
-        match &self.client {
+    pub fn redis_options(&self, options: crate::RedisOptions) -> crate::RedisOptions {
+        let options = options.with_ca_cert(self.ca_pem().to_owned());
+        match self.client_cert() {
             Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
             None => options,
         }
@@ -199,28 +116,19 @@ impl RedisTls {
     /// The same, for the `redis` crate's own clients ([`RedisNode::command`]).
     fn certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
-            client_tls: self.client.as_ref().map(|client| redis::ClientTlsConfig {
+            client_tls: self.client_cert().map(|client| redis::ClientTlsConfig {
                 client_cert: client.cert_pem().as_bytes().to_vec(),
                 client_key: client.key_pem().as_bytes().to_vec(),
             }),
-            root_cert: Some(self.ca_pem.as_bytes().to_vec()),
+            root_cert: Some(self.ca_pem().as_bytes().to_vec()),
         }
-    }
-
-    /// The files the server reads, by name in its TLS directory.
-    fn files(&self) -> [(&'static str, &str); 3] {
-        [
-            (TLS_CA, &self.ca_pem),
-            (TLS_CERT, self.server.cert_pem()),
-            (TLS_KEY, self.server.key_pem()),
-        ]
     }
 
     /// The arguments that make a server read its files from `dir` and serve TLS only, on
     /// `port`.
-    fn args(&self, port: u16, dir: &str) -> Vec<String> {
+    fn redis_args(&self, port: u16, dir: &str) -> Vec<String> {
         let file = |name: &str| format!("{dir}/{name}");
-        let auth = if self.auth_clients { "yes" } else { "no" };
+        let auth = if self.client_cert_auth() { "yes" } else { "no" };
         [
             "--port".to_owned(),
             "0".to_owned(),
@@ -239,11 +147,6 @@ impl RedisTls {
     }
 }
 
-const TLS_CA: &str = "ca.pem";
-const TLS_CERT: &str = "server.pem";
-const TLS_KEY: &str = "server-key.pem";
-/// Where a container finds the TLS files.
-const CONTAINER_TLS_DIR: &str = "/baton-tls";
 /// Where a local process finds them: in its working directory.
 const LOCAL_TLS_DIR: &str = "tls";
 
@@ -251,7 +154,7 @@ const LOCAL_TLS_DIR: &str = "tls";
 /// directory (the key readable by its owner only).
 fn local_tls_process(port: u16, tls: &RedisTls) -> std::io::Result<ServerProcess> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let process = local_process(port, &tls.args(port, LOCAL_TLS_DIR))?;
+    let process = local_process(port, &tls.redis_args(port, LOCAL_TLS_DIR))?;
     let dir = REDIS.work_dir(port).join(LOCAL_TLS_DIR);
     std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
     for (name, pem) in tls.files() {
@@ -349,7 +252,7 @@ impl RedisNode {
                 )
             })
             .collect();
-        let args = server_args(port, &tls.args(port, CONTAINER_TLS_DIR));
+        let args = server_args(port, &tls.redis_args(port, CONTAINER_TLS_DIR));
         let fallback = || local_tls_process(port, tls);
         let instance =
             Instance::start_with_files(REDIS, port, listening, args, files, fallback).await?;
@@ -553,7 +456,7 @@ impl RedisNode {
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
         let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
         let options = match &self.tls {
-            Some(tls) => tls.client_options(options),
+            Some(tls) => tls.redis_options(options),
             None => options,
         };
         crate::RedisBackend::connect(&self.url(), options).await

@@ -1,6 +1,7 @@
 //! Test certificates: a certificate authority made at test time ([`TestCa`]) that issues
 //! server and client certificates ([`CertPem`]), for servers started with TLS.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
@@ -199,3 +200,111 @@ impl TestCa {
         Ok(CertPem::new(cert.pem(), key.serialize_pem()))
     }
 }
+
+/// The certificates of a test server that serves TLS to its clients, PEM-encoded, and whether
+/// it asks them for a client certificate; with the client certificate the fixture's own
+/// clients present. `EtcdTls` and `RedisTls` name it for
+/// each fixture (`EtcdNode::start_tls`, `RedisNode::start_tls`), with their examples.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    ca_pem: String,
+    server: CertPem,
+    client: Option<CertPem>,
+    client_cert_auth: bool,
+    /// The CA that made these certificates, when they were generated.
+    ca: Option<Arc<TestCa>>,
+}
+
+impl ServerTls {
+    /// The server presents `server` (its certificate and key), signed by the CA `ca_pem`.
+    /// Client certificates are not asked for until
+    /// [`with_client_cert_auth`](Self::with_client_cert_auth); then they must be signed by
+    /// the same CA.
+    pub fn new(ca_pem: impl Into<String>, server: CertPem) -> Self {
+        ServerTls {
+            ca_pem: ca_pem.into(),
+            server,
+            client: None,
+            client_cert_auth: false,
+            ca: None,
+        }
+    }
+
+    /// A new CA (`baton test CA`), a server certificate for `127.0.0.1` and `localhost`, and a
+    /// client certificate (common name `baton-test`) that the fixture's clients present;
+    /// client certificates required.
+    ///
+    /// # Errors
+    /// [`FixtureError::Certificate`] if a key or certificate cannot be made.
+    pub fn generate() -> Result<Self, FixtureError> {
+        let ca = TestCa::generate("baton test CA")?;
+        let server = ca.server_cert(&["127.0.0.1", "localhost"])?;
+        let client = ca.client_cert("baton-test")?;
+        Ok(ServerTls {
+            ca_pem: ca.cert_pem(),
+            server,
+            client: Some(client),
+            client_cert_auth: true,
+            ca: Some(Arc::new(ca)),
+        })
+    }
+
+    /// Whether the server requires a client certificate signed by the CA (etcd's
+    /// `--client-cert-auth`, with the CA as `--trusted-ca-file`: etcd asks for client
+    /// certificates whenever it has a trusted CA, so without this it gets none; Redis's
+    /// `--tls-auth-clients yes` or `no`).
+    #[must_use]
+    pub fn with_client_cert_auth(mut self, required: bool) -> Self {
+        self.client_cert_auth = required;
+        self
+    }
+
+    /// The client certificate the fixture's clients present (`EtcdNode::backend`,
+    /// `RedisNode::backend` and `RedisNode::command`).
+    #[must_use]
+    pub fn with_client_cert(mut self, client: CertPem) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server's certificate and key.
+    pub fn server_cert(&self) -> &CertPem {
+        &self.server
+    }
+
+    /// The client certificate the fixture's clients present, if any.
+    pub fn client_cert(&self) -> Option<&CertPem> {
+        self.client.as_ref()
+    }
+
+    /// Whether the server requires client certificates.
+    pub fn client_cert_auth(&self) -> bool {
+        self.client_cert_auth
+    }
+
+    /// The CA that made the certificates, when they were [generated](Self::generate): to
+    /// issue more (another client, an expired certificate).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.ca.as_deref()
+    }
+
+    /// The files the server reads, by name in its TLS directory.
+    pub(super) fn files(&self) -> [(&'static str, &str); 3] {
+        [
+            (TLS_CA, &self.ca_pem),
+            (TLS_CERT, self.server.cert_pem()),
+            (TLS_KEY, self.server.key_pem()),
+        ]
+    }
+}
+
+pub(super) const TLS_CA: &str = "ca.pem";
+pub(super) const TLS_CERT: &str = "server.pem";
+pub(super) const TLS_KEY: &str = "server-key.pem";
+/// Where a container finds the TLS files.
+pub(super) const CONTAINER_TLS_DIR: &str = "/baton-tls";
