@@ -140,7 +140,8 @@ lower token and every accepted write adds one to the last (acknowledged <= appli
 acknowledged + unknown); no token granted twice, and a grant that returned before another was
 asked for has the lower token; no grant beside a holder that was not told (`lost()`), beyond
 the recipe's permits; after the last fault heals, every client granted within 4 TTL + 10 s;
-no entry left once the clients stop. A violation prints the seed and the window of events
+no entry left once the clients stop; no client process ends on its own (a crash: the runner
+looks before each kill and at the stop). A violation prints the seed and the window of events
 that shows it. `BATON_NEMESIS_BUG=admit-lower` breaks the resource's fence;
 `read-before-claim` breaks the clients' fencing rule.
 

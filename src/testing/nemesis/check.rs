@@ -387,6 +387,17 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
         }
     }
 
+    // A client process that ended on its own (a crash: the runner found it gone).
+    for e in history {
+        if let What::Died { client, status } = &e.what {
+            violations.push(Violation {
+                rule: "crash",
+                message: format!("{client}'s process ended on its own ({status})"),
+                window: vec![e.clone()],
+            });
+        }
+    }
+
     // (5) Nothing left in the backend.
     for e in history {
         if let What::Leftover { lock, key } = &e.what {
@@ -427,6 +438,23 @@ mod tests {
             ev(at, who, What::Acquire { mode: 'x' }),
             ev(at + 1, who, What::Granted { token, mode: 'x' }),
         ]
+    }
+
+    #[test]
+    fn a_client_that_died_on_its_own_is_caught() {
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 5));
+        h.push(ev(10, "c0", What::Release { token: 5 }));
+        h.push(ev(
+            20,
+            "nemesis",
+            What::Died {
+                client: "c1".into(),
+                status: "signal:_6_(SIGABRT)".into(),
+            },
+        ));
+        let v = check(&h, &plan());
+        assert!(v.iter().any(|v| v.rule == "crash"), "{v:?}");
     }
 
     #[test]

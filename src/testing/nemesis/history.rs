@@ -150,6 +150,13 @@ pub enum What {
         /// The client.
         client: String,
     },
+    /// A client process had ended on its own (not killed, not asked to stop): a crash.
+    Died {
+        /// The client.
+        client: String,
+        /// How it ended (`exit status: 1`, `signal: 6 (SIGABRT)`), one word.
+        status: String,
+    },
     /// The last fault healed: from here, every live client must be granted within the bound.
     Healed,
     /// The runner asked every client to stop.
@@ -216,6 +223,7 @@ impl fmt::Display for Event {
             What::FaultStart { id, what } => write!(f, "fault {id} {}", word(what)),
             What::FaultEnd { id } => write!(f, "healed {id}"),
             What::Killed { client } => write!(f, "killed {client}"),
+            What::Died { client, status } => write!(f, "died {client} {}", word(status)),
             What::Healed => write!(f, "all-healed"),
             What::Stopping => write!(f, "stopping"),
             What::Leftover { lock, key } => write!(f, "leftover {lock} {}", word(key)),
@@ -285,6 +293,10 @@ impl Event {
                 id: n(s())?.try_into().ok()?,
             },
             "killed" => What::Killed { client: s()? },
+            "died" => What::Died {
+                client: s()?,
+                status: s()?,
+            },
             "all-healed" => What::Healed,
             "stopping" => What::Stopping,
             "leftover" => What::Leftover {
@@ -353,6 +365,10 @@ mod tests {
             What::FaultEnd { id: 3 },
             What::Killed {
                 client: "c1".into(),
+            },
+            What::Died {
+                client: "c1".into(),
+                status: "signal_6".into(),
             },
             What::Healed,
             What::Stopping,

@@ -424,6 +424,23 @@ impl Run {
         Ok(())
     }
 
+    /// Records client `c` as dead if its process has ended without the runner killing it
+    /// or asking it to stop (only ever called before either).
+    fn note_death(sink: &Sink, c: usize, slot: &mut Slot) {
+        if let Some(child) = slot.child.as_mut()
+            && let Ok(Some(status)) = child.try_wait()
+        {
+            record(
+                sink,
+                "nemesis",
+                What::Died {
+                    client: format!("c{c}"),
+                    status: status.to_string(),
+                },
+            );
+        }
+    }
+
     fn signal(slot: &Slot, signal: Signal) {
         if let Some(pid) = slot.child.as_ref().and_then(Child::id)
             && let Ok(pid) = i32::try_from(pid)
@@ -620,6 +637,7 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         }
         FaultKind::Kill(c) => {
             let mut slot = run.slots[c].lock().await;
+            Run::note_death(&run.sink, c, &mut slot);
             start(run);
             Run::signal(&slot, Signal::SIGKILL);
             record(
@@ -714,8 +732,9 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
 /// kills what is left by its PID.
 async fn stop_clients(run: &Run) -> std::io::Result<()> {
     record(&run.sink, "nemesis", What::Stopping);
-    for slot in &run.slots {
+    for (c, slot) in run.slots.iter().enumerate() {
         let mut slot = slot.lock().await;
+        Run::note_death(&run.sink, c, &mut slot);
         Run::signal(&slot, Signal::SIGCONT);
         if let Some(child) = slot.child.as_mut() {
             drop(child.stdin.take());
