@@ -494,6 +494,9 @@ impl EtcdNode {
     /// # Errors
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the node may or may not have been paused.
     pub async fn pause(&self) -> Result<(), FixtureError> {
         self.container("pause")?
             .pause()
@@ -506,6 +509,9 @@ impl EtcdNode {
     /// # Errors
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the node may or may not have been unpaused.
     pub async fn unpause(&self) -> Result<(), FixtureError> {
         self.container("unpause")?
             .unpause()

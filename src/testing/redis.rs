@@ -240,6 +240,10 @@ impl RedisNode {
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local `redis-server`
     /// starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_tls(tls: &RedisTls) -> Result<RedisNode, FixtureError> {
         let port = free_port()?;
         let files = tls

@@ -470,6 +470,11 @@ impl Run {
 /// # Errors
 /// An I/O error starting the resource, a proxy or a client; a fault the server could not
 /// carry out (a restart that failed), in words.
+///
+/// # Cancel safety
+/// Dropping the future ends the run where it is: the client processes are killed with it
+/// (`kill_on_drop`, and each dies with the runner), the proxies close; a fault in progress is
+/// not healed (a paused server stays paused until its fixture is dropped).
 pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let sink: Sink = Arc::default();
     let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
