@@ -106,7 +106,7 @@ pub(crate) async fn unreachable(endpoints: &[String], within: Duration) -> Optio
 }
 
 /// `host` and `port` of `scheme://host:port/...` or `host:port` (`[v6]:port` too).
-fn host_port(endpoint: &str) -> Option<(&str, u16)> {
+pub(super) fn host_port(endpoint: &str) -> Option<(&str, u16)> {
     let rest = endpoint
         .split_once("://")
         .map_or(endpoint, |(_, rest)| rest);
@@ -131,6 +131,8 @@ mod tests {
         );
         assert_eq!(host_port("zk-0:2181/app"), Some(("zk-0", 2181)));
         assert_eq!(host_port("[::1]:2379"), Some(("::1", 2379)));
+        assert_eq!(host_port("https://[::1]:2379/"), Some(("::1", 2379)));
+        assert_eq!(host_port("http://etcd-0:2379"), Some(("etcd-0", 2379)));
         assert_eq!(host_port("etcd"), None);
     }
 

@@ -270,16 +270,7 @@ impl EtcdProcess {
 /// Writes the files etcd reads for TLS into `dir` (created; the key readable by its owner
 /// only), and returns `dir`.
 fn write_tls_files(dir: &Path, tls: &EtcdTls) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    std::fs::DirBuilder::new().mode(0o700).create(dir)?;
-    for (name, pem) in tls.files() {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(dir.join(name))
-            .and_then(|mut file| std::io::Write::write_all(&mut file, pem.as_bytes()))?;
-    }
+    tls.write_files(dir)?;
     Ok(dir.to_owned())
 }
 

@@ -153,18 +153,8 @@ const LOCAL_TLS_DIR: &str = "tls";
 /// [`local_process`] for a server that serves TLS: the files written into its working
 /// directory (the key readable by its owner only).
 fn local_tls_process(port: u16, tls: &RedisTls) -> std::io::Result<ServerProcess> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let process = local_process(port, &tls.redis_args(port, LOCAL_TLS_DIR))?;
-    let dir = REDIS.work_dir(port).join(LOCAL_TLS_DIR);
-    std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-    for (name, pem) in tls.files() {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(dir.join(name))
-            .and_then(|mut file| std::io::Write::write_all(&mut file, pem.as_bytes()))?;
-    }
+    tls.write_files(&REDIS.work_dir(port).join(LOCAL_TLS_DIR))?;
     Ok(process)
 }
 

@@ -293,6 +293,22 @@ impl ServerTls {
         self.ca.as_deref()
     }
 
+    /// Writes [`files`](Self::files) into `dir` (created, readable by its owner only; the
+    /// files too: one of them is the server's key).
+    pub(super) fn write_files(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+        for (name, pem) in self.files() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join(name))
+                .and_then(|mut file| std::io::Write::write_all(&mut file, pem.as_bytes()))?;
+        }
+        Ok(())
+    }
+
     /// The files the server reads, by name in its TLS directory.
     pub(super) fn files(&self) -> [(&'static str, &str); 3] {
         [

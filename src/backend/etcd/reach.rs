@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::tls::host_port;
+use crate::backend::reach::host_port;
 
 /// An `https://` endpoint whose server answers in plain text.
 #[derive(Debug)]

@@ -11,6 +11,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio::io::AsyncReadExt;
 
+use crate::backend::reach::host_port;
 use crate::backend::tls::{Tickets, Wording, certificates, client_identity, describe, tls_cause};
 use crate::error::{Error, Result};
 
@@ -321,36 +322,9 @@ impl HandshakeCheck {
     }
 }
 
-/// `host` and `port` of `http(s)://host:port` or `host:port` (`[v6]:port` too).
-pub(super) fn host_port(endpoint: &str) -> Option<(&str, u16)> {
-    let rest = endpoint
-        .strip_prefix("https://")
-        .or_else(|| endpoint.strip_prefix("http://"))
-        .unwrap_or(endpoint);
-    let rest = rest.split('/').next()?;
-    let (host, port) = rest.rsplit_once(':')?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    Some((host, port.parse().ok()?))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn endpoints_name_their_host_and_port() {
-        assert_eq!(
-            host_port("https://127.0.0.1:2379"),
-            Some(("127.0.0.1", 2379))
-        );
-        assert_eq!(host_port("etcd-0:2379"), Some(("etcd-0", 2379)));
-        assert_eq!(host_port("http://etcd-0:2379"), Some(("etcd-0", 2379)));
-        assert_eq!(host_port("https://[::1]:2379/"), Some(("::1", 2379)));
-        assert_eq!(host_port("https://etcd"), None);
-    }
 
     /// The alert text h2 leaves of a TLS error is read back as a refused client certificate.
     #[test]
