@@ -207,7 +207,11 @@ impl Server {
     }
 
     async fn act(&self, act: ServerAct) -> Result<(), String> {
-        let e = |e: crate::testing::FixtureError| e.to_string();
+        // The fixture's error, in words (the type exists only with a backend feature).
+        #[allow(unused)]
+        fn e(e: impl std::fmt::Display) -> String {
+            e.to_string()
+        }
         match (self, act) {
             #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Pause) => n.pause().await.map_err(e),
