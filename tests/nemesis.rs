@@ -12,7 +12,17 @@
 use std::process::ExitCode;
 
 use baton::testing::nemesis::{self, Bug, Options, Report, Server};
-use baton::testing::{EtcdNode, RedisNode, ZkNode};
+use baton::testing::{EtcdCluster, EtcdNode, RedisNode, ZkEnsemble, ZkNode};
+
+/// What `BACKEND` may be: one server each, a three-member etcd cluster, a three-server
+/// ZooKeeper ensemble.
+const BACKENDS: [&str; 5] = [
+    "etcd",
+    "redis",
+    "zookeeper",
+    "etcd-cluster",
+    "zookeeper-ensemble",
+];
 
 fn main() -> ExitCode {
     if let Some(code) = nemesis::client_if_requested() {
@@ -30,8 +40,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match args.as_slice() {
             [backend, seconds, rest @ ..]
-                if ["etcd", "redis", "zookeeper"].contains(&backend.as_str())
-                    && seconds.parse::<u64>().is_ok() =>
+                if BACKENDS.contains(&backend.as_str()) && seconds.parse::<u64>().is_ok() =>
             {
                 let seconds = seconds.parse().unwrap_or(30);
                 let seed = match rest.first() {
@@ -70,7 +79,11 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
         "etcd" => Server::Etcd(EtcdNode::start().await.expect("etcd")),
         "redis" => Server::Redis(RedisNode::start().await.expect("redis")),
         "zookeeper" => Server::ZooKeeper(ZkNode::start().await.expect("zookeeper")),
-        other => panic!("unknown backend {other}: etcd, redis or zookeeper"),
+        "etcd-cluster" => Server::EtcdCluster(EtcdCluster::start().await.expect("etcd cluster")),
+        "zookeeper-ensemble" => {
+            Server::ZkEnsemble(ZkEnsemble::start().await.expect("zookeeper ensemble"))
+        }
+        other => panic!("unknown backend {other}: one of {BACKENDS:?}"),
     };
     nemesis::run(&server, options)
         .await

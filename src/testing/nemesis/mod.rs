@@ -42,6 +42,7 @@
 
 mod check;
 mod client;
+mod cluster;
 mod history;
 mod resource;
 mod schedule;
@@ -145,6 +146,16 @@ pub enum Server {
     /// timeout it has).
     #[cfg(feature = "zookeeper")]
     ZooKeeper(crate::testing::ZkNode),
+    /// A three-member etcd cluster started by the fixture: a follower or the leader paused, a
+    /// member or the leader killed and restarted with its data, one member at a time (the
+    /// quorum is kept). Each client reaches every member, through a proxy per member.
+    #[cfg(feature = "etcd")]
+    EtcdCluster(crate::testing::EtcdCluster),
+    /// A three-server ZooKeeper ensemble started by the fixture: as
+    /// [`EtcdCluster`](Server::EtcdCluster) (pauses on containers only), and a client's
+    /// sessions expired.
+    #[cfg(feature = "zookeeper")]
+    ZkEnsemble(crate::testing::ZkEnsemble),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
     /// `zk://127.0.0.1:2181`): only the clients are faulted (paused, killed, cut off; on
     /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
@@ -161,6 +172,10 @@ impl Server {
             Server::Redis(_) => "redis",
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => "zookeeper",
+            #[cfg(feature = "etcd")]
+            Server::EtcdCluster(_) => "etcd-cluster",
+            #[cfg(feature = "zookeeper")]
+            Server::ZkEnsemble(_) => "zookeeper-ensemble",
             Server::External(url) if url.starts_with("redis") => "redis",
             Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
@@ -176,6 +191,10 @@ impl Server {
             Server::Redis(n) => n.url(),
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) => n.url(),
+            #[cfg(feature = "etcd")]
+            Server::EtcdCluster(c) => c.endpoints().join(","),
+            #[cfg(feature = "zookeeper")]
+            Server::ZkEnsemble(e) => e.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -201,6 +220,27 @@ impl Server {
             ],
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => vec![FaultKind::ServerRestart, FaultKind::Expire(0)],
+            #[cfg(feature = "etcd")]
+            Server::EtcdCluster(_) => vec![
+                FaultKind::FollowerPause(0),
+                FaultKind::LeaderPause,
+                FaultKind::MemberRestart(0),
+                FaultKind::LeaderRestart,
+            ],
+            #[cfg(feature = "zookeeper")]
+            Server::ZkEnsemble(e) if e.member(0).is_container() => vec![
+                FaultKind::FollowerPause(0),
+                FaultKind::LeaderPause,
+                FaultKind::MemberRestart(0),
+                FaultKind::LeaderRestart,
+                FaultKind::Expire(0),
+            ],
+            #[cfg(feature = "zookeeper")]
+            Server::ZkEnsemble(_) => vec![
+                FaultKind::MemberRestart(0),
+                FaultKind::LeaderRestart,
+                FaultKind::Expire(0),
+            ],
             Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
             Server::External(_) => Vec::new(),
         }
@@ -339,7 +379,7 @@ impl Options {
 pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
-    /// `etcd`, `redis` or `zookeeper`.
+    /// `etcd`, `redis`, `zookeeper`, `etcd-cluster` or `zookeeper-ensemble`.
     pub backend: &'static str,
     /// The faults injected, in words.
     pub faults: Vec<String>,
@@ -382,12 +422,32 @@ impl Report {
     }
 }
 
-/// One client: how to start it again, its process, its proxy.
+/// One client: how to start it again, its process, its proxy (to a cluster's first member;
+/// `others` to the rest, so that a cut cuts it off from the whole cluster).
 #[derive(Debug)]
 struct Slot {
     config: client::ClientConfig,
     child: Option<Child>,
     proxy: Proxy,
+    others: Vec<Proxy>,
+}
+
+impl Slot {
+    fn proxies(&self) -> impl Iterator<Item = &Proxy> {
+        std::iter::once(&self.proxy).chain(&self.others)
+    }
+
+    fn black_hole(&self) {
+        self.proxies().for_each(Proxy::black_hole);
+    }
+
+    fn drop_answers(&self) {
+        self.proxies().for_each(Proxy::drop_answers);
+    }
+
+    fn heal(&self) {
+        self.proxies().for_each(Proxy::heal);
+    }
 }
 
 /// The runner's state shared by the fault tasks.
@@ -489,6 +549,8 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
     let upstream = authority.split(',').next().unwrap_or(authority).to_owned();
+    // A cluster: a proxy per member for each client.
+    let upstreams = server.members().unwrap_or_else(|| vec![upstream]);
     let path = if path.is_empty() {
         String::new()
     } else {
@@ -507,12 +569,21 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
         locks.push((lock.clone(), recipe));
         for _ in 0..options.clients_per_recipe {
             let id = slots.len();
-            let proxy = Proxy::start(&upstream).await?;
-            let endpoint = match server.name() {
-                "redis" => format!("redis://{}{path}", proxy.addr()),
-                "zookeeper" => format!("zk://{}{path}", proxy.addr()),
-                _ => proxy.endpoint(),
+            let mut proxies = Vec::new();
+            for upstream in &upstreams {
+                proxies.push(Proxy::start(upstream).await?);
+            }
+            let addrs = |f: fn(&Proxy) -> String, sep: &str| {
+                proxies.iter().map(f).collect::<Vec<_>>().join(sep)
             };
+            let endpoint = match server.name() {
+                "redis" => format!("redis://{}{path}", addrs(|p| p.addr().to_string(), ",")),
+                "zookeeper" | "zookeeper-ensemble" => {
+                    format!("zk://{}{path}", addrs(|p| p.addr().to_string(), ","))
+                }
+                _ => addrs(Proxy::endpoint, ","),
+            };
+            let proxy = proxies.remove(0);
             clients.push((format!("c{id}"), lock.clone()));
             slots.push(Slot {
                 config: client::ClientConfig {
@@ -529,6 +600,7 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
                 },
                 child: None,
                 proxy,
+                others: proxies,
             });
         }
     }
@@ -670,12 +742,12 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             start(run);
             // An expiry is a cut held past the sessions' timeouts (the schedule's `hold`).
             if matches!(fault.kind, FaultKind::Cut(_) | FaultKind::Expire(_)) {
-                slot.proxy.black_hole();
+                slot.black_hole();
             } else {
-                slot.proxy.drop_answers();
+                slot.drop_answers();
             }
             tokio::time::sleep(fault.hold).await;
-            slot.proxy.heal();
+            slot.heal();
             run.cut.lock().unwrap_or_else(|p| p.into_inner()).remove(&c);
             end(run);
         }
@@ -733,6 +805,10 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             server.act(ServerAct::Flush).await?;
             end(run);
         }
+        FaultKind::FollowerPause(_)
+        | FaultKind::LeaderPause
+        | FaultKind::MemberRestart(_)
+        | FaultKind::LeaderRestart => cluster::inject(server, fault, &run.sink).await?,
     }
     Ok(())
 }

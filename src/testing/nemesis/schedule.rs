@@ -64,7 +64,23 @@ pub(crate) enum FaultKind {
     /// let it back: it finds its sessions expired. In a server's list of faults the client
     /// is a placeholder; the schedule draws it.
     Expire(usize),
+    /// Freeze a follower of a cluster (etcd) or an ensemble (ZooKeeper) for `hold`: of the
+    /// members that do not lead when the fault strikes, in member order, the one this number
+    /// (mod their count) names. In a server's list of faults the number is a placeholder; the
+    /// schedule draws it.
+    FollowerPause(usize),
+    /// Freeze the member that leads when the fault strikes, for `hold`.
+    LeaderPause,
+    /// Kill member `n` of a cluster or an ensemble (whether it leads or not), start it again
+    /// with its data after `hold`. The number is drawn as for [`FaultKind::FollowerPause`].
+    MemberRestart(usize),
+    /// Kill the member that leads when the fault strikes, start it again with its data after
+    /// `hold`.
+    LeaderRestart,
 }
+
+/// The members of a cluster or an ensemble the nemesis starts (`EtcdCluster`, `ZkEnsemble`).
+pub(crate) const MEMBERS: usize = 3;
 
 /// The session timeout of a ZooKeeper backend's own connection (`ZkOptions`' default, which
 /// `baton::connect` keeps): the longest session a nemesis client has.
@@ -109,6 +125,14 @@ impl FaultKind {
             FaultKind::Flush => format!("{backend} FLUSHALL"),
             FaultKind::Expire(c) => {
                 format!("expire c{c}'s sessions (cut off past the session timeouts)")
+            }
+            FaultKind::FollowerPause(n) => format!("{backend}: a follower (#{n}) paused"),
+            FaultKind::LeaderPause => format!("{backend}: the leader paused"),
+            FaultKind::MemberRestart(m) => {
+                format!("{backend}: member m{m} killed, restarted with its data")
+            }
+            FaultKind::LeaderRestart => {
+                format!("{backend}: the leader killed, restarted with its data")
             }
         }
     }
@@ -160,6 +184,13 @@ pub(crate) fn plan(
                     3 => FaultKind::CutAnswers(client),
                     n => match server_faults[(n - 4) as usize] {
                         FaultKind::Expire(_) => FaultKind::Expire(client),
+                        // Drawn only when chosen: other servers' schedules stay as they were.
+                        FaultKind::FollowerPause(_) => {
+                            FaultKind::FollowerPause(rng.below(MEMBERS as u64 - 1) as usize)
+                        }
+                        FaultKind::MemberRestart(_) => {
+                            FaultKind::MemberRestart(rng.below(MEMBERS as u64) as usize)
+                        }
                         ref other => other.clone(),
                     },
                 };
@@ -181,9 +212,17 @@ pub(crate) fn plan(
                     Duration::ZERO,
                     rng.between(Duration::from_millis(100), Duration::from_millis(2000)),
                 ),
-                FaultKind::ServerPause => (
+                // A leader frozen past ZooKeeper's sync limit (2 s in the fixture) or etcd's
+                // election timeout (500 ms) is replaced; a shorter pause only stalls.
+                FaultKind::ServerPause | FaultKind::FollowerPause(_) | FaultKind::LeaderPause => (
                     Duration::ZERO,
                     rng.between(Duration::from_millis(300), ttl * 2),
+                ),
+                // One member of three down keeps the quorum: it may stay down longer than a
+                // lone server, long enough for the others to move on without it.
+                FaultKind::MemberRestart(_) | FaultKind::LeaderRestart => (
+                    Duration::ZERO,
+                    rng.between(Duration::from_millis(100), ttl * 2),
                 ),
                 FaultKind::ServerRestart | FaultKind::ServerRestartEmpty => (
                     Duration::ZERO,
@@ -243,6 +282,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn member_faults_draw_their_member_and_never_combine() {
+        let server = [
+            FaultKind::FollowerPause(0),
+            FaultKind::LeaderPause,
+            FaultKind::MemberRestart(0),
+            FaultKind::LeaderRestart,
+        ];
+        let ttl = Duration::from_secs(2);
+        let slots: Vec<Slot> = (0..20)
+            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .collect();
+        let mut followers = [0; MEMBERS - 1];
+        let mut members = [0; MEMBERS];
+        for slot in &slots {
+            assert!(slot.faults.iter().filter(|f| f.kind.on_server()).count() <= 1);
+            for f in &slot.faults {
+                match f.kind {
+                    FaultKind::FollowerPause(n) => followers[n] += 1,
+                    FaultKind::MemberRestart(m) => members[m] += 1,
+                    _ => {}
+                }
+                if f.kind.on_server() {
+                    assert!(f.hold <= ttl * 2, "one member is down at most 2 TTL");
+                }
+            }
+        }
+        assert!(followers.iter().all(|&n| n > 0), "{followers:?}");
+        assert!(members.iter().all(|&n| n > 0), "{members:?}");
     }
 
     #[test]
