@@ -1,10 +1,12 @@
 //! The nemesis on real servers (issue #26): client processes on every recipe while a seeded
-//! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server and
+//! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server (on
+//! a cluster: pauses a follower or the leader, kills and restarts a member or the leader) and
 //! (ZooKeeper) expires their sessions; the checker reads the one history. This file has its own `main` (`harness = false`): the
 //! same binary, run again with `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
 //! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper`: the short runs CI makes, with
-//!   fixed seeds; then the same with a defect injected, which the checker must catch.
+//!   fixed seeds (each single server, a three-member etcd cluster, a three-server ZooKeeper
+//!   ensemble); then the same with a defect injected, which the checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
 //!   `target/nemesis/`. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
 //!   defect.
@@ -94,8 +96,17 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
 /// broken, the checker must find the stale writes.
 async fn suite() -> ExitCode {
     let mut failed = false;
-    for (backend, seed) in [("etcd", 1), ("redis", 2), ("zookeeper", 1)] {
-        let report = one(backend, 30, seed, None).await;
+    // The clusters' seeds draw all four member faults (a follower and the leader paused, a
+    // member and the leader killed and restarted) in their windows; the ensemble's also an
+    // expiry.
+    for (backend, seconds, seed) in [
+        ("etcd", 30, 1),
+        ("redis", 30, 2),
+        ("zookeeper", 30, 1),
+        ("etcd-cluster", 30, 4),
+        ("zookeeper-ensemble", 40, 8),
+    ] {
+        let report = one(backend, seconds, seed, None).await;
         println!("{}", report.summary());
         if !report.violations.is_empty() {
             println!("FAILED: {backend} seed {seed} found violations");

@@ -2,8 +2,13 @@
 //! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
-//! back or flushes the server, and (ZooKeeper) expires a client's sessions. Every event goes into one history on one clock
-//! (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! back or flushes the server, and (ZooKeeper) expires a client's sessions. On a three-member
+//! etcd cluster ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the
+//! server faults are a member's instead: a follower or the leader paused, a member or the
+//! leader killed and restarted with its data, one member at a time (each fault ends once its
+//! member serves again), so the quorum is kept; each client reaches every member through a
+//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Every
+//! event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -19,7 +24,10 @@
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
 //! operating system's). `docs/reliability.md` says what each backend promises under each
-//! fault.
+//! fault. The rules are the same on a cluster as on one server: etcd is linearizable through
+//! a leader change (a new leader keeps every lease), and ZooKeeper's czxids keep increasing
+//! across epochs and its sessions move to another member, so every rule above is promised
+//! under every member fault.
 //!
 //! # Client processes
 //! The runner starts each client by running a program again (by default the current
