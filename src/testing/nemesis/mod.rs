@@ -581,17 +581,20 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             for upstream in &upstreams {
                 proxies.push(Proxy::start(upstream).await?);
             }
-            let addrs = |f: fn(&Proxy) -> String, sep: &str| {
-                proxies.iter().map(f).collect::<Vec<_>>().join(sep)
-            };
+            // Every member, in member order, as the connect string lists them.
+            let addrs =
+                |f: fn(&Proxy) -> String| proxies.iter().map(f).collect::<Vec<_>>().join(",");
             let endpoint = match server.name() {
-                "redis" => format!("redis://{}{path}", addrs(|p| p.addr().to_string(), ",")),
+                "redis" => format!("redis://{}{path}", addrs(|p| p.addr().to_string())),
                 "zookeeper" | "zookeeper-ensemble" => {
-                    format!("zk://{}{path}", addrs(|p| p.addr().to_string(), ","))
+                    format!("zk://{}{path}", addrs(|p| p.addr().to_string()))
                 }
-                _ => addrs(Proxy::endpoint, ","),
+                _ => addrs(Proxy::endpoint),
             };
-            let proxy = proxies.remove(0);
+            let mut proxies = proxies.into_iter();
+            let proxy = proxies
+                .next()
+                .ok_or_else(|| std::io::Error::other("the server has no address to proxy"))?;
             clients.push((format!("c{id}"), lock.clone()));
             slots.push(Slot {
                 config: client::ClientConfig {
@@ -608,7 +611,7 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
                 },
                 child: None,
                 proxy,
-                others: proxies,
+                others: proxies.collect(),
             });
         }
     }
