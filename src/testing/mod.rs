@@ -32,7 +32,8 @@
 //!
 //! # A nemesis
 //! [`nemesis`] runs client processes on every recipe while a seeded schedule pauses, kills
-//! and cuts them off and restarts or rolls back the server, and checks the one history it
+//! and cuts them off and restarts or rolls back the server (or, on an etcd cluster or a
+//! ZooKeeper ensemble, pauses, kills and restarts a follower or the leader), and checks the one history it
 //! records (fencing, token order, loss before the successor's grant, progress, leftovers).
 //!
 //! # Test dependencies
