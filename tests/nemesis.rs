@@ -6,7 +6,8 @@
 //! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper`: the short runs CI makes, with
 //!   fixed seeds; then the same with a defect injected, which the checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
-//!   `target/nemesis/`. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
+//!   `target/nemesis/`; `-- check FILE` (`just nemesis-check FILE`) checks a saved history
+//!   again. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
 //!   defect.
 
 use std::process::ExitCode;
@@ -51,6 +52,21 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+            [check, file] if check == "check" => match nemesis::recheck(std::path::Path::new(file))
+            {
+                Ok(report) => {
+                    println!("{}", report.summary());
+                    if report.violations.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("nemesis check: {e}");
+                    ExitCode::from(2)
+                }
+            },
             [] => suite().await,
             // A test-name filter meant for the other test binaries (`cargo test NAME`):
             // nothing here matches it, as libtest would say.
@@ -82,7 +98,7 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
 async fn suite() -> ExitCode {
     let mut failed = false;
     for (backend, seed) in [("etcd", 1), ("redis", 2), ("zookeeper", 1)] {
-        let report = one(backend, 30, seed, None).await;
+        let report = one(backend, 60, seed, None).await;
         println!("{}", report.summary());
         if !report.violations.is_empty() {
             println!("FAILED: {backend} seed {seed} found violations");
@@ -98,6 +114,31 @@ async fn suite() -> ExitCode {
     {
         println!("FAILED: the checker missed the broken fence (seed 3)");
         failed = true;
+    }
+    // The saved history, checked again, shows the same violations.
+    let again = broken
+        .history_file
+        .as_deref()
+        .map(nemesis::recheck)
+        .map(|r| {
+            r.map(|r| {
+                r.violations
+                    .iter()
+                    .map(|v| v.message.clone())
+                    .collect::<Vec<_>>()
+            })
+        });
+    let found: Vec<String> = broken
+        .violations
+        .iter()
+        .map(|v| v.message.clone())
+        .collect();
+    match again {
+        Some(Ok(messages)) if messages == found => {}
+        other => {
+            println!("FAILED: the saved history checked again differs: {other:?}");
+            failed = true;
+        }
     }
     if failed {
         ExitCode::FAILURE

@@ -19,6 +19,147 @@ pub struct Plan {
     pub progress_bound: Duration,
 }
 
+impl Plan {
+    /// The head of a history that describes this plan (`run`, `plan-lock`, `plan-client`,
+    /// `plan-bound` lines), so that a saved history can be checked again
+    /// ([`Plan::from_history`]).
+    pub fn to_events(&self) -> Vec<What> {
+        let mut events: Vec<What> = self
+            .locks
+            .iter()
+            .map(|(lock, recipe)| What::PlanLock {
+                lock: lock.clone(),
+                recipe: recipe.name().to_owned(),
+            })
+            .collect();
+        events.extend(self.clients.iter().map(|(client, lock)| What::PlanClient {
+            client: client.clone(),
+            lock: lock.clone(),
+        }));
+        events.push(What::PlanBound {
+            ms: u64::try_from(self.progress_bound.as_millis()).unwrap_or(u64::MAX),
+        });
+        events
+    }
+
+    /// The plan a history's head describes; `None` if it has no `plan-lock`, names an
+    /// unknown recipe, or has no `plan-bound` (a history written before these lines).
+    pub fn from_history(history: &[Event]) -> Option<Plan> {
+        let mut locks = Vec::new();
+        let mut clients = Vec::new();
+        let mut bound = None;
+        for e in history {
+            match &e.what {
+                What::PlanLock { lock, recipe } => {
+                    locks.push((lock.clone(), Recipe::parse(recipe)?));
+                }
+                What::PlanClient { client, lock } => clients.push((client.clone(), lock.clone())),
+                What::PlanBound { ms } => bound = Some(Duration::from_millis(*ms)),
+                _ => {}
+            }
+        }
+        if locks.is_empty() {
+            return None;
+        }
+        Some(Plan {
+            locks,
+            clients,
+            progress_bound: bound?,
+        })
+    }
+}
+
+/// How long the locks took to be granted again once faults had healed, measured on a
+/// history: the numbers behind [`Plan::progress_bound`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// For each moment at which every fault begun so far had healed (a slot of the schedule
+    /// ended): the time until every lock had granted again, with the faults that had just
+    /// healed, in words. A next fault that starts meanwhile counts in (an overestimate).
+    pub after_each: Vec<(Duration, String)>,
+    /// Such moments after which some lock was not granted again before the run ended.
+    pub unrecovered: usize,
+    /// After the last fault healed: the time until every client had been granted; `None`
+    /// if one never was.
+    pub after_last: Option<Duration>,
+}
+
+impl Recovery {
+    /// The median and the longest of [`Recovery::after_each`], with the faults of the
+    /// longest.
+    pub fn median_and_longest(&self) -> Option<(Duration, Duration, &str)> {
+        let mut times: Vec<Duration> = self.after_each.iter().map(|(d, _)| *d).collect();
+        times.sort();
+        let median = *times.get(times.len() / 2)?;
+        let (longest, what) = self.after_each.iter().max_by_key(|(d, _)| *d)?;
+        Some((median, *longest, what))
+    }
+}
+
+/// Measures [`Recovery`] on `history` (sorted by time).
+pub fn recovery(history: &[Event], plan: &Plan) -> Recovery {
+    let lock_of: HashMap<&str, &str> = plan
+        .clients
+        .iter()
+        .map(|(c, l)| (c.as_str(), l.as_str()))
+        .collect();
+    // The first grant on each lock at or after each instant: walk the grants once per
+    // quiet point (histories are a few ten thousand lines).
+    let grants: Vec<(u64, &str, &str)> = history
+        .iter()
+        .filter(|e| matches!(e.what, What::Granted { .. }))
+        .filter_map(|e| Some((e.at, *lock_of.get(e.who.as_str())?, e.who.as_str())))
+        .collect();
+    let mut open: BTreeMap<u32, String> = BTreeMap::new();
+    let mut batch: Vec<String> = Vec::new();
+    let mut out = Recovery::default();
+    for e in history {
+        match &e.what {
+            What::FaultStart { id, what } => {
+                open.insert(*id, what.replace('_', " "));
+            }
+            What::FaultEnd { id } => {
+                if let Some(what) = open.remove(id) {
+                    batch.push(what);
+                }
+                if !open.is_empty() {
+                    continue;
+                }
+                let faults = std::mem::take(&mut batch).join(" + ");
+                let mut longest = Some(0u64);
+                for (lock, _) in &plan.locks {
+                    let next = grants
+                        .iter()
+                        .find(|(at, l, _)| *at > e.at && *l == lock.as_str());
+                    longest = match (longest, next) {
+                        (Some(l), Some((at, _, _))) => Some(l.max(at - e.at)),
+                        _ => None,
+                    };
+                }
+                match longest {
+                    Some(ns) => out.after_each.push((Duration::from_nanos(ns), faults)),
+                    None => out.unrecovered += 1,
+                }
+            }
+            What::Healed => {
+                let mut longest = Some(0u64);
+                for (client, _) in &plan.clients {
+                    let next = grants
+                        .iter()
+                        .find(|(at, _, who)| *at > e.at && *who == client.as_str());
+                    longest = match (longest, next) {
+                        (Some(l), Some((at, _, _))) => Some(l.max(at - e.at)),
+                        _ => None,
+                    };
+                }
+                out.after_last = longest.map(Duration::from_nanos);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// A broken promise.
 #[derive(Debug, Clone)]
 pub struct Violation {
@@ -498,6 +639,70 @@ mod tests {
         h.extend(grant(20, "c1", 7));
         let v = check(&h, &plan());
         assert!(v.iter().any(|v| v.rule == "token-order"), "{v:?}");
+    }
+
+    #[test]
+    fn a_plan_reads_back_from_its_history() {
+        let plan = plan();
+        let head: Vec<Event> = plan
+            .to_events()
+            .into_iter()
+            .map(|what| ev(0, "nemesis", what))
+            .collect();
+        let text: String = head.iter().map(|e| format!("{e}\n")).collect();
+        let read: Vec<Event> = text.lines().filter_map(Event::parse).collect();
+        let back = Plan::from_history(&read).expect("a plan");
+        assert_eq!(back.locks, plan.locks);
+        assert_eq!(back.clients, plan.clients);
+        assert_eq!(back.progress_bound, plan.progress_bound);
+        assert!(Plan::from_history(&[]).is_none());
+    }
+
+    #[test]
+    fn recovery_is_measured_from_each_quiet_moment() {
+        let fault = |at, id, what: &str| {
+            ev(
+                at,
+                "nemesis",
+                What::FaultStart {
+                    id,
+                    what: what.into(),
+                },
+            )
+        };
+        let mut h = vec![
+            fault(0, 0, "pause c0"),
+            fault(5, 1, "kill c1"),
+            ev(10, "nemesis", What::FaultEnd { id: 1 }),
+            ev(20, "nemesis", What::FaultEnd { id: 0 }),
+        ];
+        h.extend(grant(60, "c1", 3));
+        h.push(fault(100, 2, "cut c0"));
+        h.push(ev(110, "nemesis", What::FaultEnd { id: 2 }));
+        h.push(ev(111, "nemesis", What::Healed));
+        h.extend(grant(130, "c0", 4));
+        let r = recovery(&h, &plan());
+        // 20 -> 61: one lock, granted 41 ns after both faults healed (in the order they
+        // healed); 110 -> 131.
+        assert_eq!(
+            r.after_each,
+            vec![
+                (Duration::from_nanos(41), "kill c1 + pause c0".to_owned()),
+                (Duration::from_nanos(21), "cut c0".to_owned()),
+            ]
+        );
+        assert_eq!(r.unrecovered, 0);
+        // c1 was not granted after the last heal.
+        assert_eq!(r.after_last, None);
+        let (median, longest, what) = r.median_and_longest().expect("two");
+        assert_eq!(
+            (median, longest, what),
+            (
+                Duration::from_nanos(41),
+                Duration::from_nanos(41),
+                "kill c1 + pause c0"
+            )
+        );
     }
 
     #[test]

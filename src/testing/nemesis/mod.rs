@@ -21,6 +21,11 @@
 //! operating system's). `docs/reliability.md` says what each backend promises under each
 //! fault.
 //!
+//! Besides the verdict, a [`Report`] measures [`Recovery`]: from each moment every fault had
+//! healed to every lock granted again, and from the last heal to every client granted (the
+//! numbers behind the progress bound). A run saved with [`Options::with_history_dir`] has its
+//! plan at the head of its history, and [`recheck`] checks it again with this build's checker.
+//!
 //! # Client processes
 //! The runner starts each client by running a program again (by default the current
 //! executable) with `BATON_NEMESIS_CLIENT` set: call [`client_if_requested`] first thing in
@@ -57,7 +62,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-pub use check::{Plan, Violation, check};
+pub use check::{Plan, Recovery, Violation, check, recovery};
 pub use history::{Event, What, now_ns};
 pub use resource::Bug;
 
@@ -340,7 +345,7 @@ pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
     /// `etcd`, `redis` or `zookeeper`.
-    pub backend: &'static str,
+    pub backend: String,
     /// The faults injected, in words.
     pub faults: Vec<String>,
     /// The whole history, sorted by time.
@@ -349,6 +354,10 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Where the history was written, if anywhere.
     pub history_file: Option<PathBuf>,
+    /// How long the locks took to be granted again after faults healed.
+    pub recovery: Recovery,
+    /// The bound the progress rule checked.
+    pub progress_bound: Duration,
 }
 
 impl Report {
@@ -366,6 +375,19 @@ impl Report {
             count(|w| matches!(w, What::Lost { .. })),
             self.violations.len()
         );
+        if let Some((median, longest, what)) = self.recovery.median_and_longest() {
+            s.push_str(&format!(
+                "recovery after faults healed: median {} ms, longest {} ms ({what}), {} not recovered before the end; every client granted {} after the last heal (bound {} ms)\n",
+                median.as_millis(),
+                longest.as_millis(),
+                self.recovery.unrecovered,
+                match self.recovery.after_last {
+                    Some(d) => format!("within {} ms", d.as_millis()),
+                    None => "not".to_owned(),
+                },
+                self.progress_bound.as_millis(),
+            ));
+        }
         for v in &self.violations {
             s.push_str(&v.to_string());
         }
@@ -532,6 +554,22 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             });
         }
     }
+    let plan = Plan {
+        locks: locks.clone(),
+        clients,
+        progress_bound: options.progress_bound(),
+    };
+    record(
+        &sink,
+        "nemesis",
+        What::Run {
+            backend: server.name().to_owned(),
+            seed: options.seed,
+        },
+    );
+    for what in plan.to_events() {
+        record(&sink, "nemesis", what);
+    }
     let run = Arc::new(Run {
         sink: Arc::clone(&sink),
         slots: slots.into_iter().map(tokio::sync::Mutex::new).collect(),
@@ -552,11 +590,6 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     drop(resource);
     let mut history = run.events();
     history.sort_by_key(|e| e.at);
-    let plan = Plan {
-        locks,
-        clients,
-        progress_bound: options.progress_bound(),
-    };
     let violations = check(&history, &plan);
     let history_file = match &options.history_dir {
         Some(dir) => {
@@ -570,11 +603,56 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     };
     Ok(Report {
         seed: options.seed,
-        backend: server.name(),
+        backend: server.name().to_owned(),
         faults,
+        recovery: recovery(&history, &plan),
+        progress_bound: plan.progress_bound,
         history,
         violations,
         history_file,
+    })
+}
+
+/// Checks a history saved by a run ([`Options::with_history_dir`]) again: with the checker
+/// of this build, against the plan written at its head. A history is the evidence of a run;
+/// the seed replays only its schedule, not the processes' interleaving.
+///
+/// # Errors
+/// The file cannot be read, or it has no plan at its head (written before the plan was
+/// saved, or not a history).
+pub fn recheck(path: &std::path::Path) -> std::io::Result<Report> {
+    let text = std::fs::read_to_string(path)?;
+    let mut history: Vec<Event> = text.lines().filter_map(Event::parse).collect();
+    history.sort_by_key(|e| e.at);
+    let plan = Plan::from_history(&history).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: no nemesis plan at its head", path.display()),
+        )
+    })?;
+    let (backend, seed) = history
+        .iter()
+        .find_map(|e| match &e.what {
+            What::Run { backend, seed } => Some((backend.clone(), *seed)),
+            _ => None,
+        })
+        .unwrap_or_else(|| ("?".to_owned(), 0));
+    let faults = history
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::FaultStart { what, .. } => Some(what.replace('_', " ")),
+            _ => None,
+        })
+        .collect();
+    Ok(Report {
+        seed,
+        backend,
+        faults,
+        recovery: recovery(&history, &plan),
+        progress_bound: plan.progress_bound,
+        violations: check(&history, &plan),
+        history,
+        history_file: Some(path.to_owned()),
     })
 }
 
