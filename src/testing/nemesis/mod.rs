@@ -2,8 +2,9 @@
 //! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
-//! back or flushes the server, and (ZooKeeper) expires a client's sessions. Every event goes into one history on one clock
-//! (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
+//! writes, and (ZooKeeper) expires a client's sessions. Every event goes into one history on
+//! one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -14,7 +15,9 @@
 //!    was not told (`lost()`), beyond the recipe's permits;
 //! 4. **progress**: after the last fault healed, every client is granted within
 //!    [`Options::progress_bound`];
-//! 5. **leftover**: no entry is left in the backend once every client stopped.
+//! 5. **leftover**: no entry is left in the backend once every client stopped;
+//! 6. **epoch** (a Redis replica promoted): a grant asked for after the promotion waits the
+//!    restart grace; a grant after that has a token above every token granted before.
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -137,7 +140,10 @@ pub enum Server {
     #[cfg(feature = "etcd")]
     Etcd(crate::testing::EtcdNode),
     /// A Redis started by the fixture: paused, killed and restarted with its data, without
-    /// it and from an older snapshot, flushed.
+    /// it and from an older snapshot, flushed; and (in a container) failed over: a replica
+    /// the run starts beside it is promoted, in sync or after missing writes, the old
+    /// primary killed (no split brain: docs/redis.md does not promise it), the clients
+    /// redirected, and a new replica attached for the next promotion.
     #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
     /// A ZooKeeper server started by the fixture: paused (a container only), killed and
