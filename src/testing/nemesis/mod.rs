@@ -557,13 +557,15 @@ impl Run {
 /// Runs the nemesis against `server` and checks the history.
 ///
 /// # Errors
-/// An I/O error starting the resource, a proxy or a client; a fault the server could not
-/// carry out (a restart that failed), in words.
+/// An I/O error starting the resource, a proxy, a client or (Redis) the replica to promote;
+/// a fault the server could not carry out (a restart that failed), in words.
 ///
 /// # Cancel safety
 /// Dropping the future ends the run where it is: the client processes are killed with it
-/// (`kill_on_drop`, and each dies with the runner), the proxies close; a fault in progress is
-/// not healed (a paused server stays paused until its fixture is dropped).
+/// (`kill_on_drop`, and each dies with the runner), the proxies close, the Redis servers the
+/// run started (replica, promoted primary) are removed; a fault in progress is not healed (a
+/// paused server stays paused, a primary killed by a promotion stays down, until its fixture
+/// is dropped).
 pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let sink: Sink = Arc::default();
     let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
