@@ -70,7 +70,8 @@ _clean-containers:
 
 # The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
 # kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
-# the history; on ZooKeeper it also expires a client's sessions. BACKEND: etcd, redis or
+# the history; on Redis it also promotes a replica (in sync or behind), on ZooKeeper it
+# expires a client's sessions. BACKEND: etcd, redis or
 # zookeeper. SEED replays the schedule (default: the time).
 # BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
 nemesis backend seconds seed="":

@@ -155,7 +155,9 @@ the recipe's permits; after the last fault heals, every client granted within 4 
 moment every fault had healed to every lock granted again, and from the last heal to every
 client granted);
 no entry left once the clients stop; no client process ends on its own (a crash: the runner
-looks before each kill and at the stop). A violation prints the seed and the window of events
+looks before each kill and at the stop); after a Redis replica's promotion, a grant asked
+for after it waits the restart grace and every later grant's token is above every token
+granted before it (`epoch`). A violation prints the seed and the window of events
 that shows it. `BATON_NEMESIS_BUG=admit-lower` breaks the resource's fence;
 `read-before-claim` breaks the clients' fencing rule. Each run saves its history
 (`target/nemesis/BACKEND-SEED.history`, the plan at its head); `just nemesis-check FILE`
@@ -177,6 +179,8 @@ holds):
 | server killed, restarted with its data | leases survive (or are told first); tokens increase | new epoch: holders told first, nothing granted for the grace, tokens higher | nodes and sessions come back (logged before answered; the fixture does not fsync, the page cache keeps the log); a holder whose renewals failed for a TTL is told, its session closed or expired before its node goes; czxids keep increasing |
 | a client's sessions expired (cut off 11–13 s, past the lease's TTL and the backend's own 10 s session) | — | — | `lost()` before the expiry, as for a cut; a waiter gets `SessionLost(Expired)`; after the heal the backend opens a new session of its own and the client a new lease |
 | Redis restarted without data, from an older snapshot, `FLUSHALL` | — | the same (new epoch) | — |
+| Redis replica promoted (in sync, or cut off from its primary 0.2–3 s first, so it missed what was granted and released meanwhile), the old primary killed 0.1–1.5 s before, clients redirected; a new replica attached for the next one; containers only | — | new epoch (the replica's `run_id` differs): holders told first, nothing granted for the grace, tokens above all before | — |
+| Redis split brain (the old primary keeps serving clients not redirected) | — | not promised, not injected ([redis.md](redis.md)): only a fence keeps the resource safe | — |
 | etcd restarted without its data | not promised, not injected: revisions start again, tokens go back (a fence refuses them) | — | not injected either: czxids would start again |
 
 Runs (2 cores, 8 client processes; "faults" counts injected faults). The short runs made
@@ -198,6 +202,17 @@ What it caught:
   On ZooKeeper (seed 3, 20 s, 1,109 grants): 48 violations, 24 `fence` and 24 `counter`,
   all on the Semaphore (its two permits write concurrently), e.g. `the resource accepted
   token 65 from c3 after token 66 from c2`.
+- **A Redis backend that skips the epoch check** (injected on 317db96, not committed:
+  `epoch()` in `lib.lua` trusts any state that has a `baton:gen`, neither `run_id` nor the
+  client's floor checked), promotions only, seed 4, 40 s, 4 promotions (one in sync, three
+  after missing 1.0, 2.0 and 2.2 s of writes), 1,437 grants: 24 violations, 16 `epoch`
+  (every promotion, every lock: e.g. `c1 asked 300 ms after a promotion and was granted
+  ... 301 ms after it, within the restart grace (2s); and 12 more grants like it`) and 8
+  `token-order` across the promotion after 1.0 s missed: `.../mutex: token …164744 granted
+  twice (c1 and c1)` (c1 released it while the replica was cut off, asked again after the
+  promotion and was granted its old entry back), the same on the Semaphore and the
+  Election. The fence held (the re-granted token is below what it had accepted). The same
+  seed and schedule without the injected defect: 0 violations (1,240 grants).
 - **The Redis rollback before epochs** (commit 89c995b, seed 2, 40 s): 6 violations, every one
   across `redis killed, restarted with its data` (a `SAVE` taken ~30–180 ms before the kill,
   so the restart brings back entries released after it): `[token-order] .../semaphore: token

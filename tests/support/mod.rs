@@ -554,14 +554,14 @@ pub async fn a_release_is_not_a_loss(rig: Rig) {
     let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     let after_unlock = tokio::spawn(guard.lost());
     guard.unlock().await.unwrap();
-    let leadership = Election::new(&a, &format!("{name}-e"))
+    let leadership = Election::new(&a, format!("{name}-e"))
         .unwrap()
         .campaign("v")
         .await
         .unwrap();
     let after_resign = tokio::spawn(leadership.lost());
     leadership.resign().await.unwrap();
-    let permit = baton::Semaphore::new(&a, &format!("{name}-s"), 2)
+    let permit = baton::Semaphore::new(&a, format!("{name}-s"), 2)
         .unwrap()
         .acquire()
         .await

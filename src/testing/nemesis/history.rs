@@ -188,6 +188,11 @@ pub enum What {
         /// Milliseconds.
         ms: u64,
     },
+    /// The clients' Redis restart grace the run was checked against, in milliseconds.
+    PlanGrace {
+        /// Milliseconds.
+        ms: u64,
+    },
     /// An entry still in the backend after every client stopped and every lease could end.
     Leftover {
         /// The lock.
@@ -258,6 +263,7 @@ impl fmt::Display for Event {
             What::PlanLock { lock, recipe } => write!(f, "plan-lock {lock} {recipe}"),
             What::PlanClient { client, lock } => write!(f, "plan-client {client} {lock}"),
             What::PlanBound { ms } => write!(f, "plan-bound {ms}"),
+            What::PlanGrace { ms } => write!(f, "plan-grace {ms}"),
         }
     }
 }
@@ -347,6 +353,7 @@ impl Event {
                 lock: s()?,
             },
             "plan-bound" => What::PlanBound { ms: n(s())? },
+            "plan-grace" => What::PlanGrace { ms: n(s())? },
             _ => return None,
         };
         Some(Event { at, who, what })
@@ -433,6 +440,7 @@ mod tests {
                 lock: "n/mutex".into(),
             },
             What::PlanBound { ms: 18_000 },
+            What::PlanGrace { ms: 2_000 },
         ];
         for what in events {
             let e = Event {

@@ -2,8 +2,9 @@
 //! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
-//! back or flushes the server, and (ZooKeeper) expires a client's sessions. Every event goes into one history on one clock
-//! (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
+//! writes, and (ZooKeeper) expires a client's sessions. Every event goes into one history on
+//! one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -14,7 +15,9 @@
 //!    was not told (`lost()`), beyond the recipe's permits;
 //! 4. **progress**: after the last fault healed, every client is granted within
 //!    [`Options::progress_bound`];
-//! 5. **leftover**: no entry is left in the backend once every client stopped.
+//! 5. **leftover**: no entry is left in the backend once every client stopped;
+//! 6. **epoch** (a Redis replica promoted): a grant asked for after the promotion waits the
+//!    restart grace; a grant after that has a token above every token granted before.
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -142,7 +145,10 @@ pub enum Server {
     #[cfg(feature = "etcd")]
     Etcd(crate::testing::EtcdNode),
     /// A Redis started by the fixture: paused, killed and restarted with its data, without
-    /// it and from an older snapshot, flushed.
+    /// it and from an older snapshot, flushed; and (in a container) failed over: a replica
+    /// the run starts beside it is promoted, in sync or after missing writes, the old
+    /// primary killed (no split brain: docs/redis.md does not promise it), the clients
+    /// redirected, and a new replica attached for the next promotion.
     #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
     /// A ZooKeeper server started by the fixture: paused (a container only), killed and
@@ -190,13 +196,21 @@ impl Server {
             #[cfg(feature = "etcd")]
             Server::Etcd(_) => vec![FaultKind::ServerPause, FaultKind::ServerRestart],
             #[cfg(feature = "redis")]
-            Server::Redis(_) => vec![
-                FaultKind::ServerPause,
-                FaultKind::ServerRestart,
-                FaultKind::ServerRestartEmpty,
-                FaultKind::ServerRestartFromSnapshot,
-                FaultKind::Flush,
-            ],
+            Server::Redis(n) => {
+                let mut faults = vec![
+                    FaultKind::ServerPause,
+                    FaultKind::ServerRestart,
+                    FaultKind::ServerRestartEmpty,
+                    FaultKind::ServerRestartFromSnapshot,
+                    FaultKind::Flush,
+                ];
+                // The replica is started beside the server, in a container of its own: not
+                // beside a server named by `BATON_REDIS_URL`, which no fixture controls.
+                if n.is_container() {
+                    faults.push(FaultKind::PromoteReplica(Duration::ZERO));
+                }
+                faults
+            }
             // `docker pause` freezes a container only; the local `java` fallback is not paused.
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) if n.is_container() => vec![
@@ -420,6 +434,77 @@ struct Run {
     program: (PathBuf, Vec<String>),
     /// Clients a fault has cut off (a server fault's own cut must not heal them).
     cut: StdMutex<HashSet<usize>>,
+    /// Which server the server faults strike, after promotions (Redis). Held by each server
+    /// fault while it runs (one at a time: a slot has at most one).
+    failover: tokio::sync::Mutex<Failover>,
+}
+
+/// A Redis primary's replica, and the primary since the last promotion.
+#[derive(Debug, Default)]
+struct Failover {
+    /// The primary since the last promotion; `None` while it is the server the run was given.
+    primary: Option<Server>,
+    /// A replica of the current primary, attached to it, to promote next; `None` when the
+    /// server's faults include no promotion.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    replica: Option<Server>,
+}
+
+impl Failover {
+    /// Starts a replica of `server` if its faults include a promotion.
+    async fn start(server: &Server) -> std::io::Result<Failover> {
+        let promotes = |server: &Server| {
+            server
+                .faults()
+                .iter()
+                .any(|f| matches!(f, FaultKind::PromoteReplica(_)))
+        };
+        let replica = match server {
+            #[cfg(feature = "redis")]
+            Server::Redis(primary) if promotes(server) => Some(Server::Redis(
+                replica_of(primary).await.map_err(std::io::Error::other)?,
+            )),
+            _ => {
+                let _ = promotes;
+                None
+            }
+        };
+        Ok(Failover {
+            primary: None,
+            replica,
+        })
+    }
+}
+
+/// A new Redis server made a replica of `primary` (`REPLICAOF` sent once it runs, rather than
+/// given as an argument, so that once promoted a restart brings it back as a primary), once
+/// it has synchronised.
+#[cfg(feature = "redis")]
+async fn replica_of(
+    primary: &crate::testing::RedisNode,
+) -> Result<crate::testing::RedisNode, String> {
+    let replica = crate::testing::RedisNode::start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = primary.port().to_string();
+    replica
+        .command::<()>("REPLICAOF", &["127.0.0.1", &port])
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: Result<String, _> = replica.command("INFO", &["replication"]).await;
+        if info.is_ok_and(|i| i.contains("master_link_status:up")) {
+            return Ok(replica);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the replica on port {} did not synchronise with 127.0.0.1:{port} within 30 s",
+                replica.port()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 impl Run {
@@ -494,13 +579,15 @@ impl Run {
 /// Runs the nemesis against `server` and checks the history.
 ///
 /// # Errors
-/// An I/O error starting the resource, a proxy or a client; a fault the server could not
-/// carry out (a restart that failed), in words.
+/// An I/O error starting the resource, a proxy, a client or (Redis) the replica to promote;
+/// a fault the server could not carry out (a restart that failed), in words.
 ///
 /// # Cancel safety
 /// Dropping the future ends the run where it is: the client processes are killed with it
-/// (`kill_on_drop`, and each dies with the runner), the proxies close; a fault in progress is
-/// not healed (a paused server stays paused until its fixture is dropped).
+/// (`kill_on_drop`, and each dies with the runner), the proxies close, the Redis servers the
+/// run started (replica, promoted primary) are removed; a fault in progress is not healed (a
+/// paused server stays paused, a primary killed by a promotion stays down, until its fixture
+/// is dropped).
 pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let sink: Sink = Arc::default();
     let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
@@ -558,6 +645,7 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
         locks: locks.clone(),
         clients,
         progress_bound: options.progress_bound(),
+        restart_grace: options.ttl,
     };
     record(
         &sink,
@@ -575,10 +663,16 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
         slots: slots.into_iter().map(tokio::sync::Mutex::new).collect(),
         program,
         cut: StdMutex::default(),
+        failover: tokio::sync::Mutex::new(Failover::start(server).await?),
     });
     let outcome = drive(&run, server, &options).await;
     // Whatever happened, every client ends: asked (stdin closed), then killed by its PID.
     let stopped = stop_clients(&run).await;
+    // After a promotion, the state is on the promoted replica.
+    let url = match &run.failover.lock().await.primary {
+        Some(primary) => primary.url(),
+        None => url,
+    };
     let leftovers = if outcome.is_ok() {
         find_leftovers(server, &url, &locks, &options, &sink).await
     } else {
@@ -713,6 +807,21 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         );
     };
     let end = |run: &Run| record(&run.sink, "nemesis", What::FaultEnd { id: fault.id });
+    // A server fault strikes the primary of the moment (a promotion changes it), and holds it
+    // meanwhile; a client fault beside it does not wait for it.
+    let mut failover = if fault.kind.on_server() {
+        Some(run.failover.lock().await)
+    } else {
+        None
+    };
+    if let (FaultKind::PromoteReplica(missed), Some(failover)) = (&fault.kind, &mut failover) {
+        start(run);
+        return promote(run, server, failover, *missed, fault.hold, || end(run)).await;
+    }
+    let server = failover
+        .as_ref()
+        .and_then(|f| f.primary.as_ref())
+        .unwrap_or(server);
     match fault.kind {
         FaultKind::Pause(c) => {
             let slot = run.slots[c].lock().await;
@@ -811,8 +920,64 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             server.act(ServerAct::Flush).await?;
             end(run);
         }
+        // Carried out above.
+        FaultKind::PromoteReplica(_) => {}
     }
     Ok(())
+}
+
+/// A failover (Redis): cuts the replica off from the primary for `missed` (it misses what is
+/// written meanwhile), kills the primary (for good: two primaries serving at once, split
+/// brain, is what docs/redis.md does not promise), promotes the replica `hold` later, calls
+/// `end` (every grant of the old primary was made before, every grant of the new epoch comes
+/// after: the checker's boundary), sends every client to the new primary and starts a fresh
+/// replica of it for the next promotion.
+async fn promote(
+    run: &Run,
+    given: &Server,
+    failover: &mut Failover,
+    missed: Duration,
+    hold: Duration,
+    end: impl FnOnce(),
+) -> Result<(), String> {
+    #[cfg(feature = "redis")]
+    if let Some(Server::Redis(replica)) = &failover.replica {
+        let e = |e: crate::testing::FixtureError| e.to_string();
+        if !missed.is_zero() {
+            replica.detach().await.map_err(e)?;
+            tokio::time::sleep(missed).await;
+        }
+        failover
+            .primary
+            .as_ref()
+            .unwrap_or(given)
+            .act(ServerAct::Stop)
+            .await?;
+        tokio::time::sleep(hold).await;
+        replica.promote().await.map_err(e)?;
+        end();
+        // A client whose own fault holds its slot moves when that fault ends: it cannot reach
+        // anyone meanwhile anyway (or, cut off one way, only the dead primary).
+        let to = format!("127.0.0.1:{}", replica.port());
+        let mut busy = Vec::new();
+        for (c, slot) in run.slots.iter().enumerate() {
+            match slot.try_lock() {
+                Ok(slot) => slot.proxy.redirect(&to).map_err(|e| e.to_string())?,
+                Err(_) => busy.push(c),
+            }
+        }
+        for c in busy {
+            let slot = run.slots[c].lock().await;
+            slot.proxy.redirect(&to).map_err(|e| e.to_string())?;
+        }
+        let next = replica_of(replica).await?;
+        // The old primary, if the run started it, goes (it is stopped already); the server
+        // the run was given stays stopped until its owner drops it.
+        failover.primary = failover.replica.replace(Server::Redis(next));
+        return Ok(());
+    }
+    let _ = (run, given, failover, missed, hold, end);
+    Err("a promotion needs a Redis server with a replica".to_owned())
 }
 
 /// Asks every client to stop (closes its standard input), waits up to 15 s for each, then
