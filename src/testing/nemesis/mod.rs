@@ -140,6 +140,8 @@ pub fn client_if_requested() -> Option<i32> {
 /// The server the nemesis runs against.
 #[derive(Debug)]
 #[non_exhaustive]
+// One value per run; boxing a fixture would only make every caller write `Box::new`.
+#[allow(clippy::large_enum_variant)]
 pub enum Server {
     /// A single etcd member started by the fixture: paused, killed and restarted with its data.
     #[cfg(feature = "etcd")]
