@@ -340,7 +340,7 @@ impl Leadership {
     }
 
     /// Resolves when leadership is lost: the session under it is lost, or our key was
-    /// deleted from outside ([`LostReason::EntryDeleted`]). See
+    /// deleted from outside ([`LostReason::EntryDeleted`]); never because we resigned. See
     /// [`MutexGuard::lost`](crate::MutexGuard::lost).
     ///
     /// # Cancel safety

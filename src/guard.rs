@@ -35,7 +35,9 @@ macro_rules! entry_guard {
             ///
             /// Session loss is heard at once (at the lease deadline at the latest); a deleted
             /// entry as soon as the backend reports the deletion (one watch on our own entry,
-            /// opened when this future is first polled).
+            /// opened when this future is first polled). Our own release (or drop) is not a
+            /// loss: a `lost()` future that outlives the guard resolves only when the session
+            /// ends ([`LostReason::Closed`](crate::LostReason::Closed) after a close).
             ///
             /// # Cancel safety
             /// Cancel safe: dropping it only stops this one observer.

@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -78,6 +79,9 @@ pub(crate) struct Held {
     released: bool,
     /// Set once the hold time was reported: at the release's start, or at the drop.
     hold_reported: bool,
+    /// Set when the holder lets go (the release's start, or the drop), before the delete is
+    /// sent: the deletion `lost()` then sees is ours, not a loss.
+    letting_go: Arc<AtomicBool>,
 }
 
 /// Where an acquisition puts its entry: the key `<queue>/<tag>` (tags have no `/`). One
@@ -506,6 +510,7 @@ fn take_turn<'a>(
             granted: Instant::now(),
             released: false,
             hold_reported: false,
+            letting_go: Arc::default(),
         })
     }
 }
@@ -861,12 +866,15 @@ impl Held {
     }
 
     /// Resolves when the hold is lost: the session is lost, or our entry was deleted while
-    /// the session lives. Holds no session handle, so it does not keep the lease alive.
+    /// the session lives. Our own release is not a loss: once the holder lets go, the
+    /// deletion is ours and only the session's end resolves it. Holds no session handle, so
+    /// it does not keep the lease alive.
     pub(crate) fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
         let loss = self.session.loss();
         let backend = Arc::clone(self.session.backend());
         let entry = self.entry.clone();
         let lease = self.session.lease_id();
+        let letting_go = Arc::clone(&self.letting_go);
         async move {
             tokio::select! {
                 biased;
@@ -874,6 +882,10 @@ impl Held {
                 () = entry_deleted(&*backend, &entry) => {
                     if let Some(reason) = loss.check() {
                         return reason;
+                    }
+                    // Set before our delete was sent, so seen here if the deletion was ours.
+                    if letting_go.load(Ordering::Acquire) {
+                        return loss.wait().await;
                     }
                     // Gone with the lease? Then the session is lost, and says why.
                     if let Ok(None) = backend.lease_ttl(lease).await {
@@ -948,8 +960,9 @@ impl Held {
         }
     }
 
-    /// Reports the hold time, once.
+    /// Marks that the holder lets go (see [`Held::lost`]) and reports the hold time, once.
     fn end_hold(&mut self) {
+        self.letting_go.store(true, Ordering::Release);
         if !std::mem::replace(&mut self.hold_reported, true) {
             self.meter.held_since(self.granted);
         }

@@ -544,6 +544,45 @@ pub async fn deleted_key_is_reported_to_the_holder(rig: Rig) {
     );
 }
 
+/// A release is not a loss: a `lost()` future taken before `unlock()`, `resign()` or a
+/// permit's `release()` does not resolve because our own release deleted the entry (on
+/// ZooKeeper the watch on our own node fired during the delete, before it answered); it
+/// resolves only when the session ends, with `Closed`.
+pub async fn a_release_is_not_a_loss(rig: Rig) {
+    let name = rig.name("release-not-loss");
+    let a = rig.session().await;
+    let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let after_unlock = tokio::spawn(guard.lost());
+    guard.unlock().await.unwrap();
+    let leadership = Election::new(&a, format!("{name}-e"))
+        .unwrap()
+        .campaign("v")
+        .await
+        .unwrap();
+    let after_resign = tokio::spawn(leadership.lost());
+    leadership.resign().await.unwrap();
+    let permit = baton::Semaphore::new(&a, format!("{name}-s"), 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    let after_release = tokio::spawn(permit.lost());
+    permit.release().await.unwrap();
+    // Each deletion has been seen from outside; the watches on them fired long ago.
+    let last = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    assert_eq!(rig.outside.entries(&name).await.unwrap().len(), 1);
+    last.unlock().await.unwrap();
+    a.close().await.unwrap();
+    for (what, lost) in [
+        ("unlock", after_unlock),
+        ("resign", after_resign),
+        ("release", after_release),
+    ] {
+        let reason = within(what, Duration::from_secs(10), lost).await.unwrap();
+        assert_eq!(reason, LostReason::Closed, "lost() after {what}");
+    }
+}
+
 /// Revoking the holder's lease from outside fires its `lost()`, refuses its guarded writes,
 /// and lets the next waiter acquire.
 pub async fn revoked_holder_is_told(rig: Rig) {
@@ -1288,7 +1327,7 @@ macro_rules! conformance {
             lost_waiter_gets_error, local_tasks_never_share_a_key, guarded_writes, bad_input,
             close_releases_everything, dropped_session_revokes, dropped_guard_releases,
             failed_lock_leaves_nothing, failed_release_never_hands_out_the_token_again,
-            deleted_key_is_reported_to_the_holder, nested_names_share_a_queue,
+            deleted_key_is_reported_to_the_holder, a_release_is_not_a_loss, nested_names_share_a_queue,
             election_fifo_succession, election_dead_leader_is_followed, election_proclaim_and_loss,
             election_lost_campaigner_gets_error, election_run_while_leader, election_drops_clean_up,
             election_run_while_leader_survives_a_failed_resign,

@@ -17,6 +17,158 @@ pub struct Plan {
     pub clients: Vec<(String, String)>,
     /// Every live client must be granted within this bound after the last fault healed.
     pub progress_bound: Duration,
+    /// The clients' Redis restart grace: after a replica's promotion, nothing of the new
+    /// epoch is granted before it has passed (see [`check`], rule 6).
+    pub restart_grace: Duration,
+}
+
+impl Plan {
+    /// The head of a history that describes this plan (`run`, `plan-lock`, `plan-client`,
+    /// `plan-bound`, `plan-grace` lines), so that a saved history can be checked again
+    /// ([`Plan::from_history`]).
+    pub fn to_events(&self) -> Vec<What> {
+        let mut events: Vec<What> = self
+            .locks
+            .iter()
+            .map(|(lock, recipe)| What::PlanLock {
+                lock: lock.clone(),
+                recipe: recipe.name().to_owned(),
+            })
+            .collect();
+        events.extend(self.clients.iter().map(|(client, lock)| What::PlanClient {
+            client: client.clone(),
+            lock: lock.clone(),
+        }));
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        events.push(What::PlanBound {
+            ms: ms(self.progress_bound),
+        });
+        events.push(What::PlanGrace {
+            ms: ms(self.restart_grace),
+        });
+        events
+    }
+
+    /// The plan a history's head describes; `None` if it has no `plan-lock`, names an
+    /// unknown recipe, or lacks `plan-bound` or `plan-grace` (a history written before these
+    /// lines).
+    pub fn from_history(history: &[Event]) -> Option<Plan> {
+        let mut locks = Vec::new();
+        let mut clients = Vec::new();
+        let mut bound = None;
+        let mut grace = None;
+        for e in history {
+            match &e.what {
+                What::PlanLock { lock, recipe } => {
+                    locks.push((lock.clone(), Recipe::parse(recipe)?));
+                }
+                What::PlanClient { client, lock } => clients.push((client.clone(), lock.clone())),
+                What::PlanBound { ms } => bound = Some(Duration::from_millis(*ms)),
+                What::PlanGrace { ms } => grace = Some(Duration::from_millis(*ms)),
+                _ => {}
+            }
+        }
+        if locks.is_empty() {
+            return None;
+        }
+        Some(Plan {
+            locks,
+            clients,
+            progress_bound: bound?,
+            restart_grace: grace?,
+        })
+    }
+}
+
+/// How long the locks took to be granted again once faults had healed, measured on a
+/// history: the numbers behind [`Plan::progress_bound`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// For each moment at which every fault begun so far had healed (a slot of the schedule
+    /// ended): the time until every lock had granted again, with the faults that had just
+    /// healed, in words. A next fault that starts meanwhile counts in (an overestimate).
+    pub after_each: Vec<(Duration, String)>,
+    /// Such moments after which some lock was not granted again before the run ended.
+    pub unrecovered: usize,
+    /// After the last fault healed: the time until every client had been granted; `None`
+    /// if one never was.
+    pub after_last: Option<Duration>,
+}
+
+impl Recovery {
+    /// The median and the longest of [`Recovery::after_each`], with the faults of the
+    /// longest.
+    pub fn median_and_longest(&self) -> Option<(Duration, Duration, &str)> {
+        let mut times: Vec<Duration> = self.after_each.iter().map(|(d, _)| *d).collect();
+        times.sort();
+        let median = *times.get(times.len() / 2)?;
+        let (longest, what) = self.after_each.iter().max_by_key(|(d, _)| *d)?;
+        Some((median, *longest, what))
+    }
+}
+
+/// Measures [`Recovery`] on `history` (sorted by time).
+pub fn recovery(history: &[Event], plan: &Plan) -> Recovery {
+    let lock_of: HashMap<&str, &str> = plan
+        .clients
+        .iter()
+        .map(|(c, l)| (c.as_str(), l.as_str()))
+        .collect();
+    // The first grant on each lock at or after each instant: walk the grants once per
+    // quiet point (histories are a few ten thousand lines).
+    let grants: Vec<(u64, &str, &str)> = history
+        .iter()
+        .filter(|e| matches!(e.what, What::Granted { .. }))
+        .filter_map(|e| Some((e.at, *lock_of.get(e.who.as_str())?, e.who.as_str())))
+        .collect();
+    let mut open: BTreeMap<u32, String> = BTreeMap::new();
+    let mut batch: Vec<String> = Vec::new();
+    let mut out = Recovery::default();
+    for e in history {
+        match &e.what {
+            What::FaultStart { id, what } => {
+                open.insert(*id, what.replace('_', " "));
+            }
+            What::FaultEnd { id } => {
+                if let Some(what) = open.remove(id) {
+                    batch.push(what);
+                }
+                if !open.is_empty() {
+                    continue;
+                }
+                let faults = std::mem::take(&mut batch).join(" + ");
+                let mut longest = Some(0u64);
+                for (lock, _) in &plan.locks {
+                    let next = grants
+                        .iter()
+                        .find(|(at, l, _)| *at > e.at && *l == lock.as_str());
+                    longest = match (longest, next) {
+                        (Some(l), Some((at, _, _))) => Some(l.max(at - e.at)),
+                        _ => None,
+                    };
+                }
+                match longest {
+                    Some(ns) => out.after_each.push((Duration::from_nanos(ns), faults)),
+                    None => out.unrecovered += 1,
+                }
+            }
+            What::Healed => {
+                let mut longest = Some(0u64);
+                for (client, _) in &plan.clients {
+                    let next = grants
+                        .iter()
+                        .find(|(at, _, who)| *at > e.at && *who == client.as_str());
+                    longest = match (longest, next) {
+                        (Some(l), Some((at, _, _))) => Some(l.max(at - e.at)),
+                        _ => None,
+                    };
+                }
+                out.after_last = longest.map(Duration::from_nanos);
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// A broken promise.
@@ -66,7 +218,36 @@ fn client_of_fault(what: &str) -> Option<(&str, &str)> {
     Some((w.next()?, w.next()?))
 }
 
+/// How late a grant of a new epoch may seem to come before its restart grace ended: the
+/// server counts the grace in whole milliseconds of its own clock, the history in
+/// nanoseconds of `CLOCK_MONOTONIC`.
+const GRACE_SLACK: Duration = Duration::from_millis(5);
+
+/// Whether a fault's words (`redis replica promoted ...`, or as read back from a line, with
+/// `_` for spaces) say it is a promotion.
+fn is_promotion(what: &str) -> bool {
+    what.contains("replica") && what.contains("promoted")
+}
+
+/// `; and N more grants like it` when there were `n` > 1.
+fn more(n: usize) -> String {
+    if n > 1 {
+        format!("; and {} more grants like it", n - 1)
+    } else {
+        String::new()
+    }
+}
+
 /// Checks `history` (sorted by time) against `plan`.
+///
+/// Besides the rules of the [module docs](super), on a Redis replica's promotion (6,
+/// **epoch**, docs/redis.md): the fault ends once the replica is promoted, before any client
+/// is sent to it, so every grant of the old primary was made before its end and every grant
+/// of the promoted replica, a new epoch, after. A grant asked for after the promotion comes
+/// no sooner than [`Plan::restart_grace`] after it; a grant that came later than that, to a
+/// client not paused since the promotion (so not an old primary's answer read late), has a
+/// token above every token granted before the promotion. (Holders from before told first:
+/// rule 3.)
 pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
     let mut violations = Vec::new();
     let lock_of: HashMap<&str, &str> = plan
@@ -176,9 +357,71 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
             .collect()
     };
 
+    // The promotions' ends.
+    let mut promoting: Vec<u32> = Vec::new();
+    let mut promotions: Vec<u64> = Vec::new();
+    for e in history {
+        match &e.what {
+            What::FaultStart { id, what } if is_promotion(what) => promoting.push(*id),
+            What::FaultEnd { id } if promoting.contains(id) => promotions.push(e.at),
+            _ => {}
+        }
+    }
+    let grace = plan.restart_grace.saturating_sub(GRACE_SLACK).as_nanos() as u64;
+
     for (lock, recipe) in &plan.locks {
         let mut list = holds.remove(lock).unwrap_or_default();
         list.sort_by_key(|h| h.granted);
+        // (6) A promotion begins a new epoch. Each kind of breach is shown once per promotion
+        // and lock, with how many grants broke it.
+        for &promoted in &promotions {
+            let before = list
+                .iter()
+                .filter(|h| h.granted < promoted)
+                .max_by_key(|h| h.token);
+            let after = || list.iter().filter(|h| h.granted >= promoted);
+            let early: Vec<&Hold> = after()
+                .filter(|h| h.invoked > promoted && h.granted < promoted + grace)
+                .collect();
+            if let Some(h) = early.first() {
+                violations.push(Violation {
+                    rule: "epoch",
+                    message: format!(
+                        "{lock}: {} asked {:.0} ms after a promotion and was granted token {} {:.0} ms after it, within the restart grace ({:?}){}",
+                        h.client,
+                        (h.invoked - promoted) as f64 / 1e6,
+                        h.token,
+                        (h.granted - promoted) as f64 / 1e6,
+                        plan.restart_grace,
+                        more(early.len())
+                    ),
+                    window: window(promoted, h.granted, &[&h.client], lock),
+                });
+            }
+            let Some(b) = before else { continue };
+            let low: Vec<&Hold> = after()
+                .filter(|h| {
+                    h.granted >= promoted + grace
+                        && h.token <= b.token
+                        && !paused_during(&h.client, promoted, h.granted)
+                })
+                .collect();
+            if let Some(h) = low.first() {
+                violations.push(Violation {
+                    rule: "epoch",
+                    message: format!(
+                        "{lock}: {} was granted token {} {:.0} ms after a promotion, not above token {} granted to {} before it{}",
+                        h.client,
+                        h.token,
+                        (h.granted - promoted) as f64 / 1e6,
+                        b.token,
+                        b.client,
+                        more(low.len())
+                    ),
+                    window: window(b.granted, h.granted, &[&b.client, &h.client], lock),
+                });
+            }
+        }
         // (2) Tokens: unique, and a grant that returned before another was asked for has the
         // lower token.
         let mut seen: HashMap<u64, &Hold> = HashMap::new();
@@ -430,6 +673,7 @@ mod tests {
             locks: vec![("l".into(), Recipe::Mutex)],
             clients: vec![("c0".into(), "l".into()), ("c1".into(), "l".into())],
             progress_bound: Duration::from_secs(1),
+            restart_grace: Duration::from_millis(100),
         }
     }
 
@@ -498,6 +742,128 @@ mod tests {
         h.extend(grant(20, "c1", 7));
         let v = check(&h, &plan());
         assert!(v.iter().any(|v| v.rule == "token-order"), "{v:?}");
+    }
+
+    #[test]
+    fn a_plan_reads_back_from_its_history() {
+        let plan = plan();
+        let head: Vec<Event> = plan
+            .to_events()
+            .into_iter()
+            .map(|what| ev(0, "nemesis", what))
+            .collect();
+        let text: String = head.iter().map(|e| format!("{e}\n")).collect();
+        let read: Vec<Event> = text.lines().filter_map(Event::parse).collect();
+        let back = Plan::from_history(&read).expect("a plan");
+        assert_eq!(back.locks, plan.locks);
+        assert_eq!(back.clients, plan.clients);
+        assert_eq!(back.progress_bound, plan.progress_bound);
+        assert_eq!(back.restart_grace, plan.restart_grace);
+        assert!(Plan::from_history(&[]).is_none());
+    }
+
+    #[test]
+    fn recovery_is_measured_from_each_quiet_moment() {
+        let fault = |at, id, what: &str| {
+            ev(
+                at,
+                "nemesis",
+                What::FaultStart {
+                    id,
+                    what: what.into(),
+                },
+            )
+        };
+        let mut h = vec![
+            fault(0, 0, "pause c0"),
+            fault(5, 1, "kill c1"),
+            ev(10, "nemesis", What::FaultEnd { id: 1 }),
+            ev(20, "nemesis", What::FaultEnd { id: 0 }),
+        ];
+        h.extend(grant(60, "c1", 3));
+        h.push(fault(100, 2, "cut c0"));
+        h.push(ev(110, "nemesis", What::FaultEnd { id: 2 }));
+        h.push(ev(111, "nemesis", What::Healed));
+        h.extend(grant(130, "c0", 4));
+        let r = recovery(&h, &plan());
+        // 20 -> 61: one lock, granted 41 ns after both faults healed (in the order they
+        // healed); 110 -> 131.
+        assert_eq!(
+            r.after_each,
+            vec![
+                (Duration::from_nanos(41), "kill c1 + pause c0".to_owned()),
+                (Duration::from_nanos(21), "cut c0".to_owned()),
+            ]
+        );
+        assert_eq!(r.unrecovered, 0);
+        // c1 was not granted after the last heal.
+        assert_eq!(r.after_last, None);
+        let (median, longest, what) = r.median_and_longest().expect("two");
+        assert_eq!(
+            (median, longest, what),
+            (
+                Duration::from_nanos(41),
+                Duration::from_nanos(41),
+                "kill c1 + pause c0"
+            )
+        );
+    }
+
+    #[test]
+    fn a_promotion_begins_an_epoch_that_waits_the_grace_with_higher_tokens() {
+        const MS: u64 = 1_000_000;
+        let promotion = |at: u64| {
+            [
+                ev(
+                    at - 10 * MS,
+                    "nemesis",
+                    What::FaultStart {
+                        id: 0,
+                        what: "redis_replica_promoted_after_missing_900_ms_of_writes,_the_old_primary_killed".into(),
+                    },
+                ),
+                ev(at, "nemesis", What::FaultEnd { id: 0 }),
+            ]
+        };
+        // c0 holds token 9 across the promotion and is told; c1, queued before it, is
+        // granted after the grace with a higher token: as promised.
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 9));
+        h.push(ev(MS, "c1", What::Acquire { mode: 'x' }));
+        h.extend(promotion(50 * MS));
+        h.push(ev(120 * MS, "c0", What::Lost { token: 9 }));
+        h.push(ev(
+            160 * MS,
+            "c1",
+            What::Granted {
+                token: 20,
+                mode: 'x',
+            },
+        ));
+        assert!(check(&h, &plan()).is_empty(), "{:?}", check(&h, &plan()));
+
+        // The same grant with a token below the old holder's.
+        let mut low = h.clone();
+        low.retain(|e| e.who != "c1" || !matches!(e.what, What::Granted { .. }));
+        low.push(ev(
+            160 * MS,
+            "c1",
+            What::Granted {
+                token: 7,
+                mode: 'x',
+            },
+        ));
+        let v = check(&low, &plan());
+        assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
+
+        // c0 told, c1 asks after the promotion and is granted before the grace passed.
+        let mut early = Vec::new();
+        early.extend(grant(0, "c0", 9));
+        early.extend(promotion(50 * MS));
+        early.push(ev(55 * MS, "c0", What::Lost { token: 9 }));
+        early.extend(grant(60 * MS, "c1", 20));
+        let v = check(&early, &plan());
+        assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
     }
 
     #[test]

@@ -161,6 +161,38 @@ pub enum What {
     Healed,
     /// The runner asked every client to stop.
     Stopping,
+    /// The run's backend and seed (the history's first line).
+    Run {
+        /// `etcd`, `redis`, `zookeeper`, ...
+        backend: String,
+        /// The seed that replays its schedule.
+        seed: u64,
+    },
+    /// A lock of the run and its recipe (a line of the history's head: what the checker
+    /// needs besides the events, so that a saved history can be checked again).
+    PlanLock {
+        /// The lock's name.
+        lock: String,
+        /// The recipe's name ([`Recipe::name`](super::Recipe::name)).
+        recipe: String,
+    },
+    /// A client of the run and the lock it contends for.
+    PlanClient {
+        /// `c0`, `c1`, ...
+        client: String,
+        /// The lock.
+        lock: String,
+    },
+    /// The progress bound the run was checked against, in milliseconds.
+    PlanBound {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// The clients' Redis restart grace the run was checked against, in milliseconds.
+    PlanGrace {
+        /// Milliseconds.
+        ms: u64,
+    },
     /// An entry still in the backend after every client stopped and every lease could end.
     Leftover {
         /// The lock.
@@ -227,6 +259,11 @@ impl fmt::Display for Event {
             What::Healed => write!(f, "all-healed"),
             What::Stopping => write!(f, "stopping"),
             What::Leftover { lock, key } => write!(f, "leftover {lock} {}", word(key)),
+            What::Run { backend, seed } => write!(f, "run {} {seed}", word(backend)),
+            What::PlanLock { lock, recipe } => write!(f, "plan-lock {lock} {recipe}"),
+            What::PlanClient { client, lock } => write!(f, "plan-client {client} {lock}"),
+            What::PlanBound { ms } => write!(f, "plan-bound {ms}"),
+            What::PlanGrace { ms } => write!(f, "plan-grace {ms}"),
         }
     }
 }
@@ -303,6 +340,20 @@ impl Event {
                 lock: s()?,
                 key: s()?,
             },
+            "run" => What::Run {
+                backend: s()?,
+                seed: n(s())?,
+            },
+            "plan-lock" => What::PlanLock {
+                lock: s()?,
+                recipe: s()?,
+            },
+            "plan-client" => What::PlanClient {
+                client: s()?,
+                lock: s()?,
+            },
+            "plan-bound" => What::PlanBound { ms: n(s())? },
+            "plan-grace" => What::PlanGrace { ms: n(s())? },
             _ => return None,
         };
         Some(Event { at, who, what })
@@ -376,6 +427,20 @@ mod tests {
                 lock: "n/mutex".into(),
                 key: "n/mutex/ab".into(),
             },
+            What::Run {
+                backend: "redis".into(),
+                seed: 2,
+            },
+            What::PlanLock {
+                lock: "n/mutex".into(),
+                recipe: "mutex".into(),
+            },
+            What::PlanClient {
+                client: "c0".into(),
+                lock: "n/mutex".into(),
+            },
+            What::PlanBound { ms: 18_000 },
+            What::PlanGrace { ms: 2_000 },
         ];
         for what in events {
             let e = Event {

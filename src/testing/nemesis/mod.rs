@@ -2,13 +2,14 @@
 //! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
-//! back or flushes the server, and (ZooKeeper) expires a client's sessions. On a three-member
-//! etcd cluster ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the
-//! server faults are a member's instead: a follower or the leader paused, a member or the
-//! leader killed and restarted with its data, one member at a time (each fault ends once its
-//! member serves again), so the quorum is kept; each client reaches every member through a
-//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Every
-//! event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
+//! writes, and (ZooKeeper) expires a client's sessions. On a three-member etcd cluster
+//! ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the server faults
+//! are a member's instead: a follower or the leader paused, a member or the leader killed and
+//! restarted with its data, one member at a time (each fault ends once its member serves
+//! again), so the quorum is kept; each client reaches every member through a proxy of its own
+//! per member, so a client cut off is cut off from the whole cluster. Every event goes into
+//! one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -19,7 +20,9 @@
 //!    was not told (`lost()`), beyond the recipe's permits;
 //! 4. **progress**: after the last fault healed, every client is granted within
 //!    [`Options::progress_bound`];
-//! 5. **leftover**: no entry is left in the backend once every client stopped.
+//! 5. **leftover**: no entry is left in the backend once every client stopped;
+//! 6. **epoch** (a Redis replica promoted): a grant asked for after the promotion waits the
+//!    restart grace; a grant after that has a token above every token granted before.
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -28,6 +31,11 @@
 //! a leader change (a new leader keeps every lease), and ZooKeeper's czxids keep increasing
 //! across epochs and its sessions move to another member, so every rule above is promised
 //! under every member fault.
+//!
+//! Besides the verdict, a [`Report`] measures [`Recovery`]: from each moment every fault had
+//! healed to every lock granted again, and from the last heal to every client granted (the
+//! numbers behind the progress bound). A run saved with [`Options::with_history_dir`] has its
+//! plan at the head of its history, and [`recheck`] checks it again with this build's checker.
 //!
 //! # Client processes
 //! The runner starts each client by running a program again (by default the current
@@ -66,7 +74,7 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-pub use check::{Plan, Violation, check};
+pub use check::{Plan, Recovery, Violation, check, recovery};
 pub use history::{Event, What, now_ns};
 pub use resource::Bug;
 
@@ -141,12 +149,17 @@ pub fn client_if_requested() -> Option<i32> {
 /// The server the nemesis runs against.
 #[derive(Debug)]
 #[non_exhaustive]
+// One value per run; boxing a fixture would only make every caller write `Box::new`.
+#[allow(clippy::large_enum_variant)]
 pub enum Server {
     /// A single etcd member started by the fixture: paused, killed and restarted with its data.
     #[cfg(feature = "etcd")]
     Etcd(crate::testing::EtcdNode),
     /// A Redis started by the fixture: paused, killed and restarted with its data, without
-    /// it and from an older snapshot, flushed.
+    /// it and from an older snapshot, flushed; and (in a container) failed over: a replica
+    /// the run starts beside it is promoted, in sync or after missing writes, the old
+    /// primary killed (no split brain: docs/redis.md does not promise it), the clients
+    /// redirected, and a new replica attached for the next promotion.
     #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
     /// A ZooKeeper server started by the fixture: paused (a container only), killed and
@@ -212,13 +225,21 @@ impl Server {
             #[cfg(feature = "etcd")]
             Server::Etcd(_) => vec![FaultKind::ServerPause, FaultKind::ServerRestart],
             #[cfg(feature = "redis")]
-            Server::Redis(_) => vec![
-                FaultKind::ServerPause,
-                FaultKind::ServerRestart,
-                FaultKind::ServerRestartEmpty,
-                FaultKind::ServerRestartFromSnapshot,
-                FaultKind::Flush,
-            ],
+            Server::Redis(n) => {
+                let mut faults = vec![
+                    FaultKind::ServerPause,
+                    FaultKind::ServerRestart,
+                    FaultKind::ServerRestartEmpty,
+                    FaultKind::ServerRestartFromSnapshot,
+                    FaultKind::Flush,
+                ];
+                // The replica is started beside the server, in a container of its own: not
+                // beside a server named by `BATON_REDIS_URL`, which no fixture controls.
+                if n.is_container() {
+                    faults.push(FaultKind::PromoteReplica(Duration::ZERO));
+                }
+                faults
+            }
             // `docker pause` freezes a container only; the local `java` fallback is not paused.
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) if n.is_container() => vec![
@@ -388,7 +409,7 @@ pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
     /// `etcd`, `redis`, `zookeeper`, `etcd-cluster` or `zookeeper-ensemble`.
-    pub backend: &'static str,
+    pub backend: String,
     /// The faults injected, in words.
     pub faults: Vec<String>,
     /// The whole history, sorted by time.
@@ -397,6 +418,10 @@ pub struct Report {
     pub violations: Vec<Violation>,
     /// Where the history was written, if anywhere.
     pub history_file: Option<PathBuf>,
+    /// How long the locks took to be granted again after faults healed.
+    pub recovery: Recovery,
+    /// The bound the progress rule checked.
+    pub progress_bound: Duration,
 }
 
 impl Report {
@@ -414,6 +439,19 @@ impl Report {
             count(|w| matches!(w, What::Lost { .. })),
             self.violations.len()
         );
+        if let Some((median, longest, what)) = self.recovery.median_and_longest() {
+            s.push_str(&format!(
+                "recovery after faults healed: median {} ms, longest {} ms ({what}), {} not recovered before the end; every client granted {} after the last heal (bound {} ms)\n",
+                median.as_millis(),
+                longest.as_millis(),
+                self.recovery.unrecovered,
+                match self.recovery.after_last {
+                    Some(d) => format!("within {} ms", d.as_millis()),
+                    None => "not".to_owned(),
+                },
+                self.progress_bound.as_millis(),
+            ));
+        }
         for v in &self.violations {
             s.push_str(&v.to_string());
         }
@@ -466,6 +504,77 @@ struct Run {
     program: (PathBuf, Vec<String>),
     /// Clients a fault has cut off (a server fault's own cut must not heal them).
     cut: StdMutex<HashSet<usize>>,
+    /// Which server the server faults strike, after promotions (Redis). Held by each server
+    /// fault while it runs (one at a time: a slot has at most one).
+    failover: tokio::sync::Mutex<Failover>,
+}
+
+/// A Redis primary's replica, and the primary since the last promotion.
+#[derive(Debug, Default)]
+struct Failover {
+    /// The primary since the last promotion; `None` while it is the server the run was given.
+    primary: Option<Server>,
+    /// A replica of the current primary, attached to it, to promote next; `None` when the
+    /// server's faults include no promotion.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    replica: Option<Server>,
+}
+
+impl Failover {
+    /// Starts a replica of `server` if its faults include a promotion.
+    async fn start(server: &Server) -> std::io::Result<Failover> {
+        let promotes = |server: &Server| {
+            server
+                .faults()
+                .iter()
+                .any(|f| matches!(f, FaultKind::PromoteReplica(_)))
+        };
+        let replica = match server {
+            #[cfg(feature = "redis")]
+            Server::Redis(primary) if promotes(server) => Some(Server::Redis(
+                replica_of(primary).await.map_err(std::io::Error::other)?,
+            )),
+            _ => {
+                let _ = promotes;
+                None
+            }
+        };
+        Ok(Failover {
+            primary: None,
+            replica,
+        })
+    }
+}
+
+/// A new Redis server made a replica of `primary` (`REPLICAOF` sent once it runs, rather than
+/// given as an argument, so that once promoted a restart brings it back as a primary), once
+/// it has synchronised.
+#[cfg(feature = "redis")]
+async fn replica_of(
+    primary: &crate::testing::RedisNode,
+) -> Result<crate::testing::RedisNode, String> {
+    let replica = crate::testing::RedisNode::start()
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = primary.port().to_string();
+    replica
+        .command::<()>("REPLICAOF", &["127.0.0.1", &port])
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let info: Result<String, _> = replica.command("INFO", &["replication"]).await;
+        if info.is_ok_and(|i| i.contains("master_link_status:up")) {
+            return Ok(replica);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the replica on port {} did not synchronise with 127.0.0.1:{port} within 30 s",
+                replica.port()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 impl Run {
@@ -540,13 +649,15 @@ impl Run {
 /// Runs the nemesis against `server` and checks the history.
 ///
 /// # Errors
-/// An I/O error starting the resource, a proxy or a client; a fault the server could not
-/// carry out (a restart that failed), in words.
+/// An I/O error starting the resource, a proxy, a client or (Redis) the replica to promote;
+/// a fault the server could not carry out (a restart that failed), in words.
 ///
 /// # Cancel safety
 /// Dropping the future ends the run where it is: the client processes are killed with it
-/// (`kill_on_drop`, and each dies with the runner), the proxies close; a fault in progress is
-/// not healed (a paused server stays paused until its fixture is dropped).
+/// (`kill_on_drop`, and each dies with the runner), the proxies close, the Redis servers the
+/// run started (replica, promoted primary) are removed; a fault in progress is not healed (a
+/// paused server stays paused, a primary killed by a promotion stays down, until its fixture
+/// is dropped).
 pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     let sink: Sink = Arc::default();
     let resource = Resource::start(Arc::clone(&sink), options.bug).await?;
@@ -615,15 +726,38 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             });
         }
     }
+    let plan = Plan {
+        locks: locks.clone(),
+        clients,
+        progress_bound: options.progress_bound(),
+        restart_grace: options.ttl,
+    };
+    record(
+        &sink,
+        "nemesis",
+        What::Run {
+            backend: server.name().to_owned(),
+            seed: options.seed,
+        },
+    );
+    for what in plan.to_events() {
+        record(&sink, "nemesis", what);
+    }
     let run = Arc::new(Run {
         sink: Arc::clone(&sink),
         slots: slots.into_iter().map(tokio::sync::Mutex::new).collect(),
         program,
         cut: StdMutex::default(),
+        failover: tokio::sync::Mutex::new(Failover::start(server).await?),
     });
     let outcome = drive(&run, server, &options).await;
     // Whatever happened, every client ends: asked (stdin closed), then killed by its PID.
     let stopped = stop_clients(&run).await;
+    // After a promotion, the state is on the promoted replica.
+    let url = match &run.failover.lock().await.primary {
+        Some(primary) => primary.url(),
+        None => url,
+    };
     let leftovers = if outcome.is_ok() {
         find_leftovers(server, &url, &locks, &options, &sink).await
     } else {
@@ -635,11 +769,6 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     drop(resource);
     let mut history = run.events();
     history.sort_by_key(|e| e.at);
-    let plan = Plan {
-        locks,
-        clients,
-        progress_bound: options.progress_bound(),
-    };
     let violations = check(&history, &plan);
     let history_file = match &options.history_dir {
         Some(dir) => {
@@ -653,11 +782,56 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     };
     Ok(Report {
         seed: options.seed,
-        backend: server.name(),
+        backend: server.name().to_owned(),
         faults,
+        recovery: recovery(&history, &plan),
+        progress_bound: plan.progress_bound,
         history,
         violations,
         history_file,
+    })
+}
+
+/// Checks a history saved by a run ([`Options::with_history_dir`]) again: with the checker
+/// of this build, against the plan written at its head. A history is the evidence of a run;
+/// the seed replays only its schedule, not the processes' interleaving.
+///
+/// # Errors
+/// The file cannot be read, or it has no plan at its head (written before the plan was
+/// saved, or not a history).
+pub fn recheck(path: &std::path::Path) -> std::io::Result<Report> {
+    let text = std::fs::read_to_string(path)?;
+    let mut history: Vec<Event> = text.lines().filter_map(Event::parse).collect();
+    history.sort_by_key(|e| e.at);
+    let plan = Plan::from_history(&history).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: no nemesis plan at its head", path.display()),
+        )
+    })?;
+    let (backend, seed) = history
+        .iter()
+        .find_map(|e| match &e.what {
+            What::Run { backend, seed } => Some((backend.clone(), *seed)),
+            _ => None,
+        })
+        .unwrap_or_else(|| ("?".to_owned(), 0));
+    let faults = history
+        .iter()
+        .filter_map(|e| match &e.what {
+            What::FaultStart { what, .. } => Some(what.replace('_', " ")),
+            _ => None,
+        })
+        .collect();
+    Ok(Report {
+        seed,
+        backend,
+        faults,
+        recovery: recovery(&history, &plan),
+        progress_bound: plan.progress_bound,
+        violations: check(&history, &plan),
+        history,
+        history_file: Some(path.to_owned()),
     })
 }
 
@@ -718,6 +892,21 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         );
     };
     let end = |run: &Run| record(&run.sink, "nemesis", What::FaultEnd { id: fault.id });
+    // A server fault strikes the primary of the moment (a promotion changes it), and holds it
+    // meanwhile; a client fault beside it does not wait for it.
+    let mut failover = if fault.kind.on_server() {
+        Some(run.failover.lock().await)
+    } else {
+        None
+    };
+    if let (FaultKind::PromoteReplica(missed), Some(failover)) = (&fault.kind, &mut failover) {
+        start(run);
+        return promote(run, server, failover, *missed, fault.hold, || end(run)).await;
+    }
+    let server = failover
+        .as_ref()
+        .and_then(|f| f.primary.as_ref())
+        .unwrap_or(server);
     match fault.kind {
         FaultKind::Pause(c) => {
             let slot = run.slots[c].lock().await;
@@ -820,8 +1009,64 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         | FaultKind::LeaderPause
         | FaultKind::MemberRestart(_)
         | FaultKind::LeaderRestart => cluster::inject(server, fault, &run.sink).await?,
+        // Carried out above.
+        FaultKind::PromoteReplica(_) => {}
     }
     Ok(())
+}
+
+/// A failover (Redis): cuts the replica off from the primary for `missed` (it misses what is
+/// written meanwhile), kills the primary (for good: two primaries serving at once, split
+/// brain, is what docs/redis.md does not promise), promotes the replica `hold` later, calls
+/// `end` (every grant of the old primary was made before, every grant of the new epoch comes
+/// after: the checker's boundary), sends every client to the new primary and starts a fresh
+/// replica of it for the next promotion.
+async fn promote(
+    run: &Run,
+    given: &Server,
+    failover: &mut Failover,
+    missed: Duration,
+    hold: Duration,
+    end: impl FnOnce(),
+) -> Result<(), String> {
+    #[cfg(feature = "redis")]
+    if let Some(Server::Redis(replica)) = &failover.replica {
+        let e = |e: crate::testing::FixtureError| e.to_string();
+        if !missed.is_zero() {
+            replica.detach().await.map_err(e)?;
+            tokio::time::sleep(missed).await;
+        }
+        failover
+            .primary
+            .as_ref()
+            .unwrap_or(given)
+            .act(ServerAct::Stop)
+            .await?;
+        tokio::time::sleep(hold).await;
+        replica.promote().await.map_err(e)?;
+        end();
+        // A client whose own fault holds its slot moves when that fault ends: it cannot reach
+        // anyone meanwhile anyway (or, cut off one way, only the dead primary).
+        let to = format!("127.0.0.1:{}", replica.port());
+        let mut busy = Vec::new();
+        for (c, slot) in run.slots.iter().enumerate() {
+            match slot.try_lock() {
+                Ok(slot) => slot.proxy.redirect(&to).map_err(|e| e.to_string())?,
+                Err(_) => busy.push(c),
+            }
+        }
+        for c in busy {
+            let slot = run.slots[c].lock().await;
+            slot.proxy.redirect(&to).map_err(|e| e.to_string())?;
+        }
+        let next = replica_of(replica).await?;
+        // The old primary, if the run started it, goes (it is stopped already); the server
+        // the run was given stays stopped until its owner drops it.
+        failover.primary = failover.replica.replace(Server::Redis(next));
+        return Ok(());
+    }
+    let _ = (run, given, failover, missed, hold, end);
+    Err("a promotion needs a Redis server with a replica".to_owned())
 }
 
 /// Asks every client to stop (closes its standard input), waits up to 15 s for each, then

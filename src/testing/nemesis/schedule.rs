@@ -59,6 +59,12 @@ pub(crate) enum FaultKind {
     ServerRestartFromSnapshot,
     /// `FLUSHALL` (Redis).
     Flush,
+    /// A failover (Redis): the primary's replica, attached to it since the run began or the
+    /// last promotion, is cut off from it for `.0` (zero: not at all, it is in sync) and so
+    /// misses what was written meanwhile; then the primary is killed, `hold` later (a
+    /// failover's detection time) the replica is promoted and every client sent to it. In a
+    /// server's list of faults the duration is a placeholder; the schedule draws it.
+    PromoteReplica(Duration),
     /// Cut a client off both ways for longer than the server takes to expire every session
     /// it has (ZooKeeper: its leases' and its backend's own, [`ZK_SESSION_TIMEOUT`]), then
     /// let it back: it finds its sessions expired. In a server's list of faults the client
@@ -123,6 +129,13 @@ impl FaultKind {
                 format!("{backend} killed, restarted from an older snapshot")
             }
             FaultKind::Flush => format!("{backend} FLUSHALL"),
+            FaultKind::PromoteReplica(missed) if missed.is_zero() => {
+                format!("{backend} replica promoted (in sync), the old primary killed")
+            }
+            FaultKind::PromoteReplica(missed) => format!(
+                "{backend} replica promoted after missing {} ms of writes, the old primary killed",
+                missed.as_millis()
+            ),
             FaultKind::Expire(c) => {
                 format!("expire c{c}'s sessions (cut off past the session timeouts)")
             }
@@ -139,7 +152,7 @@ impl FaultKind {
 }
 
 /// A fault and when: it starts `at` after the first slot's start, waits `lead` (a snapshot's
-/// age), strikes, and heals `hold` later.
+/// age; how long a replica to be promoted is cut off), strikes, and heals `hold` later.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Fault {
     pub(crate) id: u32,
@@ -191,6 +204,14 @@ pub(crate) fn plan(
                         FaultKind::MemberRestart(_) => {
                             FaultKind::MemberRestart(rng.below(MEMBERS as u64) as usize)
                         }
+                        // Half the promotions find the replica in sync, half find it behind.
+                        FaultKind::PromoteReplica(_) => {
+                            FaultKind::PromoteReplica(if rng.below(2) == 0 {
+                                Duration::ZERO
+                            } else {
+                                rng.between(Duration::from_millis(200), Duration::from_millis(3000))
+                            })
+                        }
                         ref other => other.clone(),
                     },
                 };
@@ -233,6 +254,10 @@ pub(crate) fn plan(
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
                 ),
                 FaultKind::Flush => (Duration::ZERO, Duration::ZERO),
+                FaultKind::PromoteReplica(missed) => (
+                    missed,
+                    rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
+                ),
                 // Past the server's expiry: the timeout, then its next expiry tick (ZooKeeper
                 // expires sessions in buckets of one tick, 200 ms in the fixture), with room.
                 FaultKind::Expire(_) => (
@@ -313,6 +338,29 @@ mod tests {
         }
         assert!(followers.iter().all(|&n| n > 0), "{followers:?}");
         assert!(members.iter().all(|&n| n > 0), "{members:?}");
+    }
+
+    #[test]
+    fn promotions_find_the_replica_in_sync_or_behind() {
+        let server = [
+            FaultKind::ServerRestart,
+            FaultKind::PromoteReplica(Duration::ZERO),
+        ];
+        let ttl = Duration::from_secs(2);
+        let promotions: Vec<Fault> = (0..20)
+            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|slot| slot.faults)
+            .filter(|f| matches!(f.kind, FaultKind::PromoteReplica(_)))
+            .collect();
+        let behind = |f: &Fault| f.kind != FaultKind::PromoteReplica(Duration::ZERO);
+        assert!(promotions.iter().any(behind), "some replicas missed writes");
+        assert!(!promotions.iter().all(behind), "some were in sync");
+        for f in &promotions {
+            assert!(f.kind.on_server());
+            // The replica is cut off for the fault's lead, which the history's words give.
+            assert_eq!(f.kind, FaultKind::PromoteReplica(f.lead));
+            assert!(f.kind.describe("redis").contains("replica promoted"));
+        }
     }
 
     #[test]
