@@ -143,12 +143,13 @@ Also proven elsewhere:
 
 `just nemesis BACKEND SECONDS [SEED]` (`tests/nemesis.rs`, library:
 `baton::testing::nemesis`): two client **processes** per recipe (Mutex, Semaphore of 2,
-RwLock, Election) loop lock -> claim, read, write of a counter on a fenced resource (it
-refuses tokens below the highest it accepted, per lock) -> unlock, while a schedule drawn from
+RwLock, Election) loop lock -> claim, read, write of a counter, append to a log on a fenced
+resource (it refuses tokens below the highest it accepted, per lock) -> unlock, while a schedule drawn from
 SEED injects faults, one at a time or two together on different targets. One history, every
 line stamped with `CLOCK_MONOTONIC`; the checker reads it per lock: the fence never accepts a
 lower token and every accepted write adds one to the last (acknowledged <= applied <=
-acknowledged + unknown); no token granted twice, and a grant that returned before another was
+acknowledged + unknown), and each log entry follows its own holder's write with nobody's
+write accepted in between; no token granted twice, and a grant that returned before another was
 asked for has the lower token; no grant beside a holder that was not told (`lost()`), beyond
 the recipe's permits; after the last fault heals, every client granted within 4 TTL + 10 s
 (a bound chosen with room; the table's last three columns show what was measured: from each

@@ -174,7 +174,8 @@ pub fn recovery(history: &[Event], plan: &Plan) -> Recovery {
 /// A broken promise.
 #[derive(Debug, Clone)]
 pub struct Violation {
-    /// The rule: `fence`, `counter`, `token-order`, `lost-first`, `progress`, `leftover`.
+    /// The rule: `fence`, `counter`, `log`, `token-order`, `lost-first`, `epoch`, `progress`,
+    /// `crash`, `leftover`.
     pub rule: &'static str,
     /// What is wrong, in words.
     pub message: String,
@@ -347,6 +348,9 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
                     lock: l, client, ..
                 }
                 | What::Refused {
+                    lock: l, client, ..
+                }
+                | What::Appended {
                     lock: l, client, ..
                 } => l == lock && clients.contains(&client.as_str()),
                 What::Killed { client } => clients.contains(&client.as_str()),
@@ -557,6 +561,51 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
                     });
                 }
                 last_write = Some(e);
+            }
+        }
+        // The log: each entry follows its holder's own write, with nobody's write accepted
+        // in between (what a hold is for); an entry whose last write is another's shows two
+        // holders inside the critical section, as the resource saw it.
+        let mut last_write: Option<&Event> = None;
+        for e in history {
+            match &e.what {
+                What::Accepted {
+                    lock: l,
+                    write: true,
+                    ..
+                } if l == lock => last_write = Some(e),
+                What::Appended {
+                    lock: l,
+                    token,
+                    client,
+                    index,
+                } if l == lock => {
+                    let paired = matches!(
+                        last_write.map(|w| &w.what),
+                        Some(What::Accepted { token: t, client: c, .. }) if t == token && c == client
+                    );
+                    if !paired {
+                        let (from, other, other_token) = match last_write.map(|w| (w.at, &w.what)) {
+                            Some((
+                                at,
+                                What::Accepted {
+                                    client: c,
+                                    token: t,
+                                    ..
+                                },
+                            )) => (at, c.as_str(), *t),
+                            _ => (e.at, client.as_str(), 0),
+                        };
+                        violations.push(Violation {
+                            rule: "log",
+                            message: format!(
+                                "{lock}: log entry {index} from {client} (token {token}) follows a write by {other} (token {other_token}), not its own"
+                            ),
+                            window: window(from, e.at, &[client, other], lock),
+                        });
+                    }
+                }
+                _ => {}
             }
         }
         let mut acked = 0u64;
@@ -885,5 +934,51 @@ mod tests {
         let v = check(&h, &plan());
         assert!(v.iter().any(|v| v.rule == "fence"), "{v:?}");
         assert!(v.iter().any(|v| v.rule == "counter"), "{v:?}");
+    }
+
+    #[test]
+    fn each_log_entry_follows_its_own_write() {
+        let acc = |at, token, client: &str, value| {
+            ev(
+                at,
+                "resource",
+                What::Accepted {
+                    lock: "l".into(),
+                    token,
+                    client: client.into(),
+                    write: true,
+                    value,
+                },
+            )
+        };
+        let app = |at, token, client: &str, index| {
+            ev(
+                at,
+                "resource",
+                What::Appended {
+                    lock: "l".into(),
+                    token,
+                    client: client.into(),
+                    index,
+                },
+            )
+        };
+        let good = vec![
+            acc(1, 5, "c0", 1),
+            app(2, 5, "c0", 1),
+            acc(3, 7, "c1", 2),
+            app(4, 7, "c1", 2),
+        ];
+        let v = check(&good, &plan());
+        assert!(!v.iter().any(|v| v.rule == "log"), "{v:?}");
+        // c1's write lands between c0's write and c0's entry.
+        let bad = vec![
+            acc(1, 5, "c0", 1),
+            acc(2, 7, "c1", 2),
+            app(3, 5, "c0", 1),
+            app(4, 7, "c1", 2),
+        ];
+        let v = check(&bad, &plan());
+        assert_eq!(v.iter().filter(|v| v.rule == "log").count(), 1, "{v:?}");
     }
 }

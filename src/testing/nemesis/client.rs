@@ -242,11 +242,17 @@ async fn fenced_increment(conn: &mut Conn, cfg: &ClientConfig, rng: &mut Rng, to
     // Some time between the read and the write: a window for a paused holder's late write.
     tokio::time::sleep(Duration::from_millis(rng.below(30))).await;
     let write = format!("WRITE {lock} {token} {who} {}\n", value + 1);
-    match conn.ask(&cfg.resource, write).await {
+    let outcome = match conn.ask(&cfg.resource, write).await {
         Answer::Ok(v) => What::WriteOk { token, value: v },
-        Answer::Stale => What::WriteRefused { token },
-        Answer::Unknown => What::WriteUnknown { token },
-    }
+        Answer::Stale => return What::WriteRefused { token },
+        Answer::Unknown => return What::WriteUnknown { token },
+    };
+    // Then an entry in the lock's log, in the same hold: the checker pairs each entry with
+    // the write before it. Its answer adds nothing the resource's record does not say.
+    let _ = conn
+        .ask(&cfg.resource, format!("APPEND {lock} {token} {who}\n"))
+        .await;
+    outcome
 }
 
 fn reason(e: &Error) -> String {

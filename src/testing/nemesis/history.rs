@@ -122,7 +122,19 @@ pub enum What {
         /// The counter after it.
         value: u64,
     },
-    /// The resource refused a claim, read or write: its token is below `highest`.
+    /// The resource appended an entry to the lock's log (after the holder's write, in the same
+    /// hold).
+    Appended {
+        /// The lock the resource belongs to.
+        lock: String,
+        /// The token it carried.
+        token: u64,
+        /// The client that sent it.
+        client: String,
+        /// Its place in the log, from 1.
+        index: u64,
+    },
+    /// The resource refused a claim, read, write or append: its token is below `highest`.
     Refused {
         /// The lock the resource belongs to.
         lock: String,
@@ -252,6 +264,12 @@ impl fmt::Display for Event {
                 client,
                 highest,
             } => write!(f, "refused {lock} {token} {client} {highest}"),
+            What::Appended {
+                lock,
+                token,
+                client,
+                index,
+            } => write!(f, "appended {lock} {token} {client} {index}"),
             What::FaultStart { id, what } => write!(f, "fault {id} {}", word(what)),
             What::FaultEnd { id } => write!(f, "healed {id}"),
             What::Killed { client } => write!(f, "killed {client}"),
@@ -315,6 +333,12 @@ impl Event {
                 client: s()?,
                 write: s()? == "write",
                 value: n(s())?,
+            },
+            "appended" => What::Appended {
+                lock: s()?,
+                token: n(s())?,
+                client: s()?,
+                index: n(s())?,
             },
             "refused" => What::Refused {
                 lock: s()?,
@@ -414,6 +438,12 @@ mod tests {
                 what: "pause_c1".into(),
             },
             What::FaultEnd { id: 3 },
+            What::Appended {
+                lock: "n/mutex".into(),
+                token: 41,
+                client: "c1".into(),
+                index: 7,
+            },
             What::Killed {
                 client: "c1".into(),
             },

@@ -1,5 +1,5 @@
 //! The nemesis (feature `testing`): client **processes** lock, make a fenced
-//! read-modify-write of a counter and unlock, on a Mutex, a Semaphore, a RwLock and an
+//! read-modify-write of a counter, append an entry to the lock's log and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
 //! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
@@ -13,7 +13,8 @@
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
-//!    <= acknowledged + those of unknown outcome;
+//!    <= acknowledged + those of unknown outcome; **log**: each log entry follows its own
+//!    holder's write, with no other write accepted in between;
 //! 2. **token-order**: no token is granted twice, and a grant that returned before another
 //!    was asked for has the lower token;
 //! 3. **lost-first**: no grant while a holder that could be told (not paused) still holds and

@@ -1,10 +1,11 @@
-//! The fenced resource the runner serves on 127.0.0.1: per lock, a counter and a log, and
-//! the highest token accepted. Claims, reads and writes carrying a lower token are refused;
-//! every answer is recorded in the history.
+//! The fenced resource the runner serves on 127.0.0.1: per lock, a counter, a log and the
+//! highest token accepted. Claims, reads, writes and appends carrying a lower token are
+//! refused; every answer is recorded in the history.
 //!
 //! Protocol, one line per request and per answer:
 //! `CLAIM <lock> <token> <client>` / `READ ...` -> `OK <value>` or `STALE <highest>`;
-//! `WRITE <lock> <token> <client> <value>` -> `OK <value>` or `STALE <highest>`.
+//! `WRITE <lock> <token> <client> <value>` -> `OK <value>` or `STALE <highest>`;
+//! `APPEND <lock> <token> <client>` -> `OK <length of the log>` or `STALE <highest>`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -46,6 +47,8 @@ impl Bug {
 struct Store {
     highest: u64,
     value: u64,
+    /// The log's length (its entries are the `Appended` records of the history).
+    logged: u64,
 }
 
 /// The history as it is recorded, shared by the runner's tasks.
@@ -174,6 +177,20 @@ fn serve(
                 },
             );
             format!("OK {value}\n")
+        }
+        "APPEND" => {
+            store.logged += 1;
+            record(
+                sink,
+                "resource",
+                What::Appended {
+                    lock: lock.to_owned(),
+                    token,
+                    client: client.to_owned(),
+                    index: store.logged,
+                },
+            );
+            format!("OK {}\n", store.logged)
         }
         _ => "ERR op\n".to_owned(),
     }
