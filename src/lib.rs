@@ -54,6 +54,8 @@
 //! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
 //! - `zookeeper` (not default): `ZkBackend`, on ZooKeeper 3.6+, with Curator's or kazoo's
 //!   node layout.
+//! - `postgres` (not default): `PgBackend` on PostgreSQL 13+, and `PgFence`, a fence whose
+//!   check can be part of the application's own transaction (`docs/postgres.md`).
 //! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
 //!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
@@ -96,6 +98,8 @@ pub use backend::{
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "postgres")]
+pub use backend::{PgBackend, PgFence, PgOptions};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
@@ -115,6 +119,10 @@ pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
+/// The PostgreSQL client baton is built on, re-exported so that code using
+/// [`PgFence::claim_in`] names the same `Transaction` type.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 /// The README's Rust example, compiled as a doc test: it must build as written.
 #[cfg(all(doctest, feature = "etcd"))]

@@ -169,9 +169,16 @@
 #[cfg(feature = "etcd")]
 mod etcd;
 mod faults;
-#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
 mod fixture;
 pub mod nemesis;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
@@ -183,8 +190,15 @@ mod zookeeper;
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
-#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
+#[cfg(feature = "postgres")]
+pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};
