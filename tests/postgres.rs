@@ -177,3 +177,243 @@ async fn handoff_is_woken_not_polled() {
     );
     next.unlock().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// Faults on a real server: each test runs a server of its own.
+
+use baton::{FencingToken, LostReason, WriteOp};
+
+/// A server of its own for a fault test. `synchronous_commit=on`: the image's default is off
+/// (a throwaway cluster); baton's promises across a crash need every acknowledged commit in
+/// the WAL before the answer (docs/postgres.md).
+async fn own_node() -> PgNode {
+    PgNode::start_with(&["-c", "synchronous_commit=on"])
+        .await
+        .expect("a PostgreSQL of its own")
+}
+
+/// A backend on `url` whose connections carry `application_name` (for `terminate`).
+async fn backend_named(node_url: &str, application: &str) -> PgBackend {
+    PgBackend::connect(
+        &format!("{node_url}?application_name={application}"),
+        PgOptions::new(),
+    )
+    .await
+    .expect("connect")
+}
+
+async fn session(backend: &PgBackend, ttl: Duration) -> Session {
+    Session::from_shared(
+        Arc::new(backend.clone()),
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .expect("session")
+}
+
+/// A holder and a waiter across a restart of the server with a fast shutdown (clients are
+/// disconnected; the data stays): the holder keeps its lock (its lease outlives the outage),
+/// the waiter is woken by the release after the restart, and its token is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_a_fast_shutdown_keeps_the_queue() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(20);
+    let (hb, wb, ob) = (
+        node.backend().await.unwrap(),
+        node.backend().await.unwrap(),
+        node.backend().await.unwrap(),
+    );
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "restart")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let first = guard.fencing_token();
+    let queued = support::spawn_queued(&ob, &waiter, "restart", 2).await;
+    node.stop_fast().await.unwrap();
+    node.start_again().await.unwrap();
+    // The holder's session renews through the restart; its entry is still the head.
+    support::eventually("the holder renewed after the restart", || async {
+        hb.lease_ttl(holder.lease_id())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+            && guard.is_owner().await.unwrap_or(false)
+    })
+    .await;
+    assert!(!holder.is_lost());
+    guard.unlock().await.unwrap();
+    let next = within(
+        "the waiter after the restart",
+        Duration::from_secs(10),
+        queued,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(next.fencing_token() > first);
+    next.unlock().await.unwrap();
+}
+
+/// Tokens never go backwards across a crash of the server (immediate shutdown: no
+/// checkpoint, the WAL replayed at start): the sequence is WAL-logged ahead of use, so the
+/// first token after the restart is above every token handed out before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_across_an_immediate_shutdown() {
+    let node = own_node().await;
+    let backend = node.backend().await.unwrap();
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let mut highest = FencingToken::new(0);
+    for round in 0..3 {
+        let mut held = Vec::new();
+        for i in 0..5 {
+            let g = Mutex::new(&s, format!("crash/{round}/{i}"))
+                .unwrap()
+                .lock()
+                .await
+                .unwrap();
+            assert!(
+                g.fencing_token() > highest,
+                "round {round}: token {} after {highest}",
+                g.fencing_token()
+            );
+            highest = g.fencing_token();
+            held.push(g);
+        }
+        node.stop_immediate().await.unwrap();
+        node.start_again().await.unwrap();
+        // Acknowledged commits survive the crash: the locks are still held.
+        for g in held {
+            assert!(g.is_owner().await.unwrap(), "round {round}: {}", g.key());
+            g.unlock().await.unwrap();
+        }
+    }
+    assert!(!s.is_lost());
+}
+
+/// `pg_terminate_backend` on the holder's connections and then on the waiter's: each
+/// reconnects by itself; the holder keeps its lock, the waiter is still woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_reconnect_and_keep_their_place() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(20);
+    let hb = backend_named(&node.url(), "holder").await;
+    let wb = backend_named(&node.url(), "waiter").await;
+    let ob = node.backend().await.unwrap();
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "killed").unwrap().lock().await.unwrap();
+    let queued = support::spawn_queued(&ob, &waiter, "killed", 2).await;
+    assert!(node.terminate("holder").await.unwrap() >= 1);
+    assert!(node.terminate("waiter").await.unwrap() >= 1);
+    // Both sessions renew on new connections; the holder still holds.
+    let lease = holder.lease_id();
+    support::eventually("the holder renewed on a new connection", || async {
+        hb.keep_alive(lease).await.ok().flatten().is_some()
+    })
+    .await;
+    assert!(guard.is_owner().await.unwrap());
+    // Kill the waiter's connections again just before the release: its LISTEN connection
+    // comes back and the wait is still woken by the release (not by the 20 s lease).
+    node.terminate("waiter").await.unwrap();
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let next = within("the waiter", Duration::from_secs(10), queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken after the release, not at the lease deadline"
+    );
+    assert!(!holder.is_lost() && !waiter.is_lost());
+    next.unlock().await.unwrap();
+}
+
+/// A waiter cut off (a partition through a proxy) while the holder releases: the NOTIFY is
+/// lost with its LISTEN connection. Once the partition heals, the waiter's new LISTEN
+/// connection makes it look again, and it takes the lock at once, not at the lease deadline
+/// of the holder it waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_during_the_release_looks_again_after_the_partition() {
+    let node = own_node().await;
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let ttl = Duration::from_secs(30);
+    let hb = node.backend().await.unwrap();
+    let wb = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new().with_connect_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "partition")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let queued = support::spawn_queued(&hb, &waiter, "partition", 2).await;
+    proxy.black_hole();
+    guard.unlock().await.unwrap();
+    proxy.heal();
+    let healed = std::time::Instant::now();
+    let next = within(
+        "the waiter after the partition",
+        Duration::from_secs(15),
+        queued,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        healed.elapsed() < Duration::from_secs(10),
+        "found the release after reconnecting, not at the holder's lease deadline (30 s)"
+    );
+    next.unlock().await.unwrap();
+}
+
+/// A holder paused past its lease (cut off by a proxy, as a paused process is): it is told
+/// (`lost()`, no later than the server expires the lease); the waiter takes the lock once the
+/// lease expired on the server's clock, ending it itself (no reaper), with a higher token; the
+/// old holder's guarded write after it comes back is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_lease_is_followed_and_refused() {
+    let node = own_node().await;
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let ttl = Duration::from_secs(2);
+    let hb = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new()
+            .with_connect_timeout(Duration::from_millis(500))
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let wb = node.backend().await.unwrap();
+    let holder = session(&hb, ttl).await;
+    let waiter = session(&wb, Duration::from_secs(30)).await;
+    let guard = Mutex::new(&holder, "paused").unwrap().lock().await.unwrap();
+    let first = guard.fencing_token();
+    let queued = support::spawn_queued(&wb, &waiter, "paused", 2).await;
+    proxy.black_hole();
+    let reason = within("lost()", ttl * 3, guard.lost()).await;
+    assert_eq!(reason, LostReason::Expired);
+    let next = within("the waiter after the lease expired", ttl * 5, queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > first);
+    proxy.heal();
+    let late = guard.write(&[WriteOp::put("paused-data", "late")]).await;
+    assert!(
+        matches!(
+            late,
+            Err(Error::NotOwner { .. }) | Err(Error::SessionLost(_))
+        ),
+        "{late:?}"
+    );
+    assert_eq!(wb.read("paused-data").await.unwrap(), None);
+    next.unlock().await.unwrap();
+}
