@@ -417,3 +417,112 @@ async fn a_holder_paused_past_its_lease_is_followed_and_refused() {
     assert_eq!(wb.read("paused-data").await.unwrap(), None);
     next.unlock().await.unwrap();
 }
+
+// ---------------------------------------------------------------------------------------
+// PgFence: the fence suite, and the fence inside the application's own transaction.
+
+use baton::{Fence, PgFence};
+
+/// A fence in a schema of its own (resources of different tests never meet).
+async fn pg_fence(_test: &str) -> Arc<dyn Fence> {
+    static SCHEMAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SCHEMAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let schema = format!("fence_{}_{n}", std::process::id());
+    let backend = PgBackend::connect(
+        &PgNode::shared().url(),
+        PgOptions::new().with_schema(schema),
+    )
+    .await
+    .unwrap();
+    Arc::new(PgFence::new(&backend))
+}
+
+fence_suite!(mod pg_fence_suite; super::pg_fence; flavor = "multi_thread", worker_threads = 2);
+
+/// The fence inside the application's transaction: a holder's claim and its own write commit
+/// together; a successor's claim waits for that transaction and then sees the write; the old
+/// holder's next claim (in a new transaction) is refused, and its transaction writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_check_is_part_of_the_applications_transaction() {
+    let node = PgNode::shared();
+    let backend = node.backend().await.unwrap();
+    let fence = PgFence::new(&backend);
+    let name = test_name("tx-fence");
+    let mut app = node.client().await.unwrap();
+    app.batch_execute(
+        "CREATE TABLE IF NOT EXISTS stock (item text PRIMARY KEY, count int NOT NULL);
+         INSERT INTO stock VALUES ('widget', 10) ON CONFLICT (item) DO UPDATE SET count = 10;",
+    )
+    .await
+    .unwrap();
+    let old = baton::Ticket::new(FencingToken::new(5), name.as_str());
+    let new = baton::Ticket::new(FencingToken::new(6), name.as_str());
+
+    // The old holder claims inside its transaction and writes, not yet committed.
+    let tx = app.transaction().await.unwrap();
+    fence.claim_in(&tx, "stock/widget", &old).await.unwrap();
+    tx.execute(
+        "UPDATE stock SET count = count - 1 WHERE item = 'widget'",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The successor's claim waits for the row the old transaction holds.
+    let mut successor_app = node.client().await.unwrap();
+    let successor_fence = fence.clone();
+    let successor = tokio::spawn(async move {
+        let tx = successor_app.transaction().await.unwrap();
+        successor_fence
+            .claim_in(&tx, "stock/widget", &new)
+            .await
+            .unwrap();
+        let count: i32 = tx
+            .query_one("SELECT count FROM stock WHERE item = 'widget'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        count
+    });
+    // It is blocked on the fence row until the old holder commits.
+    let admin = node.client().await.unwrap();
+    support::eventually("the successor waits on the fence row", || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            >= 1
+    })
+    .await;
+    tx.commit().await.unwrap();
+    let seen = within("the successor's claim", Duration::from_secs(10), successor)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, 9,
+        "the successor read the committed write after its claim"
+    );
+
+    // The old holder again, in a new transaction: refused, and its write goes nowhere.
+    let tx = app.transaction().await.unwrap();
+    let refused = fence.claim_in(&tx, "stock/widget", &old).await;
+    assert!(
+        matches!(refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 6),
+        "{refused:?}"
+    );
+    drop(tx);
+    let count: i32 = app
+        .query_one("SELECT count FROM stock WHERE item = 'widget'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 9);
+    assert_eq!(
+        fence.read("stock/widget").await.unwrap().map(|r| r.0.get()),
+        Some(6)
+    );
+}
