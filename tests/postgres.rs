@@ -526,3 +526,50 @@ async fn the_fence_check_is_part_of_the_applications_transaction() {
         Some(6)
     );
 }
+
+/// An observer reports only heads that existed: a lease revoke that removes several entries
+/// is one change (the heads between them never existed), and an entry whose lease expired is
+/// never reported as the head, even before anyone removed it (the observer ends expired
+/// leases before it reports).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_report_only_heads_that_existed() {
+    use baton::HeadEvent;
+    use futures::StreamExt;
+    let backend = backend().await;
+    let long = Duration::from_secs(60);
+    for round in 0..4 {
+        let queue = test_name(&format!("observe-heads-{round}"));
+        let first = backend.grant_lease(long).await.unwrap().id();
+        let short = backend
+            .grant_lease(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .id();
+        let last = backend.grant_lease(long).await.unwrap().id();
+        let head = backend.enqueue(&queue, "a", first, b"").await.unwrap();
+        backend
+            .enqueue(&format!("{queue}/sub"), "b", first, b"")
+            .await
+            .unwrap();
+        backend.enqueue(&queue, "dead", short, b"").await.unwrap();
+        let stays = backend.enqueue(&queue, "z", last, b"").await.unwrap();
+        let mut events = backend.observe_head(&queue);
+        let event = within("the first head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            HeadEvent::Head(Some(head.entry().clone()))
+        );
+        support::eventually("the short lease expires", || async {
+            backend.lease_ttl(short).await.unwrap().is_none()
+        })
+        .await;
+        backend.revoke_lease(first).await.unwrap();
+        let event = within("the next head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            HeadEvent::Head(Some(stays.entry().clone())),
+            "round {round}: the next head that existed"
+        );
+        backend.revoke_lease(last).await.unwrap();
+    }
+}

@@ -94,6 +94,12 @@ impl PgNode {
         self.port
     }
 
+    /// The container's id, for `docker` commands and its cgroup (the bench reads the
+    /// server's CPU time there).
+    pub fn container_id(&self) -> &str {
+        self.container.id()
+    }
+
     /// A backend on this server with default options (schema `baton`).
     ///
     /// # Errors
