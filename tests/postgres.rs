@@ -573,3 +573,85 @@ async fn observers_report_only_heads_that_existed() {
         backend.revoke_lease(last).await.unwrap();
     }
 }
+
+/// One release notifies one waiter: with ten waiters queued, a raw client LISTENing on every
+/// queued entry's channel hears exactly one notification for the release (the released
+/// entry's, which only its successor waits on), counted up to a marker it sends itself
+/// (notifications arrive in commit order, so everything the release sent is before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_release_notifies_one_waiter() {
+    use baton::tokio_postgres::AsyncMessage;
+    use futures::StreamExt;
+    const WAITERS: usize = 10;
+    let node = PgNode::shared();
+    let name = test_name("one-notify");
+    let b = backend().await;
+    let holder = Session::new(b.clone()).await.unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let mut sessions = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..WAITERS {
+        let s = Session::new(b.clone()).await.unwrap();
+        waiting.push(support::spawn_queued(&b, &s, &name, i + 2).await);
+        sessions.push(s);
+    }
+    // A raw listener on every entry's channel.
+    let (raw, mut connection) = baton::tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            node.port()
+        ),
+        baton::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.channel().to_owned());
+            }
+        }
+    });
+    for e in b.entries(&name).await.unwrap() {
+        let channel: String = raw
+            .query_one("SELECT baton.chan('e', $1)", &[&e.key()])
+            .await
+            .unwrap()
+            .get(0);
+        raw.batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .unwrap();
+    }
+    raw.batch_execute("LISTEN marker_one_notify").await.unwrap();
+    guard.unlock().await.unwrap();
+    let next = within(
+        "the first waiter",
+        Duration::from_secs(10),
+        waiting.remove(0),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    raw.batch_execute("NOTIFY marker_one_notify").await.unwrap();
+    let mut notified = Vec::new();
+    loop {
+        let channel = within("the marker", Duration::from_secs(10), heard.recv())
+            .await
+            .unwrap();
+        if channel == "marker_one_notify" {
+            break;
+        }
+        notified.push(channel);
+    }
+    assert_eq!(
+        notified.len(),
+        1,
+        "one notification per release: {notified:?}"
+    );
+    next.unlock().await.unwrap();
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
