@@ -655,3 +655,51 @@ async fn one_release_notifies_one_waiter() {
         s.close().await.unwrap();
     }
 }
+
+/// A server frozen (`docker pause`) for less than the TTL: requests wait (renewals are
+/// retried within the backend), nothing is lost, and the queue moves on once it is back: the
+/// holder still holds, the waiter is woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_paused_shorter_than_the_ttl_costs_nothing() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(20);
+    // The holder's requests time out after 1 s: the pause outlasts one attempt, and the
+    // backend must retry (on a new connection) until the server answers again.
+    let hb = PgBackend::connect(
+        &node.url(),
+        PgOptions::new().with_request_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let wb = node.backend().await.unwrap();
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "frozen").unwrap().lock().await.unwrap();
+    let queued = support::spawn_queued(&hb, &waiter, "frozen", 2).await;
+    node.pause().await.unwrap();
+    // A renewal sent now times out at least once before the server answers.
+    let lease = holder.lease_id();
+    let renewal = tokio::spawn({
+        let hb = hb.clone();
+        async move { hb.keep_alive(lease).await }
+    });
+    tokio::time::sleep(Duration::from_secs(3)).await; // the length of the outage, not a sync point
+    node.unpause().await.unwrap();
+    let renewed = within("the renewal", Duration::from_secs(20), renewal)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(renewed.is_some(), "the lease outlived the pause");
+    assert!(guard.is_owner().await.unwrap() && !holder.is_lost());
+    guard.unlock().await.unwrap();
+    within(
+        "the waiter after the pause",
+        Duration::from_secs(10),
+        queued,
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .unlock()
+    .await
+    .unwrap();
+}
