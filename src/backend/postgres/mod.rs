@@ -182,7 +182,7 @@ impl Sql {
             read: r("SELECT value FROM {s}.kv WHERE key = $1"),
             swap: r("SELECT {s}.swap($1, $2, $3)"),
             snapshot: r("SELECT * FROM {s}.snapshot($1, $2)"),
-            reap: r("SELECT * FROM {s}.reap($1)"),
+            reap: r("SELECT * FROM {s}.reap($1, $2)"),
         }
     }
 
@@ -538,8 +538,14 @@ impl PgBackend {
 
     /// Waits on `channel` until `check` says done (`Some`), looking again after every
     /// notification, every reconnect of the LISTEN connection, and after the delay `check`
-    /// asks for.
-    async fn wait_on<T, F, Fut>(&self, channel: String, check: F) -> Result<T>
+    /// asks for. A notification whose payload `proves` is done without looking again (a
+    /// deletion's NOTIFY names the token it deleted, and is delivered only once committed).
+    async fn wait_on<T, F, Fut>(
+        &self,
+        channel: String,
+        check: F,
+        proves: impl Fn(&str) -> Option<T>,
+    ) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<std::result::Result<T, Option<Duration>>>>,
@@ -557,18 +563,23 @@ impl PgBackend {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
-                heard = subscription.heard.recv() => {
-                    if heard.is_none() {
-                        return Err(Error::Unavailable);
-                    }
-                    // Whatever was heard (the change, or a reconnect), look again, once for
-                    // everything heard so far.
-                    while let Ok(h) = subscription.heard.try_recv() {
-                        let _: Heard = h;
-                    }
+            let mut heard = tokio::select! {
+                heard = subscription.heard.recv() => match heard {
+                    Some(heard) => vec![heard],
+                    None => return Err(Error::Unavailable),
+                },
+                () = sleep => Vec::new(),
+            };
+            // Everything heard so far: one answer, or one look again for all of it.
+            while let Ok(h) = subscription.heard.try_recv() {
+                heard.push(h);
+            }
+            for h in &heard {
+                if let Heard::Payload(payload) = h
+                    && let Some(done) = proves(payload)
+                {
+                    return Ok(done);
                 }
-                () = sleep => {}
             }
         }
     }
@@ -932,7 +943,7 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.alive;
         let key = entry.key();
         let token = token_of(entry);
-        self.wait_on(self.inner.sql.channel('e', key), || async move {
+        let check = || async move {
             let left = self
                 .read_request("wait_gone", |c| async move {
                     let rows =
@@ -945,6 +956,12 @@ impl Backend for PgBackend {
                 // Look again just after the lease could have expired, to end it if it did.
                 Some(left) => Err(Some(ms(left) + Duration::from_millis(5))),
             })
+        };
+        // The deleting transaction's NOTIFY carries the token it deleted: that incarnation
+        // is gone, no need to read it again.
+        let token_text = token.to_string();
+        self.wait_on(self.inner.sql.channel('e', key), check, |payload| {
+            (payload == token_text).then_some(())
         })
         .await
     }
@@ -1072,15 +1089,16 @@ impl Backend for PgBackend {
     }
 
     async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
-        self.wait_on(self.inner.sql.channel('k', key), || async move {
+        let check = || async move {
             let now = self.read(key).await?;
             Ok(if now.as_deref() == seen {
                 Err(None)
             } else {
                 Ok(now)
             })
-        })
-        .await
+        };
+        self.wait_on(self.inner.sql.channel('k', key), check, |_| None)
+            .await
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {

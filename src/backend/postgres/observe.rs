@@ -228,7 +228,10 @@ impl Observer {
         self.settle().await
     }
 
-    /// Reports the head if it changed, once it is known to be live.
+    /// Reports the head if it changed. A new head entry is checked with the server first:
+    /// reported if it is the live head there, or if its lease is still live (a head that
+    /// existed, the observer being behind); otherwise its lease expired, and the deletion
+    /// that says so is on its way: it is never reported.
     async fn settle(&mut self) -> Result<()> {
         let head = self.by_token.values().next().cloned();
         let now = head.as_ref().map(|h| (h.token(), h.value().to_vec()));
@@ -236,25 +239,43 @@ impl Observer {
             // Nothing new to report, and the head's expiry is already watched.
             return Ok(());
         }
-        let sql = &self.backend.inner.sql.reap;
-        let queue = &self.queue;
-        let rows = self
-            .backend
-            .read_request("observe", |c| async move {
-                PgBackend::query(&c, sql, &[(queue, Type::TEXT)]).await
-            })
-            .await?;
-        let (ended, head_ms) = rows.first().map_or((0, None), |r| {
-            (r.get::<_, i32>(0), r.get::<_, Option<i64>>(1))
-        });
-        if ended > 0 {
-            // Their deletions are on their way: report once they are applied.
+        let same_entry = matches!(
+            (&self.reported, &now),
+            (Some(Some((was, _))), Some((is, _))) if was == is
+        );
+        if let Some(candidate) = head
+            .as_ref()
+            .filter(|_| !same_entry || self.timer.is_none())
+        {
+            let sql = &self.backend.inner.sql.reap;
+            let queue = &self.queue;
+            let lease = candidate.lease().map_or(0, |l| l.get());
+            let rows = self
+                .backend
+                .read_request("observe", |c| async move {
+                    PgBackend::query(&c, sql, &[(queue, Type::TEXT), (&lease, Type::INT8)]).await
+                })
+                .await?;
+            let Some(row) = rows.first() else {
+                return Ok(());
+            };
+            let ended: i32 = row.get(0);
+            let head_token: Option<i64> = row.get(1);
+            let head_ms: Option<i64> = row.get(2);
+            let live: bool = row.get(3);
+            let current = head_token.map(i64::unsigned_abs) == Some(candidate.token().get());
+            if ended > 0 || !(current || live) {
+                // An expiry: its deletion is on its way; report once it is applied.
+                self.timer = None;
+                return Ok(());
+            }
+            // Watch the head's expiry only while the copy is current.
+            self.timer = head_ms.filter(|_| current).map(|ms| {
+                Instant::now() + Duration::from_millis(ms.unsigned_abs()) + Duration::from_millis(5)
+            });
+        } else if head.is_none() {
             self.timer = None;
-            return Ok(());
         }
-        self.timer = head_ms.map(|ms| {
-            Instant::now() + Duration::from_millis(ms.unsigned_abs()) + Duration::from_millis(5)
-        });
         if self.reported.as_ref() == Some(&now) {
             self.gap = false;
             return Ok(());

@@ -269,15 +269,19 @@ BEGIN
     PERFORM pg_notify({s}.chan('q', q), 'M ' || marker);
 END $$;
 
--- For an observer about to report a head: ends the expired leases of the queue, and says how
--- many it ended and how long the head's lease has left.
-CREATE FUNCTION {s}.reap(q text, OUT ended integer, OUT head_ms bigint) LANGUAGE plpgsql AS $$
+-- For an observer about to report a head (the entry of lease `cand`): ends the expired leases
+-- of the queue, and says how many it ended, which entry is the head now, how long its lease
+-- has left, and whether lease `cand` is still live.
+CREATE FUNCTION {s}.reap(q text, cand bigint, OUT ended integer, OUT head_token bigint,
+    OUT head_ms bigint, OUT cand_live boolean)
+LANGUAGE plpgsql AS $$
 BEGIN
     ended := {s}.end_expired(q);
-    SELECT {s}.ms_left(ls.deadline) INTO head_ms
+    SELECT e.token, {s}.ms_left(ls.deadline) INTO head_token, head_ms
         FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
         WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
         ORDER BY e.token LIMIT 1;
+    cand_live := EXISTS (SELECT 1 FROM {s}.leases WHERE id = cand AND deadline > clock_timestamp());
 END $$;
 "#;
 
