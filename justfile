@@ -19,9 +19,10 @@ examples:
 # Benchmarks against a fixture etcd (beside etcd's own Lock API), a fixture Redis (beside the
 # hand-written SET NX PX pattern and rslock) and a fixture ZooKeeper (beside kazoo and Curator:
 # the peers of tests/peers, which scripts/install-peers.sh builds; skipped if missing);
+# and a fixture PostgreSQL (beside pg_advisory_lock and pg_try_advisory_lock polling);
 # rewrites docs/performance.md.
 bench:
-    cargo run --quiet --release --features testing,etcd,redis,zookeeper --example bench
+    cargo run --quiet --release --features testing,etcd,redis,zookeeper,postgres --example bench
     cargo bench --bench memory
 
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).

@@ -8,7 +8,8 @@ use crate::error::{Error, Result};
 
 /// Where a backend lives, as parsed from an endpoint list by [`Endpoints::parse`]: bare
 /// `host:port` or `http(s)://host:port` (comma-separated) is etcd, `redis://` (or
-/// `rediss://`) is Redis, `zk://` is ZooKeeper.
+/// `rediss://`) is Redis, `zk://` is ZooKeeper, `postgres://` (or `postgresql://`) is
+/// PostgreSQL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Endpoints {
@@ -18,6 +19,9 @@ pub enum Endpoints {
     Redis(String),
     /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`.
     ZooKeeper(String),
+    /// One PostgreSQL URL, `postgres://[user[:password]@]host[:port][/db][?options]` (or
+    /// `postgresql://`), as libpq takes it.
+    Postgres(String),
 }
 
 impl Endpoints {
@@ -45,6 +49,10 @@ impl Endpoints {
         if spec.starts_with("zk://") {
             return Ok(Endpoints::ZooKeeper(spec.to_owned()));
         }
+        if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
+            // One URL: libpq's own multi-host form (`host1:5432,host2:5432`) is inside it.
+            return Ok(Endpoints::Postgres(spec.to_owned()));
+        }
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
         let redis = |p: &&str| p.starts_with("redis://") || p.starts_with("rediss://");
         if parts.iter().any(redis) {
@@ -64,12 +72,13 @@ impl Endpoints {
         ))
     }
 
-    /// The backend's name: `etcd`, `Redis` or `ZooKeeper`.
+    /// The backend's name: `etcd`, `Redis`, `ZooKeeper` or `PostgreSQL`.
     pub fn backend_name(&self) -> &'static str {
         match self {
             Endpoints::Etcd(_) => "etcd",
             Endpoints::Redis(_) => "Redis",
             Endpoints::ZooKeeper(_) => "ZooKeeper",
+            Endpoints::Postgres(_) => "PostgreSQL",
         }
     }
 }
@@ -81,7 +90,7 @@ fn check_etcd(endpoint: &str) -> Result<()> {
         .unwrap_or(endpoint);
     if rest.contains("://") {
         return Err(Error::InvalidArgument(
-            "unknown scheme: use host:port or http(s):// (etcd), redis:// or zk://",
+            "unknown scheme: use host:port or http(s):// (etcd), redis://, zk:// or postgres://",
         ));
     }
     let Some((host, port)) = rest.rsplit_once(':') else {
@@ -240,7 +249,12 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 /// Cancel safe: nothing is created on the server before it returns.
 pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Arc<dyn Backend>> {
     // Without a network backend, the options have nothing to configure.
-    #[cfg(not(any(feature = "etcd", feature = "redis", feature = "zookeeper")))]
+    #[cfg(not(any(
+        feature = "etcd",
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "postgres"
+    )))]
     let _ = options;
     let parsed = Endpoints::parse(endpoints)?;
     #[cfg(feature = "zookeeper")]
@@ -321,6 +335,25 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
         Endpoints::ZooKeeper(_) => Err(Error::InvalidArgument(
             "zk:// needs baton's `zookeeper` feature, which this build does not have",
         )),
+        #[cfg(feature = "postgres")]
+        Endpoints::Postgres(url) => {
+            if options.user.is_some()
+                || options.ca_cert.is_some()
+                || options.client_cert.is_some()
+                || options.tls_server_name.is_some()
+            {
+                return Err(Error::InvalidArgument(
+                    "PostgreSQL takes its credentials in the URL (postgres://user:password@host/db); \
+                     baton's PostgreSQL backend does not speak TLS yet",
+                ));
+            }
+            let pg = crate::PgOptions::new().with_connect_timeout(options.connect_timeout);
+            Ok(Arc::new(crate::PgBackend::connect(&url, pg).await?))
+        }
+        #[cfg(not(feature = "postgres"))]
+        Endpoints::Postgres(_) => Err(Error::InvalidArgument(
+            "postgres:// needs baton's `postgres` feature, which this build does not have",
+        )),
     }
 }
 
@@ -364,6 +397,14 @@ mod tests {
             Endpoints::parse("rediss://u:p@h:6380/2").unwrap(),
             Endpoints::Redis("rediss://u:p@h:6380/2".into())
         );
+        assert_eq!(
+            Endpoints::parse("postgresql://u:p@h/db").unwrap(),
+            Endpoints::Postgres("postgresql://u:p@h/db".into())
+        );
+        assert!(matches!(
+            Endpoints::parse("postgres://h:5432/db").unwrap(),
+            Endpoints::Postgres(_)
+        ));
         assert_eq!(
             Endpoints::parse("zk://a:2181,b:2181/app").unwrap(),
             Endpoints::ZooKeeper("zk://a:2181,b:2181/app".into())

@@ -327,7 +327,12 @@ impl fmt::Display for Where {
 impl Error {
     /// Names the server a backend error concerns (kept if already named).
     #[cfg_attr(
-        not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+        not(any(
+            feature = "etcd",
+            feature = "redis",
+            feature = "zookeeper",
+            feature = "postgres"
+        )),
         allow(dead_code)
     )]
     pub(crate) fn at_endpoint(mut self, endpoint: &str) -> Self {

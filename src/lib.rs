@@ -1,16 +1,17 @@
-//! Fair distributed locks and leader election on etcd, Redis or ZooKeeper, with fencing
-//! tokens.
+//! Fair distributed locks and leader election on etcd, Redis, ZooKeeper or PostgreSQL, with
+//! fencing tokens.
 //!
 //! - **Queue-fair locks without a herd**: contenders queue by creation order; each waiter
 //!   watches only its predecessor, so one release wakes exactly one waiter.
 //! - **Fencing tokens**: strictly increasing in grant order ([`MutexGuard::fencing_token`]):
 //!   on etcd the holder's key create revision, on Redis a counter that never goes backwards,
-//!   on ZooKeeper the holder's node czxid.
+//!   on ZooKeeper the holder's node czxid, on PostgreSQL a value of a sequence.
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
 //! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
 //!   (`EtcdBackend`, feature `etcd`), Redis (`RedisBackend`, feature `redis`;
-//!   `docs/redis.md`), ZooKeeper (`ZkBackend`, feature `zookeeper`; `docs/zookeeper.md`) and
+//!   `docs/redis.md`), ZooKeeper (`ZkBackend`, feature `zookeeper`; `docs/zookeeper.md`),
+//!   PostgreSQL (`PgBackend`, feature `postgres`; `docs/postgres.md`) and
 //!   in-process ([`MemoryBackend`], always there). [`connect`] picks
 //!   one by the endpoints' scheme.
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
@@ -54,14 +55,17 @@
 //! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
 //! - `zookeeper` (not default): `ZkBackend`, on ZooKeeper 3.6+, with Curator's or kazoo's
 //!   node layout.
+//! - `postgres` (not default): `PgBackend` on PostgreSQL 13+, and `PgFence`, a fence whose
+//!   check can be part of the application's own transaction (`docs/postgres.md`).
 //! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
 //!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
-//! - `cli`: the `baton` command-line tool, on etcd, Redis and ZooKeeper.
+//! - `cli`: the `baton` command-line tool, on etcd, Redis, ZooKeeper and PostgreSQL.
 //! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
 //!   three-member cluster), with `redis`, Redis fixtures, with `zookeeper`, ZooKeeper
-//!   fixtures (`ZkNode`, `ZkEnsemble`), started through testcontainers.
+//!   fixtures (`ZkNode`, `ZkEnsemble`), with `postgres`, a PostgreSQL fixture (`PgNode`),
+//!   started through testcontainers.
 //!
 //! Metrics (wait and hold times, handoffs, sessions, keep-alives) go through the `metrics`
 //! facade to whatever recorder the application installs: see [`metrics`] and
@@ -96,6 +100,8 @@ pub use backend::{
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "postgres")]
+pub use backend::{PgBackend, PgFence, PgOptions};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
@@ -115,6 +121,10 @@ pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
+/// The PostgreSQL client baton is built on, re-exported so that code using
+/// [`PgFence::claim_in`] names the same `Transaction` type.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 /// The README's Rust example, compiled as a doc test: it must build as written.
 #[cfg(all(doctest, feature = "etcd"))]

@@ -7,7 +7,7 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton::testing::{EtcdNode, RedisNode, ZkNode};
+use baton::testing::{EtcdNode, PgNode, RedisNode, ZkNode};
 use baton::{Backend, EtcdBackend, Mutex, Session, ZkBackend, ZkLayout, ZkOptions};
 use support::{eventually, within};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -342,6 +342,75 @@ async fn lock_and_status_on_redis() {
     let (code, stderr) = waiter.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
     assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
+/// `--endpoints postgres://` runs the same commands on PostgreSQL: `baton lock` queues behind
+/// a Rust holder, `status` lists both, the command runs once the holder releases; a server
+/// that refuses the connection is "unreachable" (69) at once, in one line, and a database
+/// that does not exist is "the configuration is wrong" (78).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_status_on_postgres() {
+    let url = PgNode::shared().url();
+    let backend = PgNode::shared().backend().await.unwrap();
+    let name = name("postgres");
+    let s = Session::new(backend.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let mut waiter = Running::spawn(&[
+        "--endpoints",
+        &url,
+        "lock",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo ran",
+    ]);
+    eventually("baton queues", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let table = baton(&["--endpoints", &url, "status", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&table, 0);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
+    assert!(table.contains(guard.key()), "{table}");
+    guard.unlock().await.unwrap();
+    assert_eq!(waiter.line().await, "ran");
+    let (code, stderr) = waiter.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(backend.entries(&name).await.unwrap().is_empty());
+
+    let port = PgNode::shared().port();
+    for (args, code) in [
+        (
+            vec!["--endpoints", "postgres://postgres@127.0.0.1:1/postgres"],
+            69,
+        ),
+        (
+            vec![
+                "--endpoints",
+                &*format!("postgresql://postgres@127.0.0.1:{port}/nosuchdb"),
+            ],
+            78,
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+            .args(&args)
+            .args(["--connect-timeout", "20", "status", "x"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
 }
 
 /// `--endpoints zk://` runs the same commands on ZooKeeper, with the layout `--layout` names:

@@ -20,6 +20,8 @@ mod etcd_value;
 #[cfg(feature = "etcd")]
 mod etcd_watch;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 mod reach;
 #[cfg(feature = "redis")]
@@ -611,6 +613,8 @@ pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
 
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "postgres")]
+pub use self::postgres::{PgBackend, PgFence, PgOptions};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]

@@ -193,6 +193,10 @@ pub(crate) fn free_ports(n: usize) -> std::io::Result<Vec<u16>> {
         .collect()
 }
 
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+    allow(dead_code)
+)]
 fn env_flag(name: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == "1" || v == "true")
 }
@@ -208,6 +212,10 @@ pub(crate) fn announce(message: &str) {
 /// [`LOCAL_FALLBACK_VAR`] allows it, saying so loudly; otherwise returns `container_error`.
 /// When the fallback fails too, the error keeps both causes. `BATON_REQUIRE_DOCKER=1` (CI)
 /// forbids the fallback whatever the other variable says.
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+    allow(dead_code)
+)]
 pub(crate) async fn or_local<T, F, Fut>(
     server: &Server,
     container_error: FixtureError,
@@ -252,6 +260,10 @@ pub(crate) struct Server {
     pub(crate) entrypoint: &'static str,
     /// What the local fallback runs from the host's `PATH`, for messages (`` `etcd` ``; for
     /// ZooKeeper `java` on Debian's jars, not the image's entrypoint).
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub(crate) local: &'static str,
     /// A log line fragment that says the server is ready.
     pub(crate) ready: &'static str,
@@ -405,6 +417,10 @@ impl Server {
     }
 
     /// The error for a fallback process that was spawned but did not become ready.
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "redis", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub(crate) fn process_error(&self, reason: impl Into<String>) -> FixtureError {
         FixtureError::Process {
             server: self.name,

@@ -1,6 +1,6 @@
 //! Test support (feature `testing`): a fault-injecting backend decorator for any backend,
-//! and etcd, Redis or ZooKeeper started for your tests (with the `etcd`, `redis` or
-//! `zookeeper` feature too).
+//! and etcd, Redis, ZooKeeper or PostgreSQL started for your tests (with the `etcd`, `redis`,
+//! `zookeeper` or `postgres` feature too).
 //!
 //! # Fault injection
 //! [`FaultyBackend`] wraps any [`Backend`](crate::Backend) and makes chosen calls fail before
@@ -121,6 +121,28 @@
 //! # let _ = url; Ok(()) }
 //! ```
 //!
+//! # PostgreSQL fixtures
+//! [`PgNode`] (features `testing` and `postgres`) is one PostgreSQL server in a container from
+//! [`DEFAULT_POSTGRES_IMAGE`] (`local/postgres:debian`, which
+//! `scripts/build-postgres-image.sh` builds from Debian's `postgresql` package, found or built
+//! as above; `BATON_POSTGRES_IMAGE` names another), with host networking on a free
+//! `127.0.0.1` port: user `postgres`, trust authentication, database `postgres`
+//! ([`PgNode::url`]). Its data lives in the container, so [`PgNode::stop_fast`] (a fast
+//! shutdown) and [`PgNode::stop_immediate`] (an immediate shutdown: the WAL is replayed at the
+//! next start, as after a crash) keep it for [`PgNode::start_again`]; [`PgNode::pause`]
+//! freezes it; [`PgNode::terminate`] ends the connections of one `application_name` with
+//! `pg_terminate_backend`. There is no local-process fallback.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use baton::testing::PgNode;
+//! let pg = PgNode::start().await?;
+//! let backend = pg.backend().await?;
+//! pg.stop_immediate().await?; // a crash of the server
+//! pg.start_again().await?;    // the same port, the same data
+//! # let _ = backend; Ok(()) }
+//! ```
+//!
 //! # ZooKeeper fixtures
 //! [`ZkNode`] is one ZooKeeper server (standalone), [`ZkEnsemble`] three members with a
 //! quorum. They run in containers with **host networking**, each server's client port (and a
@@ -169,9 +191,16 @@
 #[cfg(feature = "etcd")]
 mod etcd;
 mod faults;
-#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
 mod fixture;
 pub mod nemesis;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
@@ -183,8 +212,15 @@ mod zookeeper;
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_IMAGE, EtcdCluster, EtcdNode, EtcdTls};
 pub use faults::{Call, Fault, FaultyBackend};
-#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
+#[cfg(feature = "postgres")]
+pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};

@@ -1,13 +1,11 @@
-//! PostgreSQL for the fence tests: one server per test binary, in a container from the image
-//! `scripts/build-postgres-image.sh` builds out of Debian's package (built here if missing),
-//! with host networking on a free 127.0.0.1 port; removed when the test process exits. And
-//! [`PgFence`]: the SQL fencing pattern of docs/fencing.md, every call on a connection of its
+//! PostgreSQL for the fence tests: the server of the test binary is
+//! `baton::testing::PgNode::shared()` (the image `scripts/build-postgres-image.sh` builds, in a
+//! container with host networking on a free 127.0.0.1 port). And [`PgFence`]: the SQL fencing
+//! pattern of docs/fencing.md, every call on a connection of its
 //! own, at PostgreSQL's default isolation level (READ COMMITTED).
 #![allow(unreachable_pub)]
 
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use baton::{Error, Fence, FencingToken, Ticket, admit};
@@ -49,92 +47,26 @@ pub struct Postgres {
     pub port: u16,
 }
 
-fn image() -> String {
-    if let Ok(image) = std::env::var("BATON_POSTGRES_IMAGE") {
-        return image;
-    }
-    let present = Command::new("docker")
-        .args(["image", "inspect", "local/postgres:debian"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !present {
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/scripts/build-postgres-image.sh"
-        );
-        let built = Command::new(script).stdout(Stdio::null()).status();
-        assert!(
-            built.is_ok_and(|s| s.success()),
-            "could not build the PostgreSQL image with {script}"
-        );
-    }
-    "local/postgres:debian".to_owned()
-}
-
 impl Postgres {
-    /// The server of this test binary, started on first use.
+    /// The server of this test binary (`baton::testing::PgNode::shared()`), with the
+    /// `fenced` table created once.
     pub fn shared() -> &'static Postgres {
         static SHARED: OnceLock<Postgres> = OnceLock::new();
         SHARED.get_or_init(|| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port();
-            let out = Command::new("docker")
-                .args(["run", "-d", "--rm", "--network", "host", "--tmpfs", "/tmp"])
-                .args(["--label", "baton.fixture"])
-                .arg(image())
-                .arg(port.to_string())
-                .output()
-                .expect("docker run");
-            assert!(
-                out.status.success(),
-                "docker run: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            // Removed when this process exits: a watchdog tied to it by a pipe.
-            if let Ok(child) = Command::new("sh")
-                .arg("-c")
-                .arg(format!("cat >/dev/null; docker rm -f {id} >/dev/null 2>&1"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-            {
-                std::mem::forget(child);
-            }
-            let pg = Postgres { port };
-            // Ready once it accepts a connection; then the table is created once.
+            let port = baton::testing::PgNode::shared().port();
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .unwrap();
                 rt.block_on(async move {
-                    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-                    loop {
-                        match connect(port).await {
-                            Ok(client) => {
-                                client.batch_execute(SCHEMA).await.unwrap();
-                                return;
-                            }
-                            Err(e) => {
-                                assert!(
-                                    tokio::time::Instant::now() < deadline,
-                                    "PostgreSQL did not come up: {e}"
-                                );
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        }
-                    }
+                    let client = connect(port).await.unwrap();
+                    client.batch_execute(SCHEMA).await.unwrap();
                 })
             })
             .join()
-            .expect("PostgreSQL ready");
-            pg
+            .expect("the fenced table");
+            Postgres { port }
         })
     }
 }

@@ -95,13 +95,14 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 #[command(
     name = "baton",
     version,
-    about = "Fair distributed locks and leader election on etcd, Redis or ZooKeeper",
+    about = "Fair distributed locks and leader election on etcd, Redis, ZooKeeper or PostgreSQL",
     after_help = EXIT_CODES
 )]
 struct Cli {
     /// Where the locks live: etcd endpoints, comma-separated (host:port or http(s)://host:port),
-    /// one Redis URL (redis://[user:password@]host:port[/db]), or a ZooKeeper connect string
-    /// (zk://host:port[,host:port...][/chroot]).
+    /// one Redis URL (redis://[user:password@]host:port[/db]), a ZooKeeper connect string
+    /// (zk://host:port[,host:port...][/chroot]), or one PostgreSQL URL
+    /// (postgres://[user:password@]host[:port]/db).
     #[arg(
         long,
         env = "BATON_ENDPOINTS",
@@ -109,7 +110,7 @@ struct Cli {
         value_delimiter = ',',
         global = true,
         help_heading = GLOBAL,
-        value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,..."
+        value_name = "HOST:PORT,...|redis://HOST:PORT|zk://HOST:PORT,...|postgres://HOST/DB"
     )]
     endpoints: Vec<String>,
     /// User name for etcd authentication (with --password; Redis takes it in the URL).
@@ -457,6 +458,13 @@ fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
              backend does not take them",
         ));
     }
+    if any && matches!(endpoints, Endpoints::Postgres(_)) {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--cacert, --cert and --key are for etcd and Redis (rediss://); baton's PostgreSQL \
+             backend does not speak TLS yet",
+        ));
+    }
     if any && matches!(endpoints, Endpoints::Redis(url) if !url.starts_with("rediss://")) {
         return Err(Failure::new(
             exit::USAGE,
@@ -501,7 +509,7 @@ fn validate(cli: &Cli) -> Result<Checked, Failure> {
     if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
         return Err(Failure::new(
             exit::USAGE,
-            "--user and --password are for etcd; Redis takes credentials in its URL (redis://user:password@host:port)",
+            "--user and --password are for etcd; Redis and PostgreSQL take credentials in their URL (redis://user:password@host:port, postgres://user:password@host/db)",
         ));
     }
     let tls = tls_files(cli, &endpoints)?;

@@ -1,0 +1,296 @@
+//! The PostgreSQL part of the benchmark harness (`just bench`; `--only postgres` runs it
+//! alone): baton's Mutex on one PostgreSQL beside a `pg_advisory_lock` loop (blocking, on a
+//! connection per contender) and a `pg_try_advisory_lock` polling loop (10 ms between tries),
+//! at N = 1, 8, 64; it writes the `## PostgreSQL` section.
+//!
+//! A child module of examples/bench.rs: it measures with the harness's own percentiles.
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use baton::testing::PgNode;
+use baton::tokio_postgres::{self, Client, NoTls};
+use baton::{Mutex, PgBackend, PgOptions, Session};
+use tokio::time::Instant;
+
+use super::{Res, ms, pct};
+
+/// The polling loop's sleep after a refused `pg_try_advisory_lock`.
+const RETRY_SLEEP: Duration = Duration::from_millis(10);
+
+#[derive(Default)]
+struct Grants {
+    acquire: Vec<Duration>,
+    handoff: Vec<Duration>,
+    released_at: Option<Instant>,
+    last_holder: Option<usize>,
+    same_holder: u64,
+    grants: u64,
+}
+
+impl Grants {
+    fn granted(&mut self, who: usize, asked: Instant) {
+        let now = Instant::now();
+        self.acquire.push(now - asked);
+        if let Some(at) = self.released_at.take() {
+            self.handoff.push(now - at);
+        }
+        if self.last_holder == Some(who) {
+            self.same_holder += 1;
+        }
+        self.last_holder = Some(who);
+        self.grants += 1;
+    }
+
+    fn released(&mut self) {
+        self.released_at = Some(Instant::now());
+    }
+}
+
+struct PgRun {
+    impl_name: &'static str,
+    n: usize,
+    cycles_per_s: f64,
+    handoff_p50: Duration,
+    handoff_p99: Duration,
+    same_holder: f64,
+    per_contender_min: u64,
+    per_contender_max: u64,
+    server_cpu_ms_per_cycle: Option<f64>,
+    connections: usize,
+}
+
+/// The PostgreSQL section.
+pub(super) struct Report {
+    version: String,
+    secs: Duration,
+    runs: Vec<PgRun>,
+}
+
+/// The server's CPU time so far (its container's cgroup, cgroup v1 or v2), in seconds.
+fn server_cpu_seconds(node: &PgNode) -> Option<f64> {
+    let id = node.container_id();
+    let v1 = format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage");
+    if let Ok(ns) = std::fs::read_to_string(v1) {
+        return ns.trim().parse::<f64>().ok().map(|ns| ns / 1e9);
+    }
+    let v2 = format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat");
+    let stat = std::fs::read_to_string(v2).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|us| us / 1e6)
+}
+
+async fn client(node: &PgNode) -> Res<Client> {
+    let (client, connection) = tokio_postgres::connect(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            node.port()
+        ),
+        NoTls,
+    )
+    .await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+fn finish(
+    impl_name: &'static str,
+    n: usize,
+    secs: Duration,
+    grants: &StdMutex<Grants>,
+    per_contender: Vec<u64>,
+    cpu: Option<f64>,
+    connections: usize,
+) -> PgRun {
+    let mut g = std::mem::take(&mut *grants.lock().unwrap());
+    g.handoff.sort();
+    PgRun {
+        impl_name,
+        n,
+        cycles_per_s: g.grants as f64 / secs.as_secs_f64(),
+        handoff_p50: pct(&g.handoff, 0.5),
+        handoff_p99: pct(&g.handoff, 0.99),
+        same_holder: if g.grants > 1 {
+            g.same_holder as f64 * 100.0 / (g.grants - 1) as f64
+        } else {
+            0.0
+        },
+        per_contender_min: per_contender.iter().min().copied().unwrap_or(0),
+        per_contender_max: per_contender.iter().max().copied().unwrap_or(0),
+        server_cpu_ms_per_cycle: cpu.map(|s| s * 1000.0 / g.grants.max(1) as f64),
+        connections,
+    }
+}
+
+async fn baton_contended(node: &PgNode, n: usize, secs: Duration, name: &str) -> Res<PgRun> {
+    // One backend for the process: two connections, whatever N is.
+    let backend = PgBackend::connect(&node.url(), PgOptions::new()).await?;
+    let sessions = futures::future::join_all((0..n).map(|_| Session::new(backend.clone())))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let grants = Arc::new(StdMutex::new(Grants::default()));
+    let cpu_before = server_cpu_seconds(node);
+    let deadline = Instant::now() + secs;
+    let tasks: Vec<_> = sessions
+        .iter()
+        .enumerate()
+        .map(|(who, s)| {
+            let mutex = Mutex::new(s, name);
+            let grants = Arc::clone(&grants);
+            tokio::spawn(async move {
+                let mutex = mutex?;
+                let mut cycles = 0u64;
+                loop {
+                    let asked = Instant::now();
+                    let guard = mutex.lock().await?;
+                    if Instant::now() >= deadline {
+                        guard.unlock().await?;
+                        return Res::Ok(cycles);
+                    }
+                    grants.lock().unwrap().granted(who, asked);
+                    cycles += 1;
+                    grants.lock().unwrap().released();
+                    guard.unlock().await?;
+                }
+            })
+        })
+        .collect();
+    let mut per_contender = Vec::with_capacity(n);
+    for t in tasks {
+        per_contender.push(t.await??);
+    }
+    let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
+    futures::future::join_all(sessions.iter().map(Session::close)).await;
+    Ok(finish("baton", n, secs, &grants, per_contender, cpu, 2))
+}
+
+/// `pg_advisory_lock` (blocking) or `pg_try_advisory_lock` polling, on a connection per
+/// contender (advisory locks belong to a session).
+async fn advisory_contended(
+    node: &PgNode,
+    n: usize,
+    secs: Duration,
+    key: i64,
+    polling: bool,
+) -> Res<PgRun> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(client(node).await?);
+    }
+    let grants = Arc::new(StdMutex::new(Grants::default()));
+    let cpu_before = server_cpu_seconds(node);
+    let deadline = Instant::now() + secs;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(who, c)| {
+            let grants = Arc::clone(&grants);
+            tokio::spawn(async move {
+                let lock = c.prepare("SELECT pg_advisory_lock($1)").await?;
+                let try_lock = c.prepare("SELECT pg_try_advisory_lock($1)").await?;
+                let unlock = c.prepare("SELECT pg_advisory_unlock($1)").await?;
+                let mut cycles = 0u64;
+                loop {
+                    let asked = Instant::now();
+                    if polling {
+                        while !c.query_one(&try_lock, &[&key]).await?.get::<_, bool>(0) {
+                            if Instant::now() >= deadline {
+                                return Res::Ok(cycles);
+                            }
+                            tokio::time::sleep(RETRY_SLEEP).await;
+                        }
+                    } else {
+                        c.query_one(&lock, &[&key]).await?;
+                    }
+                    if Instant::now() >= deadline {
+                        c.query_one(&unlock, &[&key]).await?;
+                        return Res::Ok(cycles);
+                    }
+                    grants.lock().unwrap().granted(who, asked);
+                    cycles += 1;
+                    grants.lock().unwrap().released();
+                    c.query_one(&unlock, &[&key]).await?;
+                }
+            })
+        })
+        .collect();
+    let mut per_contender = Vec::with_capacity(n);
+    for t in tasks {
+        per_contender.push(t.await??);
+    }
+    let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
+    let name = if polling {
+        "pg_try_advisory_lock polling"
+    } else {
+        "pg_advisory_lock"
+    };
+    Ok(finish(name, n, secs, &grants, per_contender, cpu, n))
+}
+
+pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
+    // The server's defaults for durability: synchronous_commit on (the image turns it off).
+    let node = PgNode::start_with(&["-c", "synchronous_commit=on"]).await?;
+    let version: String = client(&node)
+        .await?
+        .query_one("SHOW server_version", &[])
+        .await?
+        .get(0);
+    let mut runs = Vec::new();
+    for &n in ns {
+        eprintln!("bench: PostgreSQL, N = {n}");
+        runs.push(baton_contended(&node, n, secs, &format!("bench/n{n}")).await?);
+        runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
+        runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
+    }
+    Ok(Report {
+        version,
+        secs,
+        runs,
+    })
+}
+
+impl Report {
+    pub(super) fn markdown(&self) -> String {
+        let mut md = format!(
+            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release are not measured here (baton's waits listen on one channel per awaited entry: one NOTIFY per release, by construction).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            self.version,
+            self.secs.as_secs_f64(),
+            RETRY_SLEEP.as_millis()
+        );
+        for r in &self.runs {
+            md.push_str(&format!(
+                "| {} | {} | {:.0} | {} | {} | {:.1} % | {}-{} | {} | {} |\n",
+                r.impl_name,
+                r.n,
+                r.cycles_per_s,
+                ms(r.handoff_p50),
+                ms(r.handoff_p99),
+                r.same_holder,
+                r.per_contender_min,
+                r.per_contender_max,
+                r.server_cpu_ms_per_cycle
+                    .map_or("?".to_owned(), |c| format!("{c:.2}")),
+                r.connections
+            ));
+        }
+        let n = 8;
+        let of = |name: &str| {
+            self.runs
+                .iter()
+                .find(|r| r.n == n && r.impl_name == name)
+                .map(|r| r.cycles_per_s)
+        };
+        if let (Some(b), Some(a)) = (of("baton"), of("pg_advisory_lock")) {
+            md.push_str(&format!(
+                "\nAt N = {n}, baton runs {:.0} % of `pg_advisory_lock`'s cycles/s (target: at least 50 %).\n",
+                b * 100.0 / a.max(1.0)
+            ));
+        }
+        md
+    }
+}

@@ -1,0 +1,244 @@
+//! The LISTEN connection of one [`PgBackend`](super::PgBackend): one connection per backend,
+//! shared by every wait and observer of the process, LISTENing on exactly the channels
+//! someone waits on.
+//!
+//! A task owns the connection and runs LISTEN and UNLISTEN in the order they are asked for,
+//! so that a channel given up and taken again is never left unlistened. Notifications go to
+//! the subscribers of their channel. PostgreSQL drops the notifications of a connection that
+//! is lost, so after every reconnect every subscriber is told [`Heard::Reconnected`] and
+//! looks again.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::AsyncMessage;
+
+use super::{Target, connect_client};
+use crate::error::{Error, Result};
+
+/// What a subscriber hears.
+#[derive(Debug, Clone)]
+pub(super) enum Heard {
+    /// A notification's payload.
+    Payload(Arc<str>),
+    /// The LISTEN connection was lost and is back: notifications may have been missed.
+    Reconnected,
+}
+
+type Subscribers = HashMap<String, Vec<(u64, mpsc::UnboundedSender<Heard>)>>;
+
+#[derive(Debug)]
+struct Shared {
+    subscribers: StdMutex<Subscribers>,
+    next_id: AtomicU64,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+#[derive(Debug)]
+enum Command {
+    Listen(String, oneshot::Sender<()>),
+    Unlisten(String),
+}
+
+/// The handle: cheap to clone, shared by every clone of the backend.
+#[derive(Debug, Clone)]
+pub(super) struct Listener {
+    shared: Arc<Shared>,
+}
+
+/// One subscription: hears its channel until dropped.
+#[derive(Debug)]
+pub(super) struct Subscription {
+    shared: Arc<Shared>,
+    channel: String,
+    id: u64,
+    pub(super) heard: mpsc::UnboundedReceiver<Heard>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut subs = lock(&self.shared.subscribers);
+        if let Some(list) = subs.get_mut(&self.channel) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                subs.remove(&self.channel);
+                let _ = self
+                    .shared
+                    .commands
+                    .send(Command::Unlisten(self.channel.clone()));
+            }
+        }
+    }
+}
+
+fn lock(subs: &StdMutex<Subscribers>) -> std::sync::MutexGuard<'_, Subscribers> {
+    subs.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Listener {
+    /// Starts the task (on the current runtime) that connects to `target` and listens.
+    pub(super) fn start(target: Arc<Target>) -> Listener {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            subscribers: StdMutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            commands,
+        });
+        tokio::spawn(run(target, Arc::downgrade(&shared), rx));
+        Listener { shared }
+    }
+
+    /// Subscribes to `channel`; returns once the server LISTENs on it, so that every
+    /// notification committed from then on is heard.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing behind but a LISTEN that is undone at once.
+    pub(super) async fn subscribe(&self, channel: String) -> Result<Subscription> {
+        let (tx, heard) = mpsc::unbounded_channel();
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        lock(&self.shared.subscribers)
+            .entry(channel.clone())
+            .or_default()
+            .push((id, tx));
+        let subscription = Subscription {
+            shared: Arc::clone(&self.shared),
+            channel: channel.clone(),
+            id,
+            heard,
+        };
+        let (ack, acked) = oneshot::channel();
+        self.shared
+            .commands
+            .send(Command::Listen(channel, ack))
+            .map_err(|_| Error::Unavailable)?;
+        acked.await.map_err(|_| Error::Unavailable)?;
+        Ok(subscription)
+    }
+}
+
+/// Tells every subscriber of `channel` (or of every channel, for `None`).
+fn dispatch(shared: &Shared, channel: Option<&str>, heard: &Heard) {
+    let subs = lock(&shared.subscribers);
+    let send = |list: &Vec<(u64, mpsc::UnboundedSender<Heard>)>| {
+        for (_, tx) in list {
+            let _ = tx.send(heard.clone());
+        }
+    };
+    match channel {
+        Some(channel) => {
+            if let Some(list) = subs.get(channel) {
+                send(list);
+            }
+        }
+        None => subs.values().for_each(send),
+    }
+}
+
+async fn run(
+    target: Arc<Target>,
+    shared: Weak<Shared>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut backoff = Duration::from_millis(50);
+    let mut first = true;
+    loop {
+        let connected = tokio::time::timeout(target.connect_timeout, connect_client(&target)).await;
+        let (client, mut connection) = match connected {
+            Ok(Ok(pair)) => pair,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                tracing::debug!(error = %error, "the LISTEN connection could not connect; retrying");
+                if shared.strong_count() == 0 {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        // Notifications go straight to their subscribers from the connection's own task.
+        let (dead_tx, mut dead) = oneshot::channel::<()>();
+        let weak = shared.clone();
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notification(n) = message {
+                    let Some(shared) = weak.upgrade() else { break };
+                    dispatch(
+                        &shared,
+                        Some(n.channel()),
+                        &Heard::Payload(Arc::from(n.payload())),
+                    );
+                }
+            }
+            let _ = dead_tx.send(());
+        });
+        // LISTEN on every channel someone waits on, then tell them all to look again.
+        let Some(strong) = shared.upgrade() else {
+            return;
+        };
+        let wanted: Vec<String> = lock(&strong.subscribers).keys().cloned().collect();
+        drop(strong);
+        let mut listening: HashSet<String> = HashSet::new();
+        let sql: String = wanted.iter().map(|c| format!("LISTEN {c};")).collect();
+        if !sql.is_empty() && client.batch_execute(&sql).await.is_err() {
+            continue;
+        }
+        listening.extend(wanted);
+        if !first && let Some(strong) = shared.upgrade() {
+            dispatch(&strong, None, &Heard::Reconnected);
+        }
+        first = false;
+        loop {
+            let command = tokio::select! {
+                command = commands.recv() => command,
+                _ = &mut dead => break,
+            };
+            let Some(command) = command else {
+                return;
+            };
+            match command {
+                Command::Listen(channel, ack) => {
+                    if !listening.contains(&channel) {
+                        if client
+                            .batch_execute(&format!("LISTEN {channel}"))
+                            .await
+                            .is_err()
+                        {
+                            // Heard after the reconnect: LISTENed with the others then.
+                            drop(ack);
+                            break;
+                        }
+                        listening.insert(channel);
+                    }
+                    let _ = ack.send(());
+                }
+                Command::Unlisten(channel) => {
+                    let Some(strong) = shared.upgrade() else {
+                        return;
+                    };
+                    let wanted = lock(&strong.subscribers).contains_key(&channel);
+                    drop(strong);
+                    if !wanted
+                        && listening.remove(&channel)
+                        && client
+                            .batch_execute(&format!("UNLISTEN {channel}"))
+                            .await
+                            .is_err()
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        tracing::debug!("the LISTEN connection was lost; reconnecting");
+    }
+}

@@ -1,0 +1,1123 @@
+//! The PostgreSQL backend (feature `postgres`): baton's queues in tables of its own schema,
+//! every state change one call of a PL/pgSQL function, waits woken by LISTEN/NOTIFY.
+//! docs/postgres.md says what it promises and what it needs from the server.
+
+mod fence;
+mod listener;
+mod observe;
+mod schema;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use md5::{Digest, Md5};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
+
+use self::listener::{Heard, Listener};
+use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
+use crate::error::{BoxError, Error, LostReason, Result, Where};
+
+pub use self::fence::PgFence;
+
+/// The oldest PostgreSQL baton runs on: 13.
+const MINIMUM_VERSION: i32 = 130_000;
+
+/// Options for [`PgBackend::connect`].
+///
+/// ```
+/// # use std::time::Duration;
+/// let options = baton::PgOptions::new()
+///     .with_schema("billing_locks")
+///     .with_request_timeout(Duration::from_secs(2));
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PgOptions {
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retry_for: Duration,
+    schema: String,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgOptions {
+    /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, schema
+    /// `baton`.
+    pub fn new() -> Self {
+        PgOptions {
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(10),
+            schema: "baton".to_owned(),
+        }
+    }
+
+    /// The schema baton keeps its tables, sequences and functions in (default `baton`),
+    /// created on connect if missing. Clients that share locks must use the same schema. A
+    /// plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 40 characters); anything
+    /// else is refused at connect with [`Error::InvalidArgument`].
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// How long [`PgBackend::connect`] (and every reconnect) waits for the server to answer.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The limit for one attempt of one request. Waits are not limited by it.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long a request that fails with a transient error (connection lost, server
+    /// restarting, a deadlock detected) is retried, with backoff, before the error is
+    /// returned. Keep it well below your session TTL.
+    pub fn with_retry_for(mut self, duration: Duration) -> Self {
+        self.retry_for = duration;
+        self
+    }
+}
+
+/// Where the server is and how to reach it: shared by the request connection and the LISTEN
+/// connection.
+#[derive(Debug)]
+struct Target {
+    config: tokio_postgres::Config,
+    /// `PostgreSQL at postgres://host:port/db`, without credentials.
+    endpoint: String,
+    connect_timeout: Duration,
+}
+
+async fn connect_client(
+    target: &Target,
+) -> std::result::Result<(Client, Connection<Socket, NoTlsStream>), tokio_postgres::Error> {
+    target.config.connect(NoTls).await
+}
+
+/// The SQL of every request, rendered for one schema.
+#[derive(Debug)]
+struct Sql {
+    schema: String,
+    grant: String,
+    renew: String,
+    revoke: String,
+    lease_ttl: String,
+    enqueue: String,
+    find: String,
+    abandon: String,
+    ahead: String,
+    alive: String,
+    head: String,
+    entries: String,
+    delete: String,
+    update: String,
+    guarded: String,
+    read: String,
+    swap: String,
+    snapshot: String,
+    reap: String,
+}
+
+impl Sql {
+    fn new(s: &str) -> Sql {
+        let r = |sql: &str| schema::render(sql, s);
+        let live = "JOIN {s}.leases l ON l.id = e.lease AND l.deadline > clock_timestamp()";
+        let range = r#"e.key >= $1 COLLATE "C" AND e.key < $2 COLLATE "C""#;
+        Sql {
+            schema: s.to_owned(),
+            grant: r("SELECT {s}.grant_lease($1)"),
+            renew: r("SELECT {s}.renew($1)"),
+            revoke: r("DELETE FROM {s}.leases WHERE id = $1"),
+            lease_ttl: r("SELECT {s}.ms_left(deadline) FROM {s}.leases \
+                 WHERE id = $1 AND deadline > clock_timestamp()"),
+            enqueue: r("SELECT * FROM {s}.enqueue($1, $2, $3, $4, $5)"),
+            find: r(&format!(
+                "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
+                 WHERE e.key = $1"
+            )),
+            abandon: r("SELECT * FROM {s}.abandon($1, $2, $3)"),
+            ahead: r(&format!(
+                "SELECT me.ok, x.key, x.token, x.lease, x.value FROM \
+                 (SELECT EXISTS (SELECT 1 FROM {{s}}.entries e {live} \
+                  WHERE e.key = $3 AND e.token = $4) AS ok) me \
+                 LEFT JOIN LATERAL (SELECT e.key::text, e.token, e.lease, e.value \
+                  FROM {{s}}.entries e {live} WHERE {range} AND e.token < $4 \
+                  ORDER BY e.token DESC LIMIT $5) x ON me.ok"
+            )),
+            alive: r("SELECT {s}.alive($1, $2)"),
+            head: r(&format!(
+                "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
+                 WHERE {range} ORDER BY e.token LIMIT 1"
+            )),
+            entries: r(&format!(
+                "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
+                 WHERE {range} ORDER BY e.token"
+            )),
+            delete: r(
+                "DELETE FROM {s}.entries e USING {s}.leases l WHERE e.key = $1 AND e.token = $2 \
+                 AND l.id = e.lease AND l.deadline > clock_timestamp()",
+            ),
+            update: r(
+                "UPDATE {s}.entries e SET value = $3 FROM {s}.leases l WHERE e.key = $1 \
+                 AND e.token = $2 AND l.id = e.lease AND l.deadline > clock_timestamp()",
+            ),
+            guarded: r("SELECT {s}.guarded($1, $2, $3, $4, $5)"),
+            read: r("SELECT value FROM {s}.kv WHERE key = $1"),
+            swap: r("SELECT {s}.swap($1, $2, $3)"),
+            snapshot: r("SELECT * FROM {s}.snapshot($1, $2)"),
+            reap: r("SELECT * FROM {s}.reap($1)"),
+        }
+    }
+
+    /// The NOTIFY channel of an entry (`e`), a queue (`q`) or a plain key (`k`), as the
+    /// schema's `chan` function names it.
+    fn channel(&self, kind: char, name: &str) -> String {
+        let mut md5 = Md5::new();
+        md5.update(self.schema.as_bytes());
+        md5.update(b"|");
+        md5.update(name.as_bytes());
+        let mut channel = format!("b{kind}");
+        for byte in md5.finalize() {
+            channel.push_str(&format!("{byte:02x}"));
+        }
+        channel
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    target: Arc<Target>,
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    listener: Listener,
+    sql: Sql,
+    request_timeout: Duration,
+    retry_for: Duration,
+    /// Stamps for enqueue and abandon (see `abandon`).
+    stamps: AtomicI64,
+}
+
+/// The PostgreSQL backend: baton's queues in a schema of its own (`baton` by default) on
+/// PostgreSQL 13 or newer.
+///
+/// Layout (docs/postgres.md): a lease is a row with a deadline on the **server's** clock
+/// (`clock_timestamp()`), renewed by its session; an entry is a row (key, token, lease,
+/// value) bound to its lease (deleted with it), whose token comes from a sequence, drawn while
+/// the transaction holds an advisory lock on every queue the entry is in, so that tokens of a
+/// queue are committed in token order; the queue is ordered by token. Every state change is
+/// one call of a PL/pgSQL function: one statement, one transaction, retried by the backend on
+/// transient failures. An expired lease is ended by whoever meets it (an enqueue into its
+/// queue, a waiter of one of its entries, a grant), in the transaction that acts on it: no
+/// reaper.
+///
+/// **Waits wake exactly their waiters.** Each backend keeps one connection that LISTENs on
+/// the channels its waits need: a waiter for an entry listens on that entry's channel, and
+/// the trigger that sees the entry deleted (release, revoke, expiry, in the same transaction)
+/// NOTIFYs it. After a reconnect of that connection every wait looks again. A wait also looks
+/// again when the awaited entry's lease could expire, to end it if it did.
+///
+/// A process uses two connections per backend: one pipelined connection for requests, one
+/// for LISTEN; more backends, more connections.
+#[derive(Debug, Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+}
+
+/// What went wrong in one attempt.
+enum Failure {
+    /// Not applied; worth retrying.
+    Transient(BoxError),
+    /// May have been applied; worth retrying.
+    Unknown(BoxError),
+    /// Not applied; retrying cannot help.
+    Fatal(Error),
+}
+
+fn classify(op: &'static str, e: tokio_postgres::Error) -> Failure {
+    let Some(db) = e.as_db_error() else {
+        // The connection broke (or was closed) while the request was in flight.
+        return Failure::Unknown(e.into());
+    };
+    let code = db.code();
+    if *code == SqlState::T_R_SERIALIZATION_FAILURE
+        || *code == SqlState::T_R_DEADLOCK_DETECTED
+        || *code == SqlState::ADMIN_SHUTDOWN
+        || *code == SqlState::CRASH_SHUTDOWN
+        || *code == SqlState::CANNOT_CONNECT_NOW
+        || *code == SqlState::LOCK_NOT_AVAILABLE
+        || code.code().starts_with("08")
+    {
+        // The transaction was rolled back (or never ran): not applied.
+        return Failure::Transient(e.into());
+    }
+    Failure::Fatal(map_db_error(op, e))
+}
+
+/// A server error that retrying cannot fix, as baton's error.
+fn map_db_error(op: &'static str, e: tokio_postgres::Error) -> Error {
+    let code = e.as_db_error().map(|db| db.code().clone());
+    match code {
+        Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => Error::Permission { source: e.into() },
+        Some(c) if c.code().starts_with("28") => Error::Auth { source: e.into() },
+        Some(c)
+            if c == SqlState::CHARACTER_NOT_IN_REPERTOIRE
+                || c == SqlState::UNTRANSLATABLE_CHARACTER =>
+        {
+            Error::InvalidArgument("a name or key PostgreSQL cannot store as text (a NUL byte)")
+        }
+        _ => Error::Backend {
+            op,
+            at: Where::default(),
+            source: e.into(),
+        },
+    }
+}
+
+fn entry_from(row: &Row, key: usize) -> Entry {
+    let token: i64 = row.get(key + 1);
+    let lease: i64 = row.get(key + 2);
+    Entry::new(
+        row.get::<_, String>(key),
+        row.get::<_, Vec<u8>>(key + 3),
+        Position::new(token.unsigned_abs()),
+        FencingToken::new(token.unsigned_abs()),
+        Some(LeaseId::new(lease)),
+    )
+}
+
+fn token_of(entry: &Entry) -> i64 {
+    i64::try_from(entry.token().get()).unwrap_or(i64::MAX)
+}
+
+/// The bounds of the key range of `queue`'s entries: `queue/` up to `queue0` (`0` follows
+/// `/`), compared byte by byte (`COLLATE "C"`).
+fn range(queue: &str) -> (String, String) {
+    (format!("{queue}/"), format!("{queue}0"))
+}
+
+fn ms(ms: i64) -> Duration {
+    Duration::from_millis(ms.unsigned_abs())
+}
+
+impl PgBackend {
+    /// Connects to the PostgreSQL at `url` (`postgres://user:password@host:port/db`, or
+    /// `postgresql://`, or a `key=value` connection string), checks its version, and
+    /// creates or migrates baton's schema.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a schema name that is not a plain identifier;
+    /// [`Error::Connect`] for a URL that does not parse, a server that refuses the connection
+    /// or does not answer within the connect timeout; [`Error::Auth`] for a wrong or missing
+    /// password (or a role that may not log in); [`Error::Misconfigured`] for a database that
+    /// does not exist; [`Error::Permission`] for a role that may not create the schema or use
+    /// it; [`Error::UnsupportedVersion`] below PostgreSQL 13.
+    ///
+    /// # Cancel safety
+    /// Dropping the future closes what it opened; a migration interrupted half-way is rolled
+    /// back by the server (it runs in one transaction).
+    pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
+        if !schema::plain_identifier(&options.schema) {
+            return Err(Error::InvalidArgument(
+                "the schema name must be a plain lowercase identifier ([a-z_][a-z0-9_]*)",
+            ));
+        }
+        let config: tokio_postgres::Config = url.parse().map_err(|e| Error::Connect {
+            endpoints: vec![redact(url)],
+            source: Box::new(e),
+        })?;
+        let mut config = config;
+        config.connect_timeout(options.connect_timeout);
+        if config.get_application_name().is_none() {
+            config.application_name("baton");
+        }
+        let endpoint = format!("PostgreSQL at {}", redact(url));
+        let target = Arc::new(Target {
+            config,
+            endpoint,
+            connect_timeout: options.connect_timeout,
+        });
+        let endpoints = || vec![redact(url)];
+        let (mut client, connection) =
+            match tokio::time::timeout(options.connect_timeout, connect_client(&target)).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(e)) => return Err(connect_error(endpoints(), e)),
+                Err(_) => {
+                    return Err(Error::Connect {
+                        endpoints: endpoints(),
+                        source: "no answer within the connect timeout".into(),
+                    });
+                }
+            };
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        migrate(&mut client, &options.schema)
+            .await
+            .map_err(|e| e.at_endpoint(&target.endpoint))?;
+        let listener = Listener::start(Arc::clone(&target));
+        Ok(PgBackend {
+            inner: Arc::new(Inner {
+                target,
+                client: tokio::sync::Mutex::new(Some(Arc::new(client))),
+                listener,
+                sql: Sql::new(&options.schema),
+                request_timeout: options.request_timeout,
+                retry_for: options.retry_for,
+                stamps: AtomicI64::new(1),
+            }),
+        })
+    }
+
+    /// The schema this backend keeps its state in.
+    pub fn schema(&self) -> &str {
+        &self.inner.sql.schema
+    }
+
+    fn at(&self) -> Where {
+        Where {
+            lock: None,
+            endpoint: Some(self.inner.target.endpoint.clone()),
+        }
+    }
+
+    /// The request connection, connected if needed.
+    async fn client(&self) -> std::result::Result<Arc<Client>, BoxError> {
+        let mut slot = self.inner.client.lock().await;
+        if let Some(client) = slot.as_ref()
+            && !client.is_closed()
+        {
+            return Ok(Arc::clone(client));
+        }
+        *slot = None;
+        let (client, connection) = tokio::time::timeout(
+            self.inner.target.connect_timeout,
+            connect_client(&self.inner.target),
+        )
+        .await
+        .map_err(|_| -> BoxError { "no answer within the connect timeout".into() })??;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let client = Arc::new(client);
+        *slot = Some(Arc::clone(&client));
+        Ok(client)
+    }
+
+    /// Drops `client` so that the next request reconnects (it timed out or broke: requests
+    /// behind it would wait on it).
+    async fn forget(&self, client: &Arc<Client>) {
+        let mut slot = self.inner.client.lock().await;
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
+            *slot = None;
+        }
+    }
+
+    /// Runs one request, retrying transient failures for up to `retry_for`. The flag says
+    /// whether an earlier attempt may have been applied.
+    async fn request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<(T, bool)>
+    where
+        F: Fn(Arc<Client>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    {
+        let started = Instant::now();
+        let mut maybe_applied = false;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let failure = match self.client().await {
+                Err(e) => Failure::Transient(e),
+                Ok(client) => {
+                    match tokio::time::timeout(
+                        self.inner.request_timeout,
+                        attempt(Arc::clone(&client)),
+                    )
+                    .await
+                    {
+                        Ok(Ok(value)) => return Ok((value, maybe_applied)),
+                        Ok(Err(e)) => {
+                            let failure = classify(op, e);
+                            if !matches!(failure, Failure::Fatal(_)) {
+                                self.forget(&client).await;
+                            }
+                            failure
+                        }
+                        Err(_) => {
+                            self.forget(&client).await;
+                            Failure::Unknown("no answer within the request timeout".into())
+                        }
+                    }
+                }
+            };
+            let source = match failure {
+                Failure::Fatal(e) => return Err(e.at_endpoint(&self.inner.target.endpoint)),
+                Failure::Transient(e) => e,
+                Failure::Unknown(e) => {
+                    maybe_applied = true;
+                    e
+                }
+            };
+            if started.elapsed() >= self.inner.retry_for {
+                return Err(if maybe_applied {
+                    Error::OutcomeUnknown {
+                        op,
+                        at: self.at(),
+                        source,
+                    }
+                } else {
+                    Error::Backend {
+                        op,
+                        at: self.at(),
+                        source,
+                    }
+                });
+            }
+            tracing::debug!(op, error = %source, "PostgreSQL request failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// A read: whether an earlier attempt was applied does not matter.
+    async fn read_request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<T>
+    where
+        F: Fn(Arc<Client>) -> Fut,
+        Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+    {
+        match self.request(op, attempt).await {
+            Ok((value, _)) => Ok(value),
+            Err(Error::OutcomeUnknown { op, at, source }) => Err(Error::Backend { op, at, source }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A conditional write: `false` after an attempt that may have been applied is not a
+    /// refusal anyone can prove.
+    async fn conditional<F, Fut>(&self, op: &'static str, attempt: F) -> Result<bool>
+    where
+        F: Fn(Arc<Client>) -> Fut,
+        Fut: Future<Output = std::result::Result<bool, tokio_postgres::Error>>,
+    {
+        match self.request(op, attempt).await? {
+            (false, true) => Err(Error::OutcomeUnknown {
+                op,
+                at: self.at(),
+                source: "an earlier attempt may have been applied; the retry found its condition \
+                         failed"
+                    .into(),
+            }),
+            (done, _) => Ok(done),
+        }
+    }
+
+    fn next_stamp(&self) -> i64 {
+        self.inner.stamps.fetch_add(1, Ordering::Relaxed)
+    }
+
+    async fn query(
+        client: &Client,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
+        client.query_typed(sql, params).await
+    }
+
+    /// Waits on `channel` until `check` says done (`Some`), looking again after every
+    /// notification, every reconnect of the LISTEN connection, and after the delay `check`
+    /// asks for.
+    async fn wait_on<T, F, Fut>(&self, channel: String, check: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<std::result::Result<T, Option<Duration>>>>,
+    {
+        let mut subscription = self.inner.listener.subscribe(channel).await?;
+        loop {
+            // Subscribed before the check: a change committed after it is heard.
+            let again = match check().await? {
+                Ok(done) => return Ok(done),
+                Err(again) => again,
+            };
+            let sleep = async {
+                match again {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                heard = subscription.heard.recv() => {
+                    if heard.is_none() {
+                        return Err(Error::Unavailable);
+                    }
+                    // Whatever was heard (the change, or a reconnect), look again, once for
+                    // everything heard so far.
+                    while let Ok(h) = subscription.heard.try_recv() {
+                        let _: Heard = h;
+                    }
+                }
+                () = sleep => {}
+            }
+        }
+    }
+}
+
+/// The URL without its password.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return if url.contains("password") {
+            "(a connection string)".to_owned()
+        } else {
+            url.to_owned()
+        };
+    };
+    match rest.rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error) -> Error {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code();
+        if code.code().starts_with("28") {
+            return Error::Auth { source: e.into() };
+        }
+        if *code == SqlState::INVALID_CATALOG_NAME {
+            return Error::Misconfigured {
+                endpoints,
+                source: e.into(),
+            };
+        }
+        if *code == SqlState::INSUFFICIENT_PRIVILEGE {
+            return Error::Permission { source: e.into() };
+        }
+    } else if std::error::Error::source(&e).is_some_and(|c| c.to_string() == "password missing") {
+        // The server asked for a password and none was given.
+        return Error::Auth { source: e.into() };
+    }
+    Error::Connect {
+        endpoints,
+        source: e.into(),
+    }
+}
+
+/// Creates or migrates the schema, in one transaction under an advisory lock (concurrent
+/// first connects wait for each other), after checking the server's version.
+async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
+    let fail = |op| move |e: tokio_postgres::Error| map_db_error(op, e);
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(fail("server version"))?
+        .get(0);
+    if version < MINIMUM_VERSION {
+        return Err(Error::UnsupportedVersion {
+            server: "PostgreSQL",
+            version: version.to_string(),
+            minimum: "13",
+        });
+    }
+    let known = i32::try_from(schema::MIGRATIONS.len()).unwrap_or(i32::MAX);
+    // Up to date: nothing to create, so a role that may only use the schema connects too.
+    let installed = client
+        .query_one(
+            &schema::render(
+                "SELECT CASE WHEN to_regclass('{s}.schema_version') IS NULL THEN 0 \
+                 ELSE -1 END",
+                schema,
+            ),
+            &[],
+        )
+        .await
+        .map_err(fail("migrate"))?
+        .get::<_, i32>(0);
+    if installed != 0 {
+        let current: i32 = client
+            .query_one(
+                &schema::render(
+                    "SELECT coalesce(max(version), 0) FROM {s}.schema_version",
+                    schema,
+                ),
+                &[],
+            )
+            .await
+            .map_err(fail("migrate"))?
+            .get(0);
+        if current == known {
+            return Ok(());
+        }
+    }
+    let tx = client.transaction().await.map_err(fail("migrate"))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&schema::LOCK_CLASS, &format!("{schema}|migrate")],
+    )
+    .await
+    .map_err(fail("migrate"))?;
+    tx.batch_execute(&schema::render(
+        "CREATE SCHEMA IF NOT EXISTS {s}; \
+         CREATE TABLE IF NOT EXISTS {s}.schema_version ( \
+             version integer PRIMARY KEY, \
+             applied timestamptz NOT NULL DEFAULT now())",
+        schema,
+    ))
+    .await
+    .map_err(fail("migrate"))?;
+    let current: i32 = tx
+        .query_one(
+            &schema::render(
+                "SELECT coalesce(max(version), 0) FROM {s}.schema_version",
+                schema,
+            ),
+            &[],
+        )
+        .await
+        .map_err(fail("migrate"))?
+        .get(0);
+    if current > known {
+        return Err(Error::Misconfigured {
+            endpoints: Vec::new(),
+            source: format!(
+                "schema `{schema}` is at version {current}, newer than this baton knows \
+                 ({known}): upgrade baton"
+            )
+            .into(),
+        });
+    }
+    for (i, sql) in schema::MIGRATIONS
+        .iter()
+        .enumerate()
+        .skip(current.unsigned_abs() as usize)
+    {
+        tx.batch_execute(&schema::render(sql, schema))
+            .await
+            .map_err(fail("migrate"))?;
+        let version = i32::try_from(i + 1).unwrap_or(i32::MAX);
+        tx.execute(
+            &schema::render(
+                "INSERT INTO {s}.schema_version (version) VALUES ($1)",
+                schema,
+            ),
+            &[&version],
+        )
+        .await
+        .map_err(fail("migrate"))?;
+        tracing::info!(schema, version, "migrated baton's schema");
+    }
+    tx.commit().await.map_err(fail("migrate"))?;
+    Ok(())
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
+        if ttl.is_zero() {
+            return Err(Error::InvalidArgument(
+                "lease TTL must be greater than zero",
+            ));
+        }
+        let ttl_ms = i64::try_from(ttl.as_millis().max(1)).unwrap_or(i64::MAX);
+        let sql = &self.inner.sql.grant;
+        let (id, _) = self
+            .request("grant_lease", |c| async move {
+                let rows = Self::query(&c, sql, &[(&ttl_ms, Type::INT8)]).await?;
+                Ok(rows.first().map(|r| r.get::<_, i64>(0)))
+            })
+            .await?;
+        let id = id.ok_or_else(|| Error::Backend {
+            op: "grant_lease",
+            at: self.at(),
+            source: "no lease id returned".into(),
+        })?;
+        Ok(Lease::new(LeaseId::new(id), ms(ttl_ms)))
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let sql = &self.inner.sql.renew;
+        let id = lease.get();
+        self.read_request("keep_alive", |c| async move {
+            let rows = Self::query(&c, sql, &[(&id, Type::INT8)]).await?;
+            Ok(rows
+                .first()
+                .and_then(|r| r.get::<_, Option<i64>>(0))
+                .map(ms))
+        })
+        .await
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        let sql = &self.inner.sql.revoke;
+        let id = lease.get();
+        self.read_request("revoke_lease", |c| async move {
+            c.execute_typed(sql, &[(&id, Type::INT8)]).await.map(drop)
+        })
+        .await
+    }
+
+    async fn enqueue(
+        &self,
+        queue: &str,
+        tag: &str,
+        lease: LeaseId,
+        value: &[u8],
+    ) -> Result<Enqueued> {
+        let sql = &self.inner.sql.enqueue;
+        let id = lease.get();
+        let stamp = self.next_stamp();
+        let key = format!("{queue}/{tag}");
+        let (row, _) = self
+            .request("enqueue", |c| async move {
+                let rows = Self::query(
+                    &c,
+                    sql,
+                    &[
+                        (&queue, Type::TEXT),
+                        (&tag, Type::TEXT),
+                        (&id, Type::INT8),
+                        (&value, Type::BYTEA),
+                        (&stamp, Type::INT8),
+                    ],
+                )
+                .await?;
+                Ok(rows.into_iter().next())
+            })
+            .await
+            .map_err(|e| e.in_lock(queue))?;
+        let row = row.ok_or_else(|| Error::Backend {
+            op: "enqueue",
+            at: self.at(),
+            source: "no answer row".into(),
+        })?;
+        match row.get::<_, &str>(0) {
+            "ok" => {}
+            "lost" => return Err(Error::SessionLost(LostReason::Revoked)),
+            _ => {
+                return Err(Error::Backend {
+                    op: "enqueue",
+                    at: self.at(),
+                    source: "the request arrived after its caller had given it up; nothing was \
+                             created"
+                        .into(),
+                });
+            }
+        }
+        let token: i64 = row.get(1);
+        let entry = Entry::new(
+            key,
+            row.get::<_, Vec<u8>>(3),
+            Position::new(token.unsigned_abs()),
+            FencingToken::new(token.unsigned_abs()),
+            Some(LeaseId::new(row.get(2))),
+        );
+        let predecessor = row.get::<_, Option<String>>(4).map(|pkey| {
+            let ptoken: i64 = row.get(5);
+            Entry::new(
+                pkey,
+                row.get::<_, Vec<u8>>(7),
+                Position::new(ptoken.unsigned_abs()),
+                FencingToken::new(ptoken.unsigned_abs()),
+                Some(LeaseId::new(row.get(6))),
+            )
+        });
+        Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
+    }
+
+    async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        let sql = &self.inner.sql.find;
+        let key = format!("{queue}/{tag}");
+        let key = &key;
+        self.read_request("find_entry", |c| async move {
+            let rows = Self::query(&c, sql, &[(key, Type::TEXT)]).await?;
+            Ok(rows.first().map(|r| entry_from(r, 0)))
+        })
+        .await
+    }
+
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        let sql = &self.inner.sql.abandon;
+        let key = format!("{queue}/{tag}");
+        let key = &key;
+        let id = lease.get();
+        // Above every stamp an enqueue of this process sent before now.
+        let stamp = self.next_stamp();
+        self.read_request("abandon", |c| async move {
+            let rows = Self::query(
+                &c,
+                sql,
+                &[(key, Type::TEXT), (&id, Type::INT8), (&stamp, Type::INT8)],
+            )
+            .await?;
+            Ok(rows.first().and_then(|r| {
+                let token: Option<i64> = r.get(0);
+                token.map(|token| {
+                    Entry::new(
+                        key.clone(),
+                        r.get::<_, Vec<u8>>(2),
+                        Position::new(token.unsigned_abs()),
+                        FencingToken::new(token.unsigned_abs()),
+                        Some(LeaseId::new(r.get(1))),
+                    )
+                })
+            }))
+        })
+        .await
+    }
+
+    async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        let queue = super::queue_of(mine.key());
+        Ok(self.ahead(queue, mine, 1).await?.into_iter().next())
+    }
+
+    async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        let sql = &self.inner.sql.ahead;
+        let (lo, hi) = range(queue);
+        let (lo, hi) = (&lo, &hi);
+        let key = mine.key();
+        let token = token_of(mine);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .read_request("ahead", |c| async move {
+                Self::query(
+                    &c,
+                    sql,
+                    &[
+                        (lo, Type::TEXT),
+                        (hi, Type::TEXT),
+                        (&key, Type::TEXT),
+                        (&token, Type::INT8),
+                        (&limit, Type::INT8),
+                    ],
+                )
+                .await
+            })
+            .await?;
+        if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            return Err(Error::EntryGone {
+                key: mine.key().to_owned(),
+            });
+        }
+        Ok(rows
+            .iter()
+            .filter(|r| r.get::<_, Option<String>>(1).is_some())
+            .map(|r| entry_from(r, 1))
+            .collect())
+    }
+
+    async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        // One primary, always current: the exact answer.
+        match self.predecessor(mine).await {
+            Ok(predecessor) => Ok(predecessor.is_none()),
+            Err(Error::EntryGone { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        let sql = &self.inner.sql.alive;
+        let key = entry.key();
+        let token = token_of(entry);
+        self.wait_on(self.inner.sql.channel('e', key), || async move {
+            let left = self
+                .read_request("wait_gone", |c| async move {
+                    let rows =
+                        Self::query(&c, sql, &[(&key, Type::TEXT), (&token, Type::INT8)]).await?;
+                    Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0)))
+                })
+                .await?;
+            Ok(match left {
+                None => Ok(()),
+                // Look again just after the lease could have expired, to end it if it did.
+                Some(left) => Err(Some(ms(left) + Duration::from_millis(5))),
+            })
+        })
+        .await
+    }
+
+    async fn head(&self, queue: &str) -> Result<Option<Entry>> {
+        let sql = &self.inner.sql.head;
+        let (lo, hi) = range(queue);
+        let (lo, hi) = (&lo, &hi);
+        self.read_request("head", |c| async move {
+            let rows = Self::query(&c, sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
+            Ok(rows.first().map(|r| entry_from(r, 0)))
+        })
+        .await
+    }
+
+    async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
+        let sql = &self.inner.sql.entries;
+        let (lo, hi) = range(queue);
+        let (lo, hi) = (&lo, &hi);
+        self.read_request("entries", |c| async move {
+            let rows = Self::query(&c, sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
+            Ok(rows.iter().map(|r| entry_from(r, 0)).collect())
+        })
+        .await
+    }
+
+    async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
+        let sql = &self.inner.sql.delete;
+        let key = entry.key();
+        let token = token_of(entry);
+        self.conditional("delete_entry", |c| async move {
+            let n = c
+                .execute_typed(sql, &[(&key, Type::TEXT), (&token, Type::INT8)])
+                .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
+        let sql = &self.inner.sql.update;
+        let key = entry.key();
+        let token = token_of(entry);
+        self.conditional("update_entry", |c| async move {
+            let n = c
+                .execute_typed(
+                    sql,
+                    &[
+                        (&key, Type::TEXT),
+                        (&token, Type::INT8),
+                        (&value, Type::BYTEA),
+                    ],
+                )
+                .await?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn guarded(&self, entry: &Entry, ops: &[WriteOp]) -> Result<bool> {
+        let sql = &self.inner.sql.guarded;
+        let key = entry.key();
+        let token = token_of(entry);
+        let mut kinds: Vec<&str> = Vec::with_capacity(ops.len());
+        let mut keys: Vec<&str> = Vec::with_capacity(ops.len());
+        let mut values: Vec<&[u8]> = Vec::with_capacity(ops.len());
+        for op in ops {
+            match op {
+                WriteOp::Put { key, value } => {
+                    kinds.push("p");
+                    keys.push(key);
+                    values.push(value);
+                }
+                WriteOp::Delete { key } => {
+                    kinds.push("d");
+                    keys.push(key);
+                    values.push(&[]);
+                }
+            }
+        }
+        let (kinds, keys, values) = (&kinds, &keys, &values);
+        self.conditional("guarded", |c| async move {
+            let rows = Self::query(
+                &c,
+                sql,
+                &[
+                    (&key, Type::TEXT),
+                    (&token, Type::INT8),
+                    (kinds, Type::TEXT_ARRAY),
+                    (keys, Type::TEXT_ARRAY),
+                    (values, Type::BYTEA_ARRAY),
+                ],
+            )
+            .await?;
+            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+        })
+        .await
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let sql = &self.inner.sql.read;
+        self.read_request("read", |c| async move {
+            let rows = Self::query(&c, sql, &[(&key, Type::TEXT)]).await?;
+            Ok(rows.first().map(|r| r.get::<_, Vec<u8>>(0)))
+        })
+        .await
+    }
+
+    async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
+        let sql = &self.inner.sql.swap;
+        self.conditional("swap", |c| async move {
+            let rows = Self::query(
+                &c,
+                sql,
+                &[
+                    (&key, Type::TEXT),
+                    (&expected, Type::BYTEA),
+                    (&new, Type::BYTEA),
+                ],
+            )
+            .await?;
+            Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
+        })
+        .await
+    }
+
+    async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        self.wait_on(self.inner.sql.channel('k', key), || async move {
+            let now = self.read(key).await?;
+            Ok(if now.as_deref() == seen {
+                Err(None)
+            } else {
+                Ok(now)
+            })
+        })
+        .await
+    }
+
+    async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {
+        let sql = &self.inner.sql.lease_ttl;
+        let id = lease.get();
+        self.read_request("lease_ttl", |c| async move {
+            let rows = Self::query(&c, sql, &[(&id, Type::INT8)]).await?;
+            Ok(rows.first().map(|r| ms(r.get::<_, i64>(0))))
+        })
+        .await
+    }
+
+    fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
+        observe::observe(self.clone(), queue.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_lose_their_password() {
+        assert_eq!(
+            redact("postgres://app:secret@db:5432/x"),
+            "postgres://app@db:5432/x"
+        );
+        assert_eq!(redact("postgres://db/x"), "postgres://db/x");
+        assert_eq!(redact("host=db password=secret"), "(a connection string)");
+    }
+
+    #[test]
+    fn channels_match_the_schema_function() {
+        // md5('baton|q') = the value PostgreSQL computes.
+        let sql = Sql::new("baton");
+        let c = sql.channel('q', "q");
+        assert_eq!(c.len(), 34);
+        assert!(c.starts_with("bq"));
+    }
+}

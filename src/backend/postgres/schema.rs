@@ -1,0 +1,311 @@
+//! baton's schema on PostgreSQL: versioned migrations, run on connect under an advisory lock.
+//!
+//! Every state change is one call of a PL/pgSQL function (one statement, one implicit
+//! transaction), so that requests from many tasks can share one pipelined connection and a
+//! transaction-pooling proxy in front of the request connection would see nothing but
+//! self-contained transactions. `{s}` stands for the schema name (checked to be a plain
+//! identifier before it is put into SQL).
+
+/// The advisory-lock class (`pg_advisory_xact_lock(int4, int4)`'s first key) of every lock
+/// baton takes: `"bato"` in ASCII. The second key is `hashtext` of the schema and the queue.
+pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
+
+/// The migrations, in order; migration `i` brings the schema to version `i + 1`.
+pub(super) const MIGRATIONS: &[&str] = &[V1];
+
+/// Version 1.
+///
+/// Tokens come from the sequence `tokens`. An entry's token is drawn only after its
+/// transaction holds the advisory lock of every queue the entry is in (the prefixes of its key
+/// at each `/`), and that lock is held until commit: within one queue, token order is commit
+/// order, so a read that sees an entry sees every older one of the queue.
+const V1: &str = r#"
+CREATE SEQUENCE {s}.tokens AS bigint;
+CREATE SEQUENCE {s}.lease_ids AS bigint;
+
+CREATE TABLE {s}.leases (
+    id        bigint PRIMARY KEY,
+    ttl_ms    bigint NOT NULL CHECK (ttl_ms > 0),
+    deadline  timestamptz NOT NULL,
+    -- The highest stamp an abandon sent for this lease: an enqueue with a stamp at or below
+    -- it was given up by its caller and creates nothing.
+    abandoned bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX leases_deadline ON {s}.leases (deadline);
+
+CREATE TABLE {s}.entries (
+    key   text COLLATE "C" PRIMARY KEY,
+    token bigint NOT NULL UNIQUE,
+    lease bigint NOT NULL REFERENCES {s}.leases (id) ON DELETE CASCADE,
+    value bytea NOT NULL
+);
+CREATE INDEX entries_lease ON {s}.entries (lease);
+
+CREATE TABLE {s}.kv (
+    key   text COLLATE "C" PRIMARY KEY,
+    value bytea NOT NULL
+);
+
+-- PgFence: per resource, the highest token accepted, the lock it is bound to, the data.
+CREATE TABLE {s}.fences (
+    resource  text PRIMARY KEY,
+    token     bigint NOT NULL CHECK (token > 0),
+    lock_name text,
+    data      bytea
+);
+
+-- Milliseconds left until `d` on the server's clock (0 if passed).
+CREATE FUNCTION {s}.ms_left(d timestamptz) RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(0, ceil(extract(epoch FROM (d - clock_timestamp())) * 1000))::bigint
+$$;
+
+-- The queues a key is in: its prefixes before each '/'.
+CREATE FUNCTION {s}.queues_of(k text) RETURNS SETOF text LANGUAGE sql IMMUTABLE AS $$
+    SELECT left(k, p - 1) FROM generate_series(1, length(k)) AS p
+    WHERE substr(k, p, 1) = '/' AND p > 1
+$$;
+
+-- The channel of a key, queue or plain key: what the client computes too (md5 of the
+-- schema and the name).
+CREATE FUNCTION {s}.chan(kind text, name text) RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT 'b' || kind || md5('{s}|' || name)
+$$;
+
+-- Every change of entries is announced: a deleted entry on its own channel (the one waiter
+-- of that entry wakes), and every change on the channel of each queue the entry is in (for
+-- observers), one notification per statement and queue, rows in token order.
+CREATE FUNCTION {s}.entries_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        PERFORM pg_notify({s}.chan('e', key), token::text) FROM gone;
+        FOR r IN
+            SELECT q, string_agg('D ' || token || ' ' || encode(convert_to(key, 'UTF8'), 'hex'),
+                                 E'\n' ORDER BY token) AS body
+            FROM gone, LATERAL {s}.queues_of(key) AS q GROUP BY q
+        LOOP
+            PERFORM pg_notify({s}.chan('q', r.q),
+                              CASE WHEN length(r.body) > 7000 THEN 'R' ELSE r.body END);
+        END LOOP;
+    ELSE
+        FOR r IN
+            SELECT q, string_agg('P ' || token || ' ' || lease || ' '
+                                 || encode(convert_to(key, 'UTF8'), 'hex') || ' '
+                                 || encode(value, 'hex'), E'\n' ORDER BY token) AS body
+            FROM fresh, LATERAL {s}.queues_of(key) AS q GROUP BY q
+        LOOP
+            PERFORM pg_notify({s}.chan('q', r.q),
+                              CASE WHEN length(r.body) > 7000 THEN 'R' ELSE r.body END);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER entries_deleted AFTER DELETE ON {s}.entries
+    REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION {s}.entries_changed();
+CREATE TRIGGER entries_inserted AFTER INSERT ON {s}.entries
+    REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT EXECUTE FUNCTION {s}.entries_changed();
+CREATE TRIGGER entries_updated AFTER UPDATE ON {s}.entries
+    REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT EXECUTE FUNCTION {s}.entries_changed();
+
+CREATE FUNCTION {s}.kv_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify({s}.chan('k', CASE WHEN TG_OP = 'DELETE' THEN OLD.key ELSE NEW.key END), '');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER kv_changed AFTER INSERT OR UPDATE OR DELETE ON {s}.kv
+    FOR EACH ROW EXECUTE FUNCTION {s}.kv_changed();
+
+-- Ends every expired lease among those of the entries of queue `q` (their entries go with
+-- them, and their waiters are woken). Returns how many leases it ended.
+CREATE FUNCTION {s}.end_expired(q text) RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM {s}.leases WHERE id IN (
+        SELECT e.lease FROM {s}.entries e JOIN {s}.leases l ON l.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND l.deadline <= clock_timestamp())
+      AND deadline <= clock_timestamp();
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+
+CREATE FUNCTION {s}.grant_lease(ttl bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    lid bigint;
+BEGIN
+    -- Leases of owners that vanished without entries are ended here, a few at a time: no
+    -- reaper process.
+    DELETE FROM {s}.leases WHERE id IN (
+        SELECT id FROM {s}.leases WHERE deadline <= clock_timestamp()
+        ORDER BY deadline LIMIT 8 FOR UPDATE SKIP LOCKED)
+      AND deadline <= clock_timestamp();
+    INSERT INTO {s}.leases (id, ttl_ms, deadline)
+        VALUES (nextval('{s}.lease_ids'), ttl, clock_timestamp() + ttl * interval '1 millisecond')
+        RETURNING id INTO lid;
+    RETURN lid;
+END $$;
+
+-- Renews a lease that has not expired; its TTL, or NULL if it is gone (expired leases are
+-- never renewed, whether or not someone ended them yet).
+CREATE FUNCTION {s}.renew(lid bigint) RETURNS bigint LANGUAGE sql AS $$
+    UPDATE {s}.leases SET deadline = clock_timestamp() + ttl_ms * interval '1 millisecond'
+    WHERE id = lid AND deadline > clock_timestamp()
+    RETURNING ttl_ms
+$$;
+
+-- Creates `q/t` for lease `l` unless it exists, and reads the newest live entry before it.
+-- status: 'ok', 'lost' (the lease is gone or expired), 'abandoned' (the caller gave up on
+-- this request before it arrived).
+CREATE FUNCTION {s}.enqueue(q text, t text, l bigint, v bytea, stamp bigint,
+    OUT status text, OUT e_token bigint, OUT e_lease bigint, OUT e_value bytea,
+    OUT p_key text, OUT p_token bigint, OUT p_lease bigint, OUT p_value bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k text := q || '/' || t;
+    qn text;
+BEGIN
+    FOR qn IN SELECT x FROM {s}.queues_of(k) AS x ORDER BY length(x) LOOP
+        PERFORM pg_advisory_xact_lock({class}, hashtext('{s}|' || qn));
+    END LOOP;
+    -- Whoever finds a lease expired ends it, in the transaction that decides the head.
+    PERFORM {s}.end_expired(q);
+    SELECT e.token, e.lease, e.value INTO e_token, e_lease, e_value
+        FROM {s}.entries e WHERE e.key = k;
+    IF NOT FOUND THEN
+        PERFORM 1 FROM {s}.leases WHERE id = l AND deadline > clock_timestamp() FOR SHARE;
+        IF NOT FOUND THEN
+            status := 'lost';
+            RETURN;
+        END IF;
+        PERFORM 1 FROM {s}.leases WHERE id = l AND abandoned < stamp;
+        IF NOT FOUND THEN
+            status := 'abandoned';
+            RETURN;
+        END IF;
+        e_token := nextval('{s}.tokens');
+        INSERT INTO {s}.entries (key, token, lease, value) VALUES (k, e_token, l, v);
+        e_lease := l;
+        e_value := v;
+    END IF;
+    SELECT e.key, e.token, e.lease, e.value INTO p_key, p_token, p_lease, p_value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND e.token < e_token
+          AND ls.deadline > clock_timestamp()
+        ORDER BY e.token DESC LIMIT 1;
+    status := 'ok';
+END $$;
+
+-- Makes every enqueue of lease `l` sent with a stamp at or below `stamp` create nothing from
+-- now on (the lease row is locked by both), then reads the entry.
+CREATE FUNCTION {s}.abandon(k text, l bigint, stamp bigint,
+    OUT e_token bigint, OUT e_lease bigint, OUT e_value bytea)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {s}.leases SET abandoned = greatest(abandoned, stamp) WHERE id = l;
+    SELECT e.token, e.lease, e.value INTO e_token, e_lease, e_value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key = k AND ls.deadline > clock_timestamp();
+END $$;
+
+-- Milliseconds until the lease of entry (k, t) could expire, or NULL if the entry is gone;
+-- ends its lease first if that has expired.
+CREATE FUNCTION {s}.alive(k text, t bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    left_ms bigint;
+BEGIN
+    DELETE FROM {s}.leases WHERE id = (SELECT lease FROM {s}.entries WHERE key = k AND token = t)
+        AND deadline <= clock_timestamp();
+    SELECT {s}.ms_left(ls.deadline) INTO left_ms
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key = k AND e.token = t;
+    RETURN left_ms;
+END $$;
+
+-- Applies puts (kind 'p') and deletes ('d') of plain keys, in order, if entry (k, t) exists
+-- with a live lease; the entry's row is locked meanwhile, so it cannot go in between.
+CREATE FUNCTION {s}.guarded(k text, t bigint, kinds text[], keys text[], vals bytea[])
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key = k AND e.token = t AND ls.deadline > clock_timestamp()
+        FOR SHARE OF e;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(kinds, 1), 0) LOOP
+        IF kinds[i] = 'p' THEN
+            INSERT INTO {s}.kv (key, value) VALUES (keys[i], vals[i])
+                ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+        ELSE
+            DELETE FROM {s}.kv WHERE key = keys[i];
+        END IF;
+    END LOOP;
+    RETURN true;
+END $$;
+
+-- Compare-and-set of a plain key (`expected` NULL: absent).
+CREATE FUNCTION {s}.swap(k text, expected bytea, v bytea) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF expected IS NULL THEN
+        INSERT INTO {s}.kv (key, value) VALUES (k, v) ON CONFLICT (key) DO NOTHING;
+    ELSE
+        UPDATE {s}.kv SET value = v WHERE key = k AND value = expected;
+    END IF;
+    RETURN FOUND;
+END $$;
+
+-- The live entries of `q` for an observer: taken while no write to entries can commit, and
+-- followed by a marker on the queue's channel in the same transaction, so that every
+-- notification before the marker is in the snapshot and every one after it is not.
+CREATE FUNCTION {s}.snapshot(q text, marker text)
+RETURNS TABLE (key text, token bigint, lease bigint, value bytea) LANGUAGE plpgsql AS $$
+BEGIN
+    LOCK TABLE {s}.entries IN SHARE MODE;
+    RETURN QUERY SELECT e.key::text, e.token, e.lease, e.value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND ls.deadline > clock_timestamp()
+        ORDER BY e.token;
+    PERFORM pg_notify({s}.chan('q', q), 'M ' || marker);
+END $$;
+
+-- For an observer about to report a head: ends the expired leases of the queue, and says how
+-- many it ended and how long the head's lease has left.
+CREATE FUNCTION {s}.reap(q text, OUT ended integer, OUT head_ms bigint) LANGUAGE plpgsql AS $$
+BEGIN
+    ended := {s}.end_expired(q);
+    SELECT {s}.ms_left(ls.deadline) INTO head_ms
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
+        ORDER BY e.token LIMIT 1;
+END $$;
+"#;
+
+/// The SQL of migration `sql` for schema `schema`.
+pub(super) fn render(sql: &str, schema: &str) -> String {
+    sql.replace("{s}", schema)
+        .replace("{class}", &LOCK_CLASS.to_string())
+}
+
+/// Whether `name` can be put into SQL as an unquoted identifier, exactly as written.
+pub(super) fn plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && name.len() <= 40
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        assert!(plain_identifier("baton"));
+        assert!(plain_identifier("baton_2"));
+        assert!(!plain_identifier("Baton"));
+        assert!(!plain_identifier("2baton"));
+        assert!(!plain_identifier("a;drop"));
+        assert!(!plain_identifier(""));
+    }
+}

@@ -1,0 +1,270 @@
+//! [`PgNode`]: one PostgreSQL server in a container for tests, from the image
+//! `scripts/build-postgres-image.sh` builds out of Debian's package.
+
+use std::time::Duration;
+
+use testcontainers::{ContainerAsync, GenericImage};
+use tokio::time::Instant;
+
+use super::fixture::{FixtureError, Server, free_port, start_shared};
+
+/// The image used when `BATON_POSTGRES_IMAGE` is not set: the one
+/// `scripts/build-postgres-image.sh` builds from Debian's `postgresql` package.
+pub const DEFAULT_POSTGRES_IMAGE: &str = "local/postgres:debian";
+
+const POSTGRES: Server = Server {
+    name: "postgres",
+    image_var: "BATON_POSTGRES_IMAGE",
+    default_image: DEFAULT_POSTGRES_IMAGE,
+    entrypoint: "postgres-entrypoint",
+    local: "`postgres`",
+    ready: "database system is ready to accept connections",
+    build_script: include_str!("../../scripts/build-postgres-image.sh"),
+};
+
+/// How long a server started again has to accept connections.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One PostgreSQL server for tests, in a container with host networking on a free port of
+/// 127.0.0.1: user `postgres` (no password, trust authentication), database `postgres`, data
+/// in the container (kept across [`stop_fast`](Self::stop_fast) /
+/// [`stop_immediate`](Self::stop_immediate) and [`start_again`](Self::start_again)).
+///
+/// The image runs the server with `fsync=off` (its data lives as long as the container): a
+/// stop, even an immediate one, loses nothing the server acknowledged, because the kernel
+/// keeps what the server wrote; only a crash of the machine would. Fault tests can stop it
+/// (fast or immediate shutdown), start it again, pause it, and end client connections with
+/// `pg_terminate_backend` ([`terminate`](Self::terminate)).
+///
+/// There is no local-process fallback: without Docker, [`start`](Self::start) fails with
+/// Docker's error.
+#[derive(Debug)]
+pub struct PgNode {
+    port: u16,
+    container: ContainerAsync<GenericImage>,
+}
+
+impl PgNode {
+    /// Starts a server on a free port of 127.0.0.1.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start (or the image cannot be built).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container started so far is removed.
+    pub async fn start() -> Result<PgNode, FixtureError> {
+        PgNode::start_with(&[]).await
+    }
+
+    /// As [`start`](Self::start), with extra `postgres` arguments after the image's own, e.g.
+    /// `&["-c", "max_connections=300"]`.
+    ///
+    /// # Errors
+    /// As for [`start`](Self::start).
+    ///
+    /// # Cancel safety
+    /// As for [`start`](Self::start).
+    pub async fn start_with(args: &[&str]) -> Result<PgNode, FixtureError> {
+        let port = free_port()?;
+        let mut all = vec![port.to_string(), "-c".into(), "max_connections=400".into()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let container = POSTGRES.start_container_with_files(all, Vec::new()).await?;
+        let node = PgNode { port, container };
+        node.wait_ready().await?;
+        Ok(node)
+    }
+
+    /// The server of this test process, started on first use and shared by its tests (each
+    /// should use its own lock names, or its own schema).
+    ///
+    /// # Panics
+    /// If the server cannot be started: a test cannot run without it.
+    pub fn shared() -> &'static PgNode {
+        static SHARED: std::sync::OnceLock<PgNode> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| start_shared("postgres", PgNode::start))
+    }
+
+    /// The URL: `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The container's id, for `docker` commands and its cgroup (the bench reads the
+    /// server's CPU time there).
+    pub fn container_id(&self) -> &str {
+        self.container.id()
+    }
+
+    /// A backend on this server with default options (schema `baton`).
+    ///
+    /// # Errors
+    /// As for [`PgBackend::connect`](crate::PgBackend::connect).
+    ///
+    /// # Cancel safety
+    /// As for [`PgBackend::connect`](crate::PgBackend::connect).
+    pub async fn backend(&self) -> crate::Result<crate::PgBackend> {
+        crate::PgBackend::connect(&self.url(), crate::PgOptions::new()).await
+    }
+
+    /// A plain client as the superuser, its connection driven on the current runtime: for
+    /// tests that read or write behind baton's back, or play the application.
+    ///
+    /// # Errors
+    /// The client's error, if it cannot connect.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: nothing is created on the server.
+    pub async fn client(&self) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+        let (client, connection) = tokio_postgres::connect(
+            &format!(
+                "host=127.0.0.1 port={} user=postgres dbname=postgres",
+                self.port
+            ),
+            tokio_postgres::NoTls,
+        )
+        .await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    /// Ends, with `pg_terminate_backend`, every connection whose `application_name` is
+    /// `application` (set it with `?application_name=...` in a backend's URL; baton's own
+    /// connections say `baton` unless told otherwise). Returns how many it ended.
+    ///
+    /// # Errors
+    /// The client's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, some connections may have been ended.
+    pub async fn terminate(&self, application: &str) -> Result<u64, tokio_postgres::Error> {
+        let client = self.client().await?;
+        let row = client
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                &[&application],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0).unsigned_abs())
+    }
+
+    /// Stops the server with a fast shutdown (`docker stop`: SIGINT to postgres: clients are
+    /// disconnected, a checkpoint is written). [`start_again`](Self::start_again) brings it
+    /// back with its data.
+    ///
+    /// # Errors
+    /// Docker's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may or may not be stopping.
+    pub async fn stop_fast(&self) -> Result<(), FixtureError> {
+        self.container
+            .stop_with_timeout(Some(30))
+            .await
+            .map_err(|e| POSTGRES.container_error(e))
+    }
+
+    /// Stops the server with an immediate shutdown (SIGQUIT to postgres: no checkpoint; the
+    /// next start replays the WAL, as after a crash of the server process).
+    ///
+    /// # Errors
+    /// Docker's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may or may not be stopping.
+    pub async fn stop_immediate(&self) -> Result<(), FixtureError> {
+        let id = self.container.id();
+        docker(&["kill", "--signal", "QUIT", id]).await?;
+        // The entrypoint exits once postgres has; wait for the container to stop.
+        docker(&["wait", id]).await
+    }
+
+    /// Starts the server again after a stop, on the same port with the same data, and waits
+    /// until it accepts connections.
+    ///
+    /// # Errors
+    /// Docker's error, or [`FixtureError::NotReady`] if it does not come up in time.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may be starting.
+    pub async fn start_again(&self) -> Result<(), FixtureError> {
+        self.container
+            .start()
+            .await
+            .map_err(|e| POSTGRES.container_error(e))?;
+        self.wait_ready().await
+    }
+
+    /// Freezes the server (`docker pause`): connections stay open, nothing answers.
+    ///
+    /// # Errors
+    /// Docker's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may or may not be paused.
+    pub async fn pause(&self) -> Result<(), FixtureError> {
+        self.container
+            .pause()
+            .await
+            .map_err(|e| POSTGRES.container_error(e))
+    }
+
+    /// Unfreezes the server.
+    ///
+    /// # Errors
+    /// Docker's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may or may not be unpaused.
+    pub async fn unpause(&self) -> Result<(), FixtureError> {
+        self.container
+            .unpause()
+            .await
+            .map_err(|e| POSTGRES.container_error(e))
+    }
+
+    async fn wait_ready(&self) -> Result<(), FixtureError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Ok(client)) =
+                tokio::time::timeout(Duration::from_secs(2), self.client()).await
+                && client.simple_query("SELECT 1").await.is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: "postgres",
+                    address: format!("127.0.0.1:{}", self.port),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn docker(args: &[&str]) -> Result<(), FixtureError> {
+    let output = tokio::process::Command::new("docker")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(FixtureError::Process {
+        server: "postgres",
+        reason: format!(
+            "docker {}: {}",
+            args.first().copied().unwrap_or_default(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+    })
+}

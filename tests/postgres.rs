@@ -1,0 +1,575 @@
+//! The conformance suite, the fault harness and PostgreSQL-specific tests against a real
+//! PostgreSQL in a container (see `baton::testing::PgNode`). One server is shared by the tests
+//! of this binary; each test uses its own lock names. Tests that stop or pause the server
+//! start one of their own.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use baton::testing::PgNode;
+use baton::{Backend, Error, Mutex, PgBackend, PgOptions, Session, SessionOptions};
+use support::{Rig, within};
+
+async fn backend() -> PgBackend {
+    PgNode::shared()
+        .backend()
+        .await
+        .expect("connect to the shared PostgreSQL")
+}
+
+async fn rig(test: &str) -> Rig {
+    Rig {
+        backend: Arc::new(backend().await),
+        // A second backend: "someone else" really is another client.
+        outside: Arc::new(backend().await),
+        prefix: format!("pg-{}/{test}", std::process::id()),
+    }
+}
+
+conformance!(super::rig; flavor = "multi_thread", worker_threads = 2);
+
+fn test_name(test: &str) -> String {
+    format!("pg-{}/{test}", std::process::id())
+}
+
+/// The fault-injection harness on PostgreSQL, sampled as on etcd and Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_harness_sample() {
+    support::harness::run_sample("postgres", |case: String| async move {
+        Rig {
+            backend: Arc::new(backend().await),
+            outside: Arc::new(backend().await),
+            prefix: format!("pg-{}/harness/{case}", std::process::id()),
+        }
+    })
+    .await;
+}
+
+/// Bad URLs, dead ports, unknown databases, wrong passwords and missing permissions are
+/// refused at connect with typed errors, the cause kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_are_typed() {
+    let err = PgBackend::connect("postgres://a b c:xx/", PgOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let started = std::time::Instant::now();
+    let err = PgBackend::connect(
+        &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        PgOptions::new().with_connect_timeout(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cause is kept"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let node = PgNode::shared();
+    let err = PgBackend::connect(
+        &format!("postgres://postgres@127.0.0.1:{}/nosuchdb", node.port()),
+        PgOptions::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Misconfigured { .. }), "{err:?}");
+
+    let err = PgBackend::connect(&node.url(), PgOptions::new().with_schema("Bad-Name"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+}
+
+/// Wrong and missing passwords are `Auth`; a role that may not create baton's schema is
+/// `Permission`. On a server of its own, whose pg_hba.conf asks the role `app` for a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_and_permission_errors_are_typed() {
+    let node = PgNode::start().await.unwrap();
+    let admin = node.client().await.unwrap();
+    let hba: String = admin.query_one("SHOW hba_file", &[]).await.unwrap().get(0);
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE app LOGIN PASSWORD 'secret';
+             REVOKE CREATE ON DATABASE postgres FROM PUBLIC;
+             COPY (SELECT unnest(ARRAY['local all all trust',
+                                       'host all app 127.0.0.1/32 scram-sha-256',
+                                       'host all all 127.0.0.1/32 trust']))
+                 TO '{hba}';
+             SELECT pg_reload_conf();"
+        ))
+        .await
+        .unwrap();
+    let url = |user: &str| format!("postgres://{user}@127.0.0.1:{}/postgres", node.port());
+    let err = PgBackend::connect(&url("app:wrong"), PgOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    let err = PgBackend::connect(&url("app"), PgOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+    let err = PgBackend::connect(&url("app:secret"), PgOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Permission { .. }), "{err:?}");
+    // Once an owner created the schema and granted its use, the role locks.
+    PgBackend::connect(&node.url(), PgOptions::new())
+        .await
+        .unwrap();
+    admin
+        .batch_execute(
+            "GRANT USAGE ON SCHEMA baton TO app;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA baton TO app;
+             GRANT USAGE ON ALL SEQUENCES IN SCHEMA baton TO app;",
+        )
+        .await
+        .unwrap();
+    let backend = PgBackend::connect(&url("app:secret"), PgOptions::new())
+        .await
+        .unwrap();
+    let s = Session::new(backend).await.unwrap();
+    let guard = Mutex::new(&s, "as-app").unwrap().lock().await.unwrap();
+    guard.unlock().await.unwrap();
+}
+
+/// A release wakes exactly the next waiter: with a queue of waiters, one release hands the
+/// lock to the next in line and no other waiter runs a request because of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_is_woken_not_polled() {
+    let name = test_name("woken");
+    let holder = Session::new(backend().await).await.unwrap();
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let waiter = Session::from_shared(
+        Arc::new(backend().await),
+        SessionOptions::new().with_ttl(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
+    let b = backend().await;
+    let m = Mutex::new(&waiter, &name).unwrap();
+    let waiting = tokio::spawn(async move { m.lock().await });
+    support::eventually("the waiter queued", || {
+        let b = b.clone();
+        let name = name.clone();
+        async move { b.entries(&name).await.unwrap().len() == 2 }
+    })
+    .await;
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let next = within("the waiter", Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(2),
+        "woken by the release's NOTIFY, not by a re-check at the lease deadline (60 s)"
+    );
+    next.unlock().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// Faults on a real server: each test runs a server of its own.
+
+use baton::{FencingToken, LostReason, WriteOp};
+
+/// A server of its own for a fault test. `synchronous_commit=on`: the image's default is off
+/// (a throwaway cluster); baton's promises across a crash need every acknowledged commit in
+/// the WAL before the answer (docs/postgres.md).
+async fn own_node() -> PgNode {
+    PgNode::start_with(&["-c", "synchronous_commit=on"])
+        .await
+        .expect("a PostgreSQL of its own")
+}
+
+/// A backend on `url` whose connections carry `application_name` (for `terminate`).
+async fn backend_named(node_url: &str, application: &str) -> PgBackend {
+    PgBackend::connect(
+        &format!("{node_url}?application_name={application}"),
+        PgOptions::new(),
+    )
+    .await
+    .expect("connect")
+}
+
+async fn session(backend: &PgBackend, ttl: Duration) -> Session {
+    Session::from_shared(
+        Arc::new(backend.clone()),
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .expect("session")
+}
+
+/// A holder and a waiter across a restart of the server with a fast shutdown (clients are
+/// disconnected; the data stays): the holder keeps its lock (its lease outlives the outage),
+/// the waiter is woken by the release after the restart, and its token is higher.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_a_fast_shutdown_keeps_the_queue() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(20);
+    let (hb, wb, ob) = (
+        node.backend().await.unwrap(),
+        node.backend().await.unwrap(),
+        node.backend().await.unwrap(),
+    );
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "restart")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let first = guard.fencing_token();
+    let queued = support::spawn_queued(&ob, &waiter, "restart", 2).await;
+    node.stop_fast().await.unwrap();
+    node.start_again().await.unwrap();
+    // The holder's session renews through the restart; its entry is still the head.
+    support::eventually("the holder renewed after the restart", || async {
+        hb.lease_ttl(holder.lease_id())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+            && guard.is_owner().await.unwrap_or(false)
+    })
+    .await;
+    assert!(!holder.is_lost());
+    guard.unlock().await.unwrap();
+    let next = within(
+        "the waiter after the restart",
+        Duration::from_secs(10),
+        queued,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(next.fencing_token() > first);
+    next.unlock().await.unwrap();
+}
+
+/// Tokens never go backwards across a crash of the server (immediate shutdown: no
+/// checkpoint, the WAL replayed at start): the sequence is WAL-logged ahead of use, so the
+/// first token after the restart is above every token handed out before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_go_back_across_an_immediate_shutdown() {
+    let node = own_node().await;
+    let backend = node.backend().await.unwrap();
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let mut highest = FencingToken::new(0);
+    for round in 0..3 {
+        let mut held = Vec::new();
+        for i in 0..5 {
+            let g = Mutex::new(&s, format!("crash/{round}/{i}"))
+                .unwrap()
+                .lock()
+                .await
+                .unwrap();
+            assert!(
+                g.fencing_token() > highest,
+                "round {round}: token {} after {highest}",
+                g.fencing_token()
+            );
+            highest = g.fencing_token();
+            held.push(g);
+        }
+        node.stop_immediate().await.unwrap();
+        node.start_again().await.unwrap();
+        // Acknowledged commits survive the crash: the locks are still held.
+        for g in held {
+            assert!(g.is_owner().await.unwrap(), "round {round}: {}", g.key());
+            g.unlock().await.unwrap();
+        }
+    }
+    assert!(!s.is_lost());
+}
+
+/// `pg_terminate_backend` on the holder's connections and then on the waiter's: each
+/// reconnects by itself; the holder keeps its lock, the waiter is still woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_reconnect_and_keep_their_place() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(20);
+    let hb = backend_named(&node.url(), "holder").await;
+    let wb = backend_named(&node.url(), "waiter").await;
+    let ob = node.backend().await.unwrap();
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "killed").unwrap().lock().await.unwrap();
+    let queued = support::spawn_queued(&ob, &waiter, "killed", 2).await;
+    assert!(node.terminate("holder").await.unwrap() >= 1);
+    assert!(node.terminate("waiter").await.unwrap() >= 1);
+    // Both sessions renew on new connections; the holder still holds.
+    let lease = holder.lease_id();
+    support::eventually("the holder renewed on a new connection", || async {
+        hb.keep_alive(lease).await.ok().flatten().is_some()
+    })
+    .await;
+    assert!(guard.is_owner().await.unwrap());
+    // Kill the waiter's connections again just before the release: its LISTEN connection
+    // comes back and the wait is still woken by the release (not by the 20 s lease).
+    node.terminate("waiter").await.unwrap();
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let next = within("the waiter", Duration::from_secs(10), queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken after the release, not at the lease deadline"
+    );
+    assert!(!holder.is_lost() && !waiter.is_lost());
+    next.unlock().await.unwrap();
+}
+
+/// A waiter cut off (a partition through a proxy) while the holder releases: the NOTIFY is
+/// lost with its LISTEN connection. Once the partition heals, the waiter's new LISTEN
+/// connection makes it look again, and it takes the lock at once, not at the lease deadline
+/// of the holder it waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_cut_off_during_the_release_looks_again_after_the_partition() {
+    let node = own_node().await;
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let ttl = Duration::from_secs(30);
+    let hb = node.backend().await.unwrap();
+    let wb = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new().with_connect_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let (holder, waiter) = (session(&hb, ttl).await, session(&wb, ttl).await);
+    let guard = Mutex::new(&holder, "partition")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let queued = support::spawn_queued(&hb, &waiter, "partition", 2).await;
+    proxy.black_hole();
+    guard.unlock().await.unwrap();
+    proxy.heal();
+    let healed = std::time::Instant::now();
+    let next = within(
+        "the waiter after the partition",
+        Duration::from_secs(15),
+        queued,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        healed.elapsed() < Duration::from_secs(10),
+        "found the release after reconnecting, not at the holder's lease deadline (30 s)"
+    );
+    next.unlock().await.unwrap();
+}
+
+/// A holder paused past its lease (cut off by a proxy, as a paused process is): it is told
+/// (`lost()`, no later than the server expires the lease); the waiter takes the lock once the
+/// lease expired on the server's clock, ending it itself (no reaper), with a higher token; the
+/// old holder's guarded write after it comes back is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_paused_past_its_lease_is_followed_and_refused() {
+    let node = own_node().await;
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let ttl = Duration::from_secs(2);
+    let hb = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new()
+            .with_connect_timeout(Duration::from_millis(500))
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_millis(500)),
+    )
+    .await
+    .unwrap();
+    let wb = node.backend().await.unwrap();
+    let holder = session(&hb, ttl).await;
+    let waiter = session(&wb, Duration::from_secs(30)).await;
+    let guard = Mutex::new(&holder, "paused").unwrap().lock().await.unwrap();
+    let first = guard.fencing_token();
+    let queued = support::spawn_queued(&wb, &waiter, "paused", 2).await;
+    proxy.black_hole();
+    let reason = within("lost()", ttl * 3, guard.lost()).await;
+    assert_eq!(reason, LostReason::Expired);
+    let next = within("the waiter after the lease expired", ttl * 5, queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token() > first);
+    proxy.heal();
+    let late = guard.write(&[WriteOp::put("paused-data", "late")]).await;
+    assert!(
+        matches!(
+            late,
+            Err(Error::NotOwner { .. }) | Err(Error::SessionLost(_))
+        ),
+        "{late:?}"
+    );
+    assert_eq!(wb.read("paused-data").await.unwrap(), None);
+    next.unlock().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// PgFence: the fence suite, and the fence inside the application's own transaction.
+
+use baton::{Fence, PgFence};
+
+/// A fence in a schema of its own (resources of different tests never meet).
+async fn pg_fence(_test: &str) -> Arc<dyn Fence> {
+    static SCHEMAS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = SCHEMAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let schema = format!("fence_{}_{n}", std::process::id());
+    let backend = PgBackend::connect(
+        &PgNode::shared().url(),
+        PgOptions::new().with_schema(schema),
+    )
+    .await
+    .unwrap();
+    Arc::new(PgFence::new(&backend))
+}
+
+fence_suite!(mod pg_fence_suite; super::pg_fence; flavor = "multi_thread", worker_threads = 2);
+
+/// The fence inside the application's transaction: a holder's claim and its own write commit
+/// together; a successor's claim waits for that transaction and then sees the write; the old
+/// holder's next claim (in a new transaction) is refused, and its transaction writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_check_is_part_of_the_applications_transaction() {
+    let node = PgNode::shared();
+    let backend = node.backend().await.unwrap();
+    let fence = PgFence::new(&backend);
+    let name = test_name("tx-fence");
+    let mut app = node.client().await.unwrap();
+    app.batch_execute(
+        "CREATE TABLE IF NOT EXISTS stock (item text PRIMARY KEY, count int NOT NULL);
+         INSERT INTO stock VALUES ('widget', 10) ON CONFLICT (item) DO UPDATE SET count = 10;",
+    )
+    .await
+    .unwrap();
+    let old = baton::Ticket::new(FencingToken::new(5), name.as_str());
+    let new = baton::Ticket::new(FencingToken::new(6), name.as_str());
+
+    // The old holder claims inside its transaction and writes, not yet committed.
+    let tx = app.transaction().await.unwrap();
+    fence.claim_in(&tx, "stock/widget", &old).await.unwrap();
+    tx.execute(
+        "UPDATE stock SET count = count - 1 WHERE item = 'widget'",
+        &[],
+    )
+    .await
+    .unwrap();
+    // The successor's claim waits for the row the old transaction holds.
+    let mut successor_app = node.client().await.unwrap();
+    let successor_fence = fence.clone();
+    let successor = tokio::spawn(async move {
+        let tx = successor_app.transaction().await.unwrap();
+        successor_fence
+            .claim_in(&tx, "stock/widget", &new)
+            .await
+            .unwrap();
+        let count: i32 = tx
+            .query_one("SELECT count FROM stock WHERE item = 'widget'", &[])
+            .await
+            .unwrap()
+            .get(0);
+        tx.commit().await.unwrap();
+        count
+    });
+    // It is blocked on the fence row until the old holder commits.
+    let admin = node.client().await.unwrap();
+    support::eventually("the successor waits on the fence row", || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            >= 1
+    })
+    .await;
+    tx.commit().await.unwrap();
+    let seen = within("the successor's claim", Duration::from_secs(10), successor)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen, 9,
+        "the successor read the committed write after its claim"
+    );
+
+    // The old holder again, in a new transaction: refused, and its write goes nowhere.
+    let tx = app.transaction().await.unwrap();
+    let refused = fence.claim_in(&tx, "stock/widget", &old).await;
+    assert!(
+        matches!(refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 6),
+        "{refused:?}"
+    );
+    drop(tx);
+    let count: i32 = app
+        .query_one("SELECT count FROM stock WHERE item = 'widget'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 9);
+    assert_eq!(
+        fence.read("stock/widget").await.unwrap().map(|r| r.0.get()),
+        Some(6)
+    );
+}
+
+/// An observer reports only heads that existed: a lease revoke that removes several entries
+/// is one change (the heads between them never existed), and an entry whose lease expired is
+/// never reported as the head, even before anyone removed it (the observer ends expired
+/// leases before it reports).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_report_only_heads_that_existed() {
+    use baton::HeadEvent;
+    use futures::StreamExt;
+    let backend = backend().await;
+    let long = Duration::from_secs(60);
+    for round in 0..4 {
+        let queue = test_name(&format!("observe-heads-{round}"));
+        let first = backend.grant_lease(long).await.unwrap().id();
+        let short = backend
+            .grant_lease(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .id();
+        let last = backend.grant_lease(long).await.unwrap().id();
+        let head = backend.enqueue(&queue, "a", first, b"").await.unwrap();
+        backend
+            .enqueue(&format!("{queue}/sub"), "b", first, b"")
+            .await
+            .unwrap();
+        backend.enqueue(&queue, "dead", short, b"").await.unwrap();
+        let stays = backend.enqueue(&queue, "z", last, b"").await.unwrap();
+        let mut events = backend.observe_head(&queue);
+        let event = within("the first head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            HeadEvent::Head(Some(head.entry().clone()))
+        );
+        support::eventually("the short lease expires", || async {
+            backend.lease_ttl(short).await.unwrap().is_none()
+        })
+        .await;
+        backend.revoke_lease(first).await.unwrap();
+        let event = within("the next head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            HeadEvent::Head(Some(stays.entry().clone())),
+            "round {round}: the next head that existed"
+        );
+        backend.revoke_lease(last).await.unwrap();
+    }
+}
