@@ -76,9 +76,9 @@ _clean-containers:
 # zookeeper. SEED replays the schedule (default: the time).
 # BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
 nemesis backend seconds seed="":
-    cargo test --features testing,etcd,redis,zookeeper --test nemesis -- {{backend}} {{seconds}} {{seed}}
+    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- {{backend}} {{seconds}} {{seed}}
 
 # Check a history a nemesis run saved (target/nemesis/BACKEND-SEED.history) again, with this
 # build's checker.
 nemesis-check file:
-    cargo test --features testing,etcd,redis,zookeeper --test nemesis -- check {{file}}
+    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- check {{file}}

@@ -4,7 +4,7 @@
 //! one history. This file has its own `main` (`harness = false`): the same binary, run again
 //! with `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
-//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper`: the short runs CI makes, with
+//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short runs CI makes, with
 //!   fixed seeds; then the same with a defect injected, which the checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
 //!   `target/nemesis/`; `-- check FILE` (`just nemesis-check FILE`) checks a saved history
@@ -14,7 +14,7 @@
 use std::process::ExitCode;
 
 use baton::testing::nemesis::{self, Bug, Options, Report, Server};
-use baton::testing::{EtcdNode, RedisNode, ZkNode};
+use baton::testing::{EtcdNode, PgNode, RedisNode, ZkNode};
 
 fn main() -> ExitCode {
     if let Some(code) = nemesis::client_if_requested() {
@@ -32,7 +32,7 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match args.as_slice() {
             [backend, seconds, rest @ ..]
-                if ["etcd", "redis", "zookeeper"].contains(&backend.as_str())
+                if ["etcd", "redis", "zookeeper", "postgres"].contains(&backend.as_str())
                     && seconds.parse::<u64>().is_ok() =>
             {
                 let seconds = seconds.parse().unwrap_or(30);
@@ -87,7 +87,8 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
         "etcd" => Server::Etcd(EtcdNode::start().await.expect("etcd")),
         "redis" => Server::Redis(RedisNode::start().await.expect("redis")),
         "zookeeper" => Server::ZooKeeper(ZkNode::start().await.expect("zookeeper")),
-        other => panic!("unknown backend {other}: etcd, redis or zookeeper"),
+        "postgres" => Server::Postgres(PgNode::start().await.expect("postgres")),
+        other => panic!("unknown backend {other}: etcd, redis, zookeeper or postgres"),
     };
     nemesis::run(&server, options)
         .await
@@ -100,7 +101,7 @@ async fn suite() -> ExitCode {
     let mut failed = false;
     // Redis seed 8: restarts with data, a pause, a replica promoted after missing 1 s of
     // writes and one promoted in sync, beside client faults.
-    for (backend, seed) in [("etcd", 1), ("redis", 8), ("zookeeper", 1)] {
+    for (backend, seed) in [("etcd", 1), ("redis", 8), ("zookeeper", 1), ("postgres", 1)] {
         let report = one(backend, 60, seed, None).await;
         println!("{}", report.summary());
         if !report.violations.is_empty() {

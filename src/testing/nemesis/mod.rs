@@ -158,8 +158,13 @@ pub enum Server {
     /// timeout it has).
     #[cfg(feature = "zookeeper")]
     ZooKeeper(crate::testing::ZkNode),
+    /// A PostgreSQL started by the fixture: paused, stopped (fast shutdown) and started
+    /// again, crashed (immediate shutdown: WAL replay at the start), and every client
+    /// connection ended from the server's side (`pg_terminate_backend`).
+    #[cfg(feature = "postgres")]
+    Postgres(crate::testing::PgNode),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
-    /// `zk://127.0.0.1:2181`): only the clients are faulted (paused, killed, cut off; on
+    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
     /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
     /// reachable from here; a ZooKeeper connect string's first server is the one used.
     External(String),
@@ -174,6 +179,9 @@ impl Server {
             Server::Redis(_) => "redis",
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => "zookeeper",
+            #[cfg(feature = "postgres")]
+            Server::Postgres(_) => "postgres",
+            Server::External(url) if url.starts_with("postgres") => "postgres",
             Server::External(url) if url.starts_with("redis") => "redis",
             Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
@@ -189,6 +197,8 @@ impl Server {
             Server::Redis(n) => n.url(),
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) => n.url(),
+            #[cfg(feature = "postgres")]
+            Server::Postgres(n) => n.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -222,6 +232,13 @@ impl Server {
             ],
             #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => vec![FaultKind::ServerRestart, FaultKind::Expire(0)],
+            #[cfg(feature = "postgres")]
+            Server::Postgres(_) => vec![
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::ServerCrash,
+                FaultKind::KillConnections,
+            ],
             Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
             Server::External(_) => Vec::new(),
         }
@@ -264,6 +281,21 @@ impl Server {
             (Server::ZooKeeper(n), ServerAct::Stop) => n.stop().await.map_err(e),
             #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Pause) => n.pause().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Stop) => n.stop_fast().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Crash) => n.stop_immediate().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            // baton's connections name themselves `baton` (PgOptions' default).
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::EndConnections) => {
+                n.terminate("baton").await.map(drop).map_err(e)
+            }
             (_, act) => Err(format!("{act:?} is not supported on this server")),
         }
     }
@@ -277,6 +309,10 @@ enum ServerAct {
     Start,
     Save,
     Flush,
+    /// Kill without a chance to tidy up (PostgreSQL's immediate shutdown).
+    Crash,
+    /// End the clients' connections from the server's side.
+    EndConnections,
 }
 
 /// A run's settings.
@@ -599,6 +635,11 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     // first is used.
     let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    // A user (`postgres://user@host:port`) stays in each client's URL, not in the proxy's.
+    let (userinfo, authority) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
     let upstream = authority.split(',').next().unwrap_or(authority).to_owned();
     let path = if path.is_empty() {
         String::new()
@@ -620,8 +661,9 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             let id = slots.len();
             let proxy = Proxy::start(&upstream).await?;
             let endpoint = match server.name() {
-                "redis" => format!("redis://{}{path}", proxy.addr()),
+                "redis" => format!("redis://{userinfo}{}{path}", proxy.addr()),
                 "zookeeper" => format!("zk://{}{path}", proxy.addr()),
+                "postgres" => format!("postgres://{userinfo}{}{path}", proxy.addr()),
                 _ => proxy.endpoint(),
             };
             clients.push((format!("c{id}"), lock.clone()));
@@ -920,6 +962,18 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         FaultKind::Flush => {
             start(run);
             server.act(ServerAct::Flush).await?;
+            end(run);
+        }
+        FaultKind::ServerCrash => {
+            start(run);
+            server.act(ServerAct::Crash).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Start).await?;
+            end(run);
+        }
+        FaultKind::KillConnections => {
+            start(run);
+            server.act(ServerAct::EndConnections).await?;
             end(run);
         }
         // Carried out above.
