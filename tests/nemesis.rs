@@ -1,7 +1,7 @@
 //! The nemesis on real servers (issue #26): client processes on every recipe while a seeded
 //! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server,
-//! (Redis) promotes its replica and (ZooKeeper) expires their sessions; the checker reads the
-//! one history. This file has its own `main` (`harness = false`): the same binary, run again
+//! (Redis) promotes its replica, (ZooKeeper) expires their sessions and (PostgreSQL) crashes the
+//! server or ends their connections; the checker reads the one history. This file has its own `main` (`harness = false`): the same binary, run again
 //! with `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
 //! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short runs CI makes, with

@@ -3,7 +3,8 @@
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
 //! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
-//! writes, and (ZooKeeper) expires a client's sessions. Every event goes into one history on
+//! writes, (ZooKeeper) expires a client's sessions, and (PostgreSQL) crashes the server
+//! (immediate shutdown) or ends every client connection from its side. Every event goes into one history on
 //! one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
