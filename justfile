@@ -72,14 +72,15 @@ _clean-containers:
 # The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
 # kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
 # the history; on Redis it also promotes a replica (in sync or behind), on ZooKeeper it
-# expires a client's sessions. BACKEND: etcd, redis or zookeeper (one server), etcd-cluster
-# or zookeeper-ensemble (three members: a follower or the leader paused, a member or the
-# leader killed and restarted with its data). SEED replays the schedule (default: the time).
+# expires a client's sessions, on PostgreSQL it crashes the server and ends connections.
+# BACKEND: etcd, redis, zookeeper or postgres (one server), etcd-cluster or
+# zookeeper-ensemble (three members: a follower or the leader paused, a member or the leader
+# killed and restarted with its data). SEED replays the schedule (default: the time).
 # BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
 nemesis backend seconds seed="":
-    cargo test --features testing,etcd,redis,zookeeper --test nemesis -- {{backend}} {{seconds}} {{seed}}
+    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- {{backend}} {{seconds}} {{seed}}
 
 # Check a history a nemesis run saved (target/nemesis/BACKEND-SEED.history) again, with this
 # build's checker.
 nemesis-check file:
-    cargo test --features testing,etcd,redis,zookeeper --test nemesis -- check {{file}}
+    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- check {{file}}

@@ -1,13 +1,15 @@
 //! The nemesis on real servers (issue #26): client processes on every recipe while a seeded
 //! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server,
 //! (Redis) promotes its replica, (on a cluster) pauses a follower or the leader and kills and
-//! restarts a member or the leader, and (ZooKeeper) expires their sessions; the checker reads
-//! the one history. This file has its own `main` (`harness = false`): the same binary, run
-//! again with `BATON_NEMESIS_CLIENT` set, is each client process.
+//! restarts a member or the leader, (ZooKeeper) expires their sessions and (PostgreSQL)
+//! crashes the server or ends their connections; the checker reads the one history. This
+//! file has its own `main` (`harness = false`): the same binary, run again with
+//! `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
-//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper`: the short runs CI makes, with
-//!   fixed seeds (each single server, a three-member etcd cluster, a three-server ZooKeeper
-//!   ensemble); then the same with a defect injected, which the checker must catch.
+//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short
+//!   runs CI makes, with fixed seeds (each single server, a three-member etcd cluster, a
+//!   three-server ZooKeeper ensemble); then the same with a defect injected, which the
+//!   checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
 //!   `target/nemesis/`; `-- check FILE` (`just nemesis-check FILE`) checks a saved history
 //!   again. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
@@ -16,16 +18,17 @@
 use std::process::ExitCode;
 
 use baton::testing::nemesis::{self, Bug, Options, Report, Server};
-use baton::testing::{EtcdCluster, EtcdNode, RedisNode, ZkEnsemble, ZkNode};
+use baton::testing::{EtcdCluster, EtcdNode, PgNode, RedisNode, ZkEnsemble, ZkNode};
 
-/// What `BACKEND` may be: one server each, a three-member etcd cluster, a three-server
-/// ZooKeeper ensemble.
-const BACKENDS: [&str; 5] = [
+/// What `BACKEND` may be: one server each (PostgreSQL too), a three-member etcd cluster, a
+/// three-server ZooKeeper ensemble.
+const BACKENDS: [&str; 6] = [
     "etcd",
     "redis",
     "zookeeper",
     "etcd-cluster",
     "zookeeper-ensemble",
+    "postgres",
 ];
 
 fn main() -> ExitCode {
@@ -98,6 +101,7 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
         "etcd" => Server::Etcd(EtcdNode::start().await.expect("etcd")),
         "redis" => Server::Redis(RedisNode::start().await.expect("redis")),
         "zookeeper" => Server::ZooKeeper(ZkNode::start().await.expect("zookeeper")),
+        "postgres" => Server::Postgres(PgNode::start().await.expect("postgres")),
         "etcd-cluster" => Server::EtcdCluster(EtcdCluster::start().await.expect("etcd cluster")),
         "zookeeper-ensemble" => {
             Server::ZkEnsemble(ZkEnsemble::start().await.expect("zookeeper ensemble"))
@@ -116,13 +120,15 @@ async fn suite() -> ExitCode {
     // Redis seed 8: restarts with data, a pause, a replica promoted after missing 1 s of
     // writes and one promoted in sync, beside client faults. The clusters' seeds draw all
     // four member faults (a follower and the leader paused, a member and the leader killed
-    // and restarted) in their windows; the ensemble's also an expiry.
+    // and restarted) in their windows; the ensemble's also an expiry. PostgreSQL seed 1 draws
+    // crashes, restarts, a pause and ended connections.
     for (backend, seconds, seed) in [
         ("etcd", 60, 1),
         ("redis", 60, 8),
         ("zookeeper", 60, 1),
         ("etcd-cluster", 30, 4),
         ("zookeeper-ensemble", 40, 8),
+        ("postgres", 60, 1),
     ] {
         let report = one(backend, seconds, seed, None).await;
         println!("{}", report.summary());

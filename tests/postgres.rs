@@ -713,3 +713,41 @@ async fn a_server_paused_shorter_than_the_ttl_costs_nothing() {
     .await
     .unwrap();
 }
+
+/// A server that defaults to `synchronous_commit = off` (as this fixture's image does, and as
+/// some operators choose for speed) loses its last acknowledged commits in a crash; baton's
+/// own connections commit synchronously all the same, so a release survives the crash: the
+/// released entry does not come back and its token is never granted again. (Before baton set
+/// it, this failed: the entry came back and the nemesis saw tokens granted twice.) The WAL
+/// writer is slowed to 10 s so that, without it, the release would not reach the WAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_survives_a_crash_of_a_server_without_synchronous_commit() {
+    let node = PgNode::start_with(&["-c", "wal_writer_delay=10s"])
+        .await
+        .expect("a PostgreSQL of its own");
+    let backend = node.backend().await.unwrap();
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let name = "async-commit/crash";
+    let g = Mutex::new(&s, name).unwrap().lock().await.unwrap();
+    let highest = g.fencing_token();
+    // The lease and the entry reach the disk; the release after it is the last commit.
+    node.client()
+        .await
+        .unwrap()
+        .batch_execute("CHECKPOINT")
+        .await
+        .unwrap();
+    g.unlock().await.unwrap();
+    node.stop_immediate().await.unwrap();
+    node.start_again().await.unwrap();
+    let outside = node.backend().await.unwrap();
+    let left = outside.entries(name).await.unwrap();
+    assert!(left.is_empty(), "released entries came back: {left:?}");
+    let again = Mutex::new(&s, name).unwrap().lock().await.unwrap();
+    assert!(
+        again.fencing_token() > highest,
+        "token {} granted after {highest}",
+        again.fencing_token()
+    );
+    again.unlock().await.unwrap();
+}

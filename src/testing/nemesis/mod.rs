@@ -3,13 +3,14 @@
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
 //! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
-//! writes, and (ZooKeeper) expires a client's sessions. On a three-member etcd cluster
-//! ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the server faults
-//! are a member's instead: a follower or the leader paused, a member or the leader killed and
-//! restarted with its data, one member at a time (each fault ends once its member serves
-//! again), so the quorum is kept; each client reaches every member through a proxy of its own
-//! per member, so a client cut off is cut off from the whole cluster. Every event goes into
-//! one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! writes, (ZooKeeper) expires a client's sessions, and (PostgreSQL) crashes the server
+//! (immediate shutdown) or ends every client connection from its side. On a three-member
+//! etcd cluster ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the
+//! server faults are a member's instead: a follower or the leader paused, a member or the
+//! leader killed and restarted with its data, one member at a time (each fault ends once its
+//! member serves again), so the quorum is kept; each client reaches every member through a
+//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Every
+//! event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -178,8 +179,13 @@ pub enum Server {
     /// sessions expired.
     #[cfg(feature = "zookeeper")]
     ZkEnsemble(crate::testing::ZkEnsemble),
+    /// A PostgreSQL started by the fixture: paused, stopped (fast shutdown) and started
+    /// again, crashed (immediate shutdown: WAL replay at the start), and every client
+    /// connection ended from the server's side (`pg_terminate_backend`).
+    #[cfg(feature = "postgres")]
+    Postgres(crate::testing::PgNode),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
-    /// `zk://127.0.0.1:2181`): only the clients are faulted (paused, killed, cut off; on
+    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
     /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
     /// reachable from here; a ZooKeeper connect string's first server is the one used.
     External(String),
@@ -198,6 +204,9 @@ impl Server {
             Server::EtcdCluster(_) => "etcd-cluster",
             #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(_) => "zookeeper-ensemble",
+            #[cfg(feature = "postgres")]
+            Server::Postgres(_) => "postgres",
+            Server::External(url) if url.starts_with("postgres") => "postgres",
             Server::External(url) if url.starts_with("redis") => "redis",
             Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
@@ -217,6 +226,8 @@ impl Server {
             Server::EtcdCluster(c) => c.endpoints().join(","),
             #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => e.url(),
+            #[cfg(feature = "postgres")]
+            Server::Postgres(n) => n.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -271,6 +282,13 @@ impl Server {
                 FaultKind::LeaderRestart,
                 FaultKind::Expire(0),
             ],
+            #[cfg(feature = "postgres")]
+            Server::Postgres(_) => vec![
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::ServerCrash,
+                FaultKind::KillConnections,
+            ],
             Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
             Server::External(_) => Vec::new(),
         }
@@ -313,6 +331,21 @@ impl Server {
             (Server::ZooKeeper(n), ServerAct::Stop) => n.stop().await.map_err(e),
             #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Pause) => n.pause().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Stop) => n.stop_fast().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Crash) => n.stop_immediate().await.map_err(e),
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::Start) => n.start_again().await.map_err(e),
+            // baton's connections name themselves `baton` (PgOptions' default).
+            #[cfg(feature = "postgres")]
+            (Server::Postgres(n), ServerAct::EndConnections) => {
+                n.terminate("baton").await.map(drop).map_err(e)
+            }
             (_, act) => Err(format!("{act:?} is not supported on this server")),
         }
     }
@@ -326,6 +359,10 @@ enum ServerAct {
     Start,
     Save,
     Flush,
+    /// Kill without a chance to tidy up (PostgreSQL's immediate shutdown).
+    Crash,
+    /// End the clients' connections from the server's side.
+    EndConnections,
 }
 
 /// A run's settings.
@@ -668,6 +705,11 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     // first is used.
     let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
     let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    // A user (`postgres://user@host:port`) stays in each client's URL, not in the proxy's.
+    let (userinfo, authority) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
     let upstream = authority.split(',').next().unwrap_or(authority).to_owned();
     // A cluster: a proxy per member for each client.
     let upstreams = server.members().unwrap_or_else(|| vec![upstream]);
@@ -697,10 +739,17 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
             let addrs =
                 |f: fn(&Proxy) -> String| proxies.iter().map(f).collect::<Vec<_>>().join(",");
             let endpoint = match server.name() {
-                "redis" => format!("redis://{}{path}", addrs(|p| p.addr().to_string())),
+                "redis" => format!(
+                    "redis://{userinfo}{}{path}",
+                    addrs(|p| p.addr().to_string())
+                ),
                 "zookeeper" | "zookeeper-ensemble" => {
                     format!("zk://{}{path}", addrs(|p| p.addr().to_string()))
                 }
+                "postgres" => format!(
+                    "postgres://{userinfo}{}{path}",
+                    addrs(|p| p.addr().to_string())
+                ),
                 _ => addrs(Proxy::endpoint),
             };
             let mut proxies = proxies.into_iter();
@@ -1010,6 +1059,18 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
         | FaultKind::LeaderPause
         | FaultKind::MemberRestart(_)
         | FaultKind::LeaderRestart => cluster::inject(server, fault, &run.sink).await?,
+        FaultKind::ServerCrash => {
+            start(run);
+            server.act(ServerAct::Crash).await?;
+            tokio::time::sleep(fault.hold).await;
+            server.act(ServerAct::Start).await?;
+            end(run);
+        }
+        FaultKind::KillConnections => {
+            start(run);
+            server.act(ServerAct::EndConnections).await?;
+            end(run);
+        }
         // Carried out above.
         FaultKind::PromoteReplica(_) => {}
     }

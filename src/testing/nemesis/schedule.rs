@@ -59,6 +59,12 @@ pub(crate) enum FaultKind {
     ServerRestartFromSnapshot,
     /// `FLUSHALL` (Redis).
     Flush,
+    /// Kill the server with no chance to tidy up, start it again after `hold`: it recovers
+    /// from its log (PostgreSQL: an immediate shutdown, SIGQUIT, then WAL replay).
+    ServerCrash,
+    /// End every client's connections from the server's side (PostgreSQL:
+    /// `pg_terminate_backend` on every connection baton opened).
+    KillConnections,
     /// A failover (Redis): the primary's replica, attached to it since the run began or the
     /// last promotion, is cut off from it for `.0` (zero: not at all, it is in sync) and so
     /// misses what was written meanwhile; then the primary is killed, `hold` later (a
@@ -129,6 +135,12 @@ impl FaultKind {
                 format!("{backend} killed, restarted from an older snapshot")
             }
             FaultKind::Flush => format!("{backend} FLUSHALL"),
+            FaultKind::ServerCrash => {
+                format!("{backend} crashed (immediate shutdown), restarted from its log")
+            }
+            FaultKind::KillConnections => {
+                format!("{backend} ended every client connection (pg_terminate_backend)")
+            }
             FaultKind::PromoteReplica(missed) if missed.is_zero() => {
                 format!("{backend} replica promoted (in sync), the old primary killed")
             }
@@ -245,7 +257,9 @@ pub(crate) fn plan(
                     Duration::ZERO,
                     rng.between(Duration::from_millis(100), ttl * 2),
                 ),
-                FaultKind::ServerRestart | FaultKind::ServerRestartEmpty => (
+                FaultKind::ServerRestart
+                | FaultKind::ServerRestartEmpty
+                | FaultKind::ServerCrash => (
                     Duration::ZERO,
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
                 ),
@@ -253,7 +267,7 @@ pub(crate) fn plan(
                     rng.between(Duration::from_millis(500), Duration::from_millis(3000)),
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
                 ),
-                FaultKind::Flush => (Duration::ZERO, Duration::ZERO),
+                FaultKind::Flush | FaultKind::KillConnections => (Duration::ZERO, Duration::ZERO),
                 FaultKind::PromoteReplica(missed) => (
                     missed,
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
