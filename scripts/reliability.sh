@@ -294,9 +294,10 @@ just reliability      # one run of every scenario, rewrites this file
 just reliability 5    # five runs, summed
 just soak 300         # five minutes of soak
 just nemesis redis 60 # one minute of nemesis on Redis (seed: the time; printed)
-just nemesis zookeeper 30 1  # CI's ZooKeeper run: both server faults and an expiry
-just nemesis etcd-cluster 30 4  # CI's etcd cluster run: every member fault
-just nemesis zookeeper-ensemble 40 8  # CI's ensemble run: every member fault and an expiry
+just nemesis zookeeper 60 1  # CI's ZooKeeper run: both server faults and an expiry
+just nemesis etcd-cluster 60 4  # CI's etcd cluster run: every member fault
+just nemesis zookeeper-ensemble 60 8  # CI's ensemble run: every member fault and an expiry
+just nemesis postgres 60 1  # CI's PostgreSQL run: crashes, restarts, a pause, ended connections
 ```
 FOOTER
 } >docs/reliability.md

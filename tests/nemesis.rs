@@ -126,8 +126,8 @@ async fn suite() -> ExitCode {
         ("etcd", 60, 1),
         ("redis", 60, 8),
         ("zookeeper", 60, 1),
-        ("etcd-cluster", 30, 4),
-        ("zookeeper-ensemble", 40, 8),
+        ("etcd-cluster", 60, 4),
+        ("zookeeper-ensemble", 60, 8),
         ("postgres", 60, 1),
     ] {
         let report = one(backend, seconds, seed, None).await;
