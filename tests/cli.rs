@@ -1405,7 +1405,7 @@ async fn bad_input_is_refused_before_anything_is_sent() {
                 "x",
             ],
             64,
-            "in its URL",
+            "in their URL",
         ),
         (&["--layout", "kazoo", "status", "x"], 64, "ZooKeeper"),
         (
