@@ -533,55 +533,25 @@ async fn the_fence_check_is_part_of_the_applications_transaction() {
 /// before it reports) or someone else ended it just before the observer read on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observers_report_only_heads_that_existed() {
-    use baton::HeadEvent;
-    use futures::StreamExt;
     let backend = backend().await;
-    let long = Duration::from_secs(60);
-    for round in 0..4 {
-        let queue = test_name(&format!("observe-heads-{round}"));
-        let first = backend.grant_lease(long).await.unwrap().id();
-        let short = backend
-            .grant_lease(Duration::from_millis(300))
-            .await
-            .unwrap()
-            .id();
-        let last = backend.grant_lease(long).await.unwrap().id();
-        let head = backend.enqueue(&queue, "a", first, b"").await.unwrap();
-        backend
-            .enqueue(&format!("{queue}/sub"), "b", first, b"")
-            .await
-            .unwrap();
-        backend.enqueue(&queue, "dead", short, b"").await.unwrap();
-        let stays = backend.enqueue(&queue, "z", last, b"").await.unwrap();
-        let mut events = backend.observe_head(&queue);
-        let event = within("the first head", Duration::from_secs(10), events.next()).await;
-        assert_eq!(
-            event.unwrap().unwrap(),
-            HeadEvent::Head(Some(head.entry().clone()))
-        );
-        support::eventually("the short lease expires", || async {
-            backend.lease_ttl(short).await.unwrap().is_none()
-        })
-        .await;
-        backend.revoke_lease(first).await.unwrap();
-        if round % 2 == 1 {
-            // Someone else ends the expired lease after the revoke and before the observer
-            // reads on (it works only when polled): the observer must not take the entry it
-            // finds gone for a head that existed.
-            let admin = PgNode::shared().client().await.unwrap();
-            admin
-                .execute("DELETE FROM baton.leases WHERE id = $1", &[&short.get()])
-                .await
-                .unwrap();
-        }
-        let event = within("the next head", Duration::from_secs(10), events.next()).await;
-        assert_eq!(
-            event.unwrap().unwrap(),
-            HeadEvent::Head(Some(stays.entry().clone())),
-            "round {round}: the next head that existed"
-        );
-        backend.revoke_lease(last).await.unwrap();
-    }
+    support::observers_report_only_heads_that_existed(
+        &backend,
+        &test_name("observe-heads"),
+        4,
+        |round, short| async move {
+            if round % 2 == 1 {
+                // Someone else ends the expired lease after the revoke and before the
+                // observer reads on (it works only when polled): the observer must not take
+                // the entry it finds gone for a head that existed.
+                let admin = PgNode::shared().client().await.unwrap();
+                admin
+                    .execute("DELETE FROM baton.leases WHERE id = $1", &[&short.get()])
+                    .await
+                    .unwrap();
+            }
+        },
+    )
+    .await;
 }
 
 /// One release notifies one waiter: with ten waiters queued, a raw client LISTENing on every

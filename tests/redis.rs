@@ -272,52 +272,17 @@ async fn example_scenarios_at_every_pause_point() {
     }
 }
 
-/// An observer reports only heads that existed: a lease revoke that removes several entries
-/// is one change (the heads between them never existed), and an entry whose lease expired is
-/// never reported as the head, even before anyone removed it.
+/// An observer reports only heads that existed (`support::observers_report_only_heads_that_existed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observers_report_only_heads_that_existed() {
-    use baton::HeadEvent;
-    use futures::StreamExt;
     let backend = backend().await;
-    let long = Duration::from_secs(60);
-    for round in 0..8 {
-        let queue = test_name(&format!("observe-heads-{round}"));
-        let first = backend.grant_lease(long).await.unwrap().id();
-        let short = backend
-            .grant_lease(Duration::from_millis(300))
-            .await
-            .unwrap()
-            .id();
-        let last = backend.grant_lease(long).await.unwrap().id();
-        // The first lease holds two entries (one under a nested name), the short one is
-        // never renewed, the last one stays.
-        let head = backend.enqueue(&queue, "a", first, b"").await.unwrap();
-        backend
-            .enqueue(&format!("{queue}/sub"), "b", first, b"")
-            .await
-            .unwrap();
-        backend.enqueue(&queue, "dead", short, b"").await.unwrap();
-        let stays = backend.enqueue(&queue, "z", last, b"").await.unwrap();
-        let mut events = backend.observe_head(&queue);
-        let event = within("the first head", Duration::from_secs(10), events.next()).await;
-        assert_eq!(
-            event.unwrap().unwrap(),
-            HeadEvent::Head(Some(head.entry().clone()))
-        );
-        eventually("the short lease expires", || async {
-            backend.lease_ttl(short).await.unwrap().is_none()
-        })
-        .await;
-        backend.revoke_lease(first).await.unwrap();
-        let event = within("the next head", Duration::from_secs(10), events.next()).await;
-        assert_eq!(
-            event.unwrap().unwrap(),
-            HeadEvent::Head(Some(stays.entry().clone())),
-            "round {round}: the next head that existed"
-        );
-        backend.revoke_lease(last).await.unwrap();
-    }
+    support::observers_report_only_heads_that_existed(
+        &backend,
+        &test_name("observe-heads"),
+        8,
+        |_, _| async {},
+    )
+    .await;
 }
 
 /// The next head an observer reports, skipping the errors it reports while cut off.

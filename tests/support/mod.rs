@@ -544,6 +544,61 @@ pub async fn deleted_key_is_reported_to_the_holder(rig: Rig) {
     );
 }
 
+/// An observer reports only heads that existed: a lease revoke that removes several entries
+/// is one change (the heads between them never existed), and an entry whose lease expired is
+/// never reported as the head, even before anyone removed it. `meddle(round, lease)` runs
+/// after the revoke, before the observer reads on: a backend's test may end the expired
+/// `lease` there behind the observer's back.
+pub async fn observers_report_only_heads_that_existed<F, Fut>(
+    backend: &dyn Backend,
+    name: &str,
+    rounds: u32,
+    meddle: F,
+) where
+    F: Fn(u32, baton::LeaseId) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let long = Duration::from_secs(60);
+    for round in 0..rounds {
+        let queue = format!("{name}-{round}");
+        let first = backend.grant_lease(long).await.unwrap().id();
+        let short = backend
+            .grant_lease(Duration::from_millis(300))
+            .await
+            .unwrap()
+            .id();
+        let last = backend.grant_lease(long).await.unwrap().id();
+        // The first lease holds two entries (one under a nested name), the short one is
+        // never renewed, the last one stays.
+        let head = backend.enqueue(&queue, "a", first, b"").await.unwrap();
+        backend
+            .enqueue(&format!("{queue}/sub"), "b", first, b"")
+            .await
+            .unwrap();
+        backend.enqueue(&queue, "dead", short, b"").await.unwrap();
+        let stays = backend.enqueue(&queue, "z", last, b"").await.unwrap();
+        let mut events = backend.observe_head(&queue);
+        let event = within("the first head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            baton::HeadEvent::Head(Some(head.entry().clone()))
+        );
+        eventually("the short lease expires", || async {
+            backend.lease_ttl(short).await.unwrap().is_none()
+        })
+        .await;
+        backend.revoke_lease(first).await.unwrap();
+        meddle(round, short).await;
+        let event = within("the next head", Duration::from_secs(10), events.next()).await;
+        assert_eq!(
+            event.unwrap().unwrap(),
+            baton::HeadEvent::Head(Some(stays.entry().clone())),
+            "round {round}: the next head that existed"
+        );
+        backend.revoke_lease(last).await.unwrap();
+    }
+}
+
 /// A release is not a loss: a `lost()` future taken before `unlock()`, `resign()` or a
 /// permit's `release()` does not resolve because our own release deleted the entry (on
 /// ZooKeeper the watch on our own node fired during the delete, before it answered); it

@@ -640,6 +640,21 @@ fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error) -> Error {
 
 /// Creates or migrates the schema, in one transaction under an advisory lock (concurrent
 /// first connects wait for each other), after checking the server's version.
+/// The highest migration applied to `schema` (its `schema_version` table must exist).
+async fn schema_version(client: &impl tokio_postgres::GenericClient, schema: &str) -> Result<i32> {
+    Ok(client
+        .query_one(
+            &schema::render(
+                "SELECT coalesce(max(version), 0) FROM {s}.schema_version",
+                schema,
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| map_db_error("migrate", e))?
+        .get(0))
+}
+
 async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     let fail = |op| move |e: tokio_postgres::Error| map_db_error(op, e);
     let version: i32 = client
@@ -669,18 +684,7 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
         .map_err(fail("migrate"))?
         .get::<_, i32>(0);
     if installed != 0 {
-        let current: i32 = client
-            .query_one(
-                &schema::render(
-                    "SELECT coalesce(max(version), 0) FROM {s}.schema_version",
-                    schema,
-                ),
-                &[],
-            )
-            .await
-            .map_err(fail("migrate"))?
-            .get(0);
-        if current == known {
+        if schema_version(&*client, schema).await? == known {
             return Ok(());
         }
     }
@@ -700,17 +704,7 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     ))
     .await
     .map_err(fail("migrate"))?;
-    let current: i32 = tx
-        .query_one(
-            &schema::render(
-                "SELECT coalesce(max(version), 0) FROM {s}.schema_version",
-                schema,
-            ),
-            &[],
-        )
-        .await
-        .map_err(fail("migrate"))?
-        .get(0);
+    let current = schema_version(&tx, schema).await?;
     if current > known {
         return Err(Error::Misconfigured {
             endpoints: Vec::new(),
