@@ -309,22 +309,26 @@ async fn status_lists_holder_then_waiters_in_order() {
 async fn lock_and_status_on_redis() {
     let url = RedisNode::shared().url();
     let backend = RedisNode::shared().backend().await.unwrap();
-    let name = name("redis");
+    // A server started for this run: no holder predates it.
+    queues_lists_and_runs(&url, backend, &name("redis"), &["--restart-grace", "0"]).await;
+}
+
+/// `baton --endpoints URL lock` (with `options` before the command) queues behind a Rust
+/// holder on `backend`, `status` lists both, and the command runs once the holder releases,
+/// leaving nothing behind.
+async fn queues_lists_and_runs<B: Backend + Clone>(
+    url: &str,
+    backend: B,
+    name: &str,
+    options: &[&str],
+) {
+    let (url, name) = (url.to_owned(), name.to_owned());
     let s = Session::new(backend.clone()).await.unwrap();
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
-    let mut waiter = Running::spawn(&[
-        "--endpoints",
-        &url,
-        // A server started for this run: no holder predates it.
-        "--restart-grace",
-        "0",
-        "lock",
-        &name,
-        "--",
-        "sh",
-        "-c",
-        "echo ran",
-    ]);
+    let mut args = vec!["--endpoints", url.as_str()];
+    args.extend_from_slice(options);
+    args.extend_from_slice(&["lock", &name, "--", "sh", "-c", "echo ran"]);
+    let mut waiter = Running::spawn(&args);
     eventually("baton queues", || async {
         backend.entries(&name).await.unwrap().len() == 2
     })
@@ -352,36 +356,7 @@ async fn lock_and_status_on_redis() {
 async fn lock_and_status_on_postgres() {
     let url = PgNode::shared().url();
     let backend = PgNode::shared().backend().await.unwrap();
-    let name = name("postgres");
-    let s = Session::new(backend.clone()).await.unwrap();
-    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
-    let mut waiter = Running::spawn(&[
-        "--endpoints",
-        &url,
-        "lock",
-        &name,
-        "--",
-        "sh",
-        "-c",
-        "echo ran",
-    ]);
-    eventually("baton queues", || async {
-        backend.entries(&name).await.unwrap().len() == 2
-    })
-    .await;
-    let table = baton(&["--endpoints", &url, "status", &name])
-        .output()
-        .await
-        .unwrap();
-    assert_exit(&table, 0);
-    let table = String::from_utf8(table.stdout).unwrap();
-    assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
-    assert!(table.contains(guard.key()), "{table}");
-    guard.unlock().await.unwrap();
-    assert_eq!(waiter.line().await, "ran");
-    let (code, stderr) = waiter.exit_code().await;
-    assert_eq!(code, 0, "{stderr}");
-    assert!(backend.entries(&name).await.unwrap().is_empty());
+    queues_lists_and_runs(&url, backend, &name("postgres"), &[]).await;
 
     let port = PgNode::shared().port();
     for (args, code) in [

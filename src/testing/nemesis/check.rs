@@ -726,6 +726,21 @@ mod tests {
         }
     }
 
+    /// The resource accepted a write on lock `l`.
+    fn accepted(at: u64, token: u64, client: &str, value: u64) -> Event {
+        ev(
+            at,
+            "resource",
+            What::Accepted {
+                lock: "l".into(),
+                token,
+                client: client.into(),
+                write: true,
+                value,
+            },
+        )
+    }
+
     fn grant(at: u64, who: &str, token: u64) -> [Event; 2] {
         [
             ev(at, who, What::Acquire { mode: 'x' }),
@@ -917,20 +932,7 @@ mod tests {
 
     #[test]
     fn the_fence_and_the_counter_are_checked() {
-        let acc = |at, token, client: &str, value| {
-            ev(
-                at,
-                "resource",
-                What::Accepted {
-                    lock: "l".into(),
-                    token,
-                    client: client.into(),
-                    write: true,
-                    value,
-                },
-            )
-        };
-        let h = vec![acc(1, 7, "c1", 1), acc(2, 5, "c0", 1)];
+        let h = vec![accepted(1, 7, "c1", 1), accepted(2, 5, "c0", 1)];
         let v = check(&h, &plan());
         assert!(v.iter().any(|v| v.rule == "fence"), "{v:?}");
         assert!(v.iter().any(|v| v.rule == "counter"), "{v:?}");
@@ -938,19 +940,6 @@ mod tests {
 
     #[test]
     fn each_log_entry_follows_its_own_write() {
-        let acc = |at, token, client: &str, value| {
-            ev(
-                at,
-                "resource",
-                What::Accepted {
-                    lock: "l".into(),
-                    token,
-                    client: client.into(),
-                    write: true,
-                    value,
-                },
-            )
-        };
         let app = |at, token, client: &str, index| {
             ev(
                 at,
@@ -964,17 +953,17 @@ mod tests {
             )
         };
         let good = vec![
-            acc(1, 5, "c0", 1),
+            accepted(1, 5, "c0", 1),
             app(2, 5, "c0", 1),
-            acc(3, 7, "c1", 2),
+            accepted(3, 7, "c1", 2),
             app(4, 7, "c1", 2),
         ];
         let v = check(&good, &plan());
         assert!(!v.iter().any(|v| v.rule == "log"), "{v:?}");
         // c1's write lands between c0's write and c0's entry.
         let bad = vec![
-            acc(1, 5, "c0", 1),
-            acc(2, 7, "c1", 2),
+            accepted(1, 5, "c0", 1),
+            accepted(2, 7, "c1", 2),
             app(3, 5, "c0", 1),
             app(4, 7, "c1", 2),
         ];
