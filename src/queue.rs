@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -75,14 +75,16 @@ pub(crate) struct Held {
     local: Option<OwnedMutexGuard<()>>,
     /// When the entry was granted, for the hold time.
     granted: Instant,
-    /// Set once the release was done or handed to a cleanup task: `Drop` has nothing to do.
-    released: bool,
-    /// Set once the hold time was reported: at the release's start, or at the drop.
-    hold_reported: bool,
-    /// Set when the holder lets go (the release's start, or the drop), before the delete is
-    /// sent: the deletion `lost()` then sees is ours, not a loss.
-    letting_go: Arc<AtomicBool>,
+    /// [`LET_GO`] and [`RELEASED`], shared with the `lost()` futures (one word: every
+    /// holder keeps a guard).
+    state: Arc<AtomicU8>,
 }
+
+/// The holder let go (the release's start, or the drop), set before the delete is sent: the
+/// deletion `lost()` then sees is ours, not a loss. The hold time is reported then, once.
+const LET_GO: u8 = 1;
+/// The release was done or handed to a cleanup task: `Drop` has nothing to do.
+const RELEASED: u8 = 2;
 
 /// Where an acquisition puts its entry: the key `<queue>/<tag>` (tags have no `/`). One
 /// string: this is kept by every waiter.
@@ -508,9 +510,7 @@ fn take_turn<'a>(
             entry,
             local: pending.local.take(),
             granted: Instant::now(),
-            released: false,
-            hold_reported: false,
-            letting_go: Arc::default(),
+            state: Arc::default(),
         })
     }
 }
@@ -874,7 +874,7 @@ impl Held {
         let backend = Arc::clone(self.session.backend());
         let entry = self.entry.clone();
         let lease = self.session.lease_id();
-        let letting_go = Arc::clone(&self.letting_go);
+        let state = Arc::clone(&self.state);
         async move {
             tokio::select! {
                 biased;
@@ -884,7 +884,7 @@ impl Held {
                         return reason;
                     }
                     // Set before our delete was sent, so seen here if the deletion was ours.
-                    if letting_go.load(Ordering::Acquire) {
+                    if state.load(Ordering::Acquire) & LET_GO != 0 {
                         return loss.wait().await;
                     }
                     // Gone with the lease? Then the session is lost, and says why.
@@ -909,7 +909,7 @@ impl Held {
         // The hold ends when the holder lets go, however long the delete takes.
         self.end_hold();
         async move {
-            // `released` is set only once the delete answered: if this future is dropped
+            // `RELEASED` is set only once the delete answered: if this future is dropped
             // before, `Drop` hands the (idempotent, revision-conditioned) delete to a task.
             match self.session.backend().delete_entry(&self.entry).await {
                 Ok(was_ours) => {
@@ -962,15 +962,14 @@ impl Held {
 
     /// Marks that the holder lets go (see [`Held::lost`]) and reports the hold time, once.
     fn end_hold(&mut self) {
-        self.letting_go.store(true, Ordering::Release);
-        if !std::mem::replace(&mut self.hold_reported, true) {
+        if self.state.fetch_or(LET_GO, Ordering::AcqRel) & LET_GO == 0 {
             self.meter.held_since(self.granted);
         }
     }
 
     /// Nothing left for `Drop` to do.
     fn disarm(&mut self) {
-        self.released = true;
+        self.state.fetch_or(RELEASED, Ordering::Release);
     }
 
     fn cleanup_in_background(&mut self, what: &'static str) {
@@ -988,7 +987,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         self.end_hold();
-        if !self.released {
+        if self.state.load(Ordering::Acquire) & RELEASED == 0 {
             self.cleanup_in_background("guard dropped");
         }
     }
