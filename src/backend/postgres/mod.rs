@@ -683,10 +683,8 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
         .await
         .map_err(fail("migrate"))?
         .get::<_, i32>(0);
-    if installed != 0 {
-        if schema_version(&*client, schema).await? == known {
-            return Ok(());
-        }
+    if installed != 0 && schema_version(&*client, schema).await? == known {
+        return Ok(());
     }
     let tx = client.transaction().await.map_err(fail("migrate"))?;
     tx.execute(
