@@ -158,11 +158,7 @@ async fn connect_rejects_bad_input_and_dead_endpoints() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
 
     // A port nobody listens on (bound and closed again), on loopback only.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::refused_port();
     let started = std::time::Instant::now();
     let err = EtcdBackend::connect(
         &[format!("http://127.0.0.1:{port}")],
@@ -741,11 +737,7 @@ async fn a_backend_on_the_applications_client() {
     assert_eq!(backend.entries(&name).await.unwrap().len(), 1);
     guard.unlock().await.unwrap();
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::refused_port();
     let dead = baton::etcd_client::Client::connect([format!("127.0.0.1:{port}")], None)
         .await
         .unwrap();

@@ -57,11 +57,7 @@ async fn connect_errors_are_typed() {
         .unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::refused_port();
     let started = std::time::Instant::now();
     let err = PgBackend::connect(
         &format!("postgres://postgres@127.0.0.1:{port}/postgres"),

@@ -62,11 +62,7 @@ async fn connect_checks_the_url_the_port_and_the_eviction_policy() {
         .unwrap_err();
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::refused_port();
     let started = std::time::Instant::now();
     let err = RedisBackend::connect(
         &format!("redis://127.0.0.1:{port}"),

@@ -464,12 +464,8 @@ impl Backend for MemoryBackend {
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
-        // One store, always current: the exact answer, "present with no predecessor".
-        match self.predecessor(mine).await {
-            Ok(predecessor) => Ok(predecessor.is_none()),
-            Err(Error::EntryGone { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        // One store, always current: the exact answer.
+        super::present_without_predecessor(self, mine).await
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {

@@ -598,6 +598,19 @@ impl QueueMirror {
     }
 }
 
+/// [`Backend::was_head`] for a backend whose reads are always current (one store, one
+/// primary): the exact answer, "present with no predecessor".
+pub(crate) async fn present_without_predecessor<B: Backend + ?Sized>(
+    backend: &B,
+    mine: &Entry,
+) -> Result<bool> {
+    match backend.predecessor(mine).await {
+        Ok(predecessor) => Ok(predecessor.is_none()),
+        Err(crate::Error::EntryGone { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The queue an entry key belongs to: everything before the last `/`.
 pub(crate) fn queue_of(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(q, _)| q)

@@ -51,6 +51,16 @@ impl Rig {
     }
 }
 
+/// A port on 127.0.0.1 nobody listens on (bound and closed again): a connection to it is
+/// refused at once.
+pub fn refused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Waits until `cond` holds, re-checking after each short pause; fails the test after 30 s.
 /// This waits for a condition to become true, it does not hope that time made it so.
 pub async fn eventually<F, Fut>(what: &str, mut cond: F)

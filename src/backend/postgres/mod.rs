@@ -934,11 +934,7 @@ impl Backend for PgBackend {
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
         // One primary, always current: the exact answer.
-        match self.predecessor(mine).await {
-            Ok(predecessor) => Ok(predecessor.is_none()),
-            Err(Error::EntryGone { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+        super::present_without_predecessor(self, mine).await
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
