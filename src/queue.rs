@@ -725,7 +725,8 @@ async fn wait_for_fewer(
 /// Waits until no entry older than `mine` remains, watching only the newest older one.
 /// Returns only after a read that showed `mine` present and nothing older (the same read:
 /// [`Backend::predecessor`](crate::Backend::predecessor) or, after a wake,
-/// [`Backend::was_head`](crate::Backend::was_head)).
+/// [`Backend::was_head`](crate::Backend::was_head), or the deletion notice that
+/// [`Backend::wait_gone_then_head`](crate::Backend::wait_gone_then_head) reads).
 #[allow(clippy::manual_async_fn)] // Kept by every waiter: see `acquire`.
 fn wait_for_turn<'a>(
     session: &'a Session,
@@ -788,25 +789,25 @@ fn wait_for_turn<'a>(
                 }
             };
             tracing::debug!(key = %mine.key(), predecessor = %waited_for.key(), "waiting for predecessor");
+            // Usually the predecessor was the holder and we are now the head: a cheap check
+            // comes with the wait (it may be answered by a replica, or by the deletion's own
+            // notice); when it cannot tell, the authoritative read decides: the predecessor
+            // may have been a waiter that gave up.
             let gone = tokio::select! {
-                gone = backend.wait_gone(waited_for) => gone,
+                gone = backend.wait_gone_then_head(waited_for, mine) => gone,
                 reason = &mut *lost => return Err(Error::SessionLost(reason)),
             };
-            if let Err(e) = gone {
-                tracing::debug!(key = %mine.key(), error = %e, "waiting for the predecessor failed; retrying");
-                failures = failures.saturating_add(1);
-                continue;
-            }
+            let head = match gone {
+                Ok(head) => head,
+                Err(e) => {
+                    tracing::debug!(key = %mine.key(), error = %e, "waiting for the predecessor failed; retrying");
+                    failures = failures.saturating_add(1);
+                    continue;
+                }
+            };
             failures = 0;
             last_gone = waited_for.token().get();
             predecessor = None;
-            // Usually the predecessor was the holder and we are now the head: a cheap check
-            // first (it may be answered by a replica); when it cannot tell, or fails, the
-            // authoritative read decides: the predecessor may have been a waiter that gave up.
-            let head = tokio::select! {
-                head = backend.was_head(mine) => head.unwrap_or(false),
-                reason = &mut *lost => return Err(Error::SessionLost(reason)),
-            };
             if head {
                 return Ok(());
             }

@@ -471,6 +471,20 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// says nothing about the entry: the caller waits again.
     async fn wait_gone(&self, entry: &Entry) -> Result<()>;
 
+    /// [`wait_gone`](Backend::wait_gone) for `predecessor`, then
+    /// [`was_head`](Backend::was_head) for `mine`, as one step: a backend whose deletion
+    /// notice already says which entry is the head then (PostgreSQL's NOTIFY, sent by the
+    /// deleting transaction) answers without another request. An error is `wait_gone`'s
+    /// (nothing known; the caller waits again); a failed head check answers `false`. The
+    /// default calls one, then the other.
+    ///
+    /// # Cancel safety
+    /// As for `wait_gone` and `was_head`: cancel safe, nothing is created.
+    async fn wait_gone_then_head(&self, predecessor: &Entry, mine: &Entry) -> Result<bool> {
+        self.wait_gone(predecessor).await?;
+        Ok(self.was_head(mine).await.unwrap_or(false))
+    }
+
     /// The oldest entry of `queue`, if any.
     async fn head(&self, queue: &str) -> Result<Option<Entry>>;
 

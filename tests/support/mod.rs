@@ -1382,6 +1382,58 @@ pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
     next.unlock().await.unwrap();
 }
 
+/// A waiter whose predecessor goes while an older entry still holds is not the head:
+/// [`Backend::wait_gone_then_head`] ends (the predecessor is gone) but answers `false`,
+/// whatever the deletion's notice says, so the waiter reads again and waits for the holder.
+/// Once the holder goes too, the authoritative read shows the waiter at the head.
+pub async fn a_waiter_behind_one_that_leaves_is_not_the_head(rig: Rig) {
+    let name = rig.name("leaver");
+    let sessions = [
+        rig.session().await,
+        rig.session().await,
+        rig.session().await,
+    ];
+    let mut entries = Vec::new();
+    for s in &sessions {
+        let tag = format!("{:x}", s.lease_id().get());
+        let queued = rig
+            .backend
+            .enqueue(&name, &tag, s.lease_id(), b"")
+            .await
+            .unwrap();
+        entries.push(queued.entry().clone());
+    }
+    let [holder, middle, last] = [0, 1, 2].map(|i| entries[i].clone());
+    let wait = |predecessor: baton::Entry| {
+        let (backend, last) = (Arc::clone(&rig.backend), last.clone());
+        tokio::spawn(async move { backend.wait_gone_then_head(&predecessor, &last).await })
+    };
+    let waiting = wait(middle.clone());
+    assert!(rig.outside.delete_entry(&middle).await.unwrap());
+    let head = within(
+        "the wait on the one that left",
+        Duration::from_secs(10),
+        waiting,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(!head, "the holder is still ahead");
+    let ahead = rig.backend.predecessor(&last).await.unwrap();
+    assert_eq!(ahead.as_ref().map(baton::Entry::key), Some(holder.key()));
+    let waiting = wait(holder.clone());
+    assert!(rig.outside.delete_entry(&holder).await.unwrap());
+    // `true`, or `false` for "not known" (a check that may read a lagging replica).
+    within("the wait on the holder", Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rig.backend.predecessor(&last).await.unwrap(), None);
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+}
+
 /// Generates one `#[tokio::test]` per suite function for a rig constructor.
 #[macro_export]
 macro_rules! conformance {
@@ -1408,7 +1460,8 @@ macro_rules! conformance {
             rwlock_waiter_between_writers_gives_up,
             rwlock_upgrade_refused_and_cancel_leaves_nothing,
             barrier_holds_and_falls_with_its_holder, double_barrier_enters_and_leaves_together,
-            multilock_all_or_nothing, one_name_several_kinds_exclude_each_other);
+            multilock_all_or_nothing, one_name_several_kinds_exclude_each_other,
+            a_waiter_behind_one_that_leaves_is_not_the_head);
     };
     ($rig:path; $($attr:tt)*) => {
         $crate::conformance!(mod conformance; $rig; $($attr)*);
