@@ -174,6 +174,61 @@ async fn handoff_is_woken_not_polled() {
     next.unlock().await.unwrap();
 }
 
+/// A schema one version behind is migrated on connect: a schema put back to version 1's
+/// shape (no `observed` table, the insert trigger back, version 2's row gone) is brought to
+/// version 2 by the next backend that connects, and locks and observers work on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_schema_is_migrated_on_connect() {
+    let node = PgNode::shared();
+    let schema = "baton_from_v1";
+    let options = PgOptions::new().with_schema(schema);
+    drop(
+        PgBackend::connect(&node.url(), options.clone())
+            .await
+            .unwrap(),
+    );
+    let raw = node.client().await.unwrap();
+    raw.batch_execute(&format!(
+        "DROP TABLE {schema}.observed; \
+         CREATE TRIGGER entries_inserted AFTER INSERT ON {schema}.entries \
+             REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT \
+             EXECUTE FUNCTION {schema}.entries_changed(); \
+         DELETE FROM {schema}.schema_version WHERE version = 2"
+    ))
+    .await
+    .unwrap();
+    let b = PgBackend::connect(&node.url(), options).await.unwrap();
+    let version: i32 = raw
+        .query_one(
+            &format!("SELECT max(version) FROM {schema}.schema_version"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 2);
+    let session = Session::new(b.clone()).await.unwrap();
+    let name = test_name("migrated");
+    let mut heads = b.observe_head(&name);
+    let guard = Mutex::new(&session, &name).unwrap().lock().await.unwrap();
+    loop {
+        let event = within(
+            "the observer",
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut heads),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        if let baton::HeadEvent::Head(Some(head)) = event {
+            assert_eq!(head.token(), guard.fencing_token());
+            break;
+        }
+    }
+    guard.unlock().await.unwrap();
+    session.close().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------
 // Faults on a real server: each test runs a server of its own.
 
@@ -586,11 +641,12 @@ async fn one_release_notifies_one_waiter() {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(Ok(m)) = messages.next().await {
             if let AsyncMessage::Notification(n) = m {
-                let _ = tx.send(n.channel().to_owned());
+                let _ = tx.send((n.channel().to_owned(), n.payload().to_owned()));
             }
         }
     });
-    for e in b.entries(&name).await.unwrap() {
+    let queued = b.entries(&name).await.unwrap();
+    for e in &queued {
         let channel: String = raw
             .query_one("SELECT baton.chan('e', $1)", &[&e.key()])
             .await
@@ -600,6 +656,16 @@ async fn one_release_notifies_one_waiter() {
             .await
             .unwrap();
     }
+    // The queue's channel too, without registering as an observer: nobody observes this
+    // queue, so its changes are not announced at all.
+    let queue_channel: String = raw
+        .query_one("SELECT baton.chan('q', $1)", &[&name])
+        .await
+        .unwrap()
+        .get(0);
+    raw.batch_execute(&format!("LISTEN {queue_channel}"))
+        .await
+        .unwrap();
     raw.batch_execute("LISTEN marker_one_notify").await.unwrap();
     guard.unlock().await.unwrap();
     let next = within(
@@ -613,19 +679,22 @@ async fn one_release_notifies_one_waiter() {
     raw.batch_execute("NOTIFY marker_one_notify").await.unwrap();
     let mut notified = Vec::new();
     loop {
-        let channel = within("the marker", Duration::from_secs(10), heard.recv())
+        let (channel, payload) = within("the marker", Duration::from_secs(10), heard.recv())
             .await
             .unwrap();
         if channel == "marker_one_notify" {
             break;
         }
-        notified.push(channel);
+        notified.push(payload);
     }
+    // The released entry's token, and the head it left: the next waiter, which is granted
+    // from this notice without reading the queue.
     assert_eq!(
-        notified.len(),
-        1,
-        "one notification per release: {notified:?}"
+        notified,
+        vec![format!("{} {}", queued[0].token(), queued[1].token())],
+        "one notification per release, naming the new head"
     );
+    assert_eq!(next.fencing_token(), queued[1].token());
     next.unlock().await.unwrap();
     for s in sessions {
         s.close().await.unwrap();

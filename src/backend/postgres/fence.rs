@@ -195,8 +195,7 @@ impl PgFence {
         let (rows, maybe_applied) = self
             .backend
             .request("fence", |c| async move {
-                PgBackend::query(
-                    &c,
+                c.query(
                     accept,
                     &[
                         (&resource, Type::TEXT),
@@ -225,7 +224,7 @@ impl PgFence {
         let rows = self
             .backend
             .read_request("fence", |c| async move {
-                PgBackend::query(&c, why, &[(&resource, Type::TEXT)]).await
+                c.query(why, &[(&resource, Type::TEXT)]).await
             })
             .await?;
         refusal(resource, ticket, rows.first())
@@ -250,7 +249,7 @@ impl Fence for PgFence {
         let rows = self
             .backend
             .read_request("fence", |c| async move {
-                PgBackend::query(&c, read, &[(&resource, Type::TEXT)]).await
+                c.query(read, &[(&resource, Type::TEXT)]).await
             })
             .await?;
         Ok(rows.first().map(|r| {

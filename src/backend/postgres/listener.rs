@@ -7,6 +7,10 @@
 //! the subscribers of their channel. PostgreSQL drops the notifications of a connection that
 //! is lost, so after every reconnect every subscriber is told [`Heard::Reconnected`] and
 //! looks again.
+//!
+//! A queue's channel (an observer's) is also registered in the schema's `observed` table, by
+//! this connection's backend pid, in the transaction that LISTENs: the triggers announce a
+//! queue's changes only while someone observes it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,15 +84,16 @@ fn lock(subs: &StdMutex<Subscribers>) -> std::sync::MutexGuard<'_, Subscribers> 
 }
 
 impl Listener {
-    /// Starts the task (on the current runtime) that connects to `target` and listens.
-    pub(super) fn start(target: Arc<Target>) -> Listener {
+    /// Starts the task (on the current runtime) that connects to `target` and listens, for
+    /// the backend on `schema`.
+    pub(super) fn start(target: Arc<Target>, schema: String) -> Listener {
         let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             subscribers: StdMutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             commands,
         });
-        tokio::spawn(run(target, Arc::downgrade(&shared), rx));
+        tokio::spawn(run(target, schema, Arc::downgrade(&shared), rx));
         Listener { shared }
     }
 
@@ -138,8 +143,45 @@ fn dispatch(shared: &Shared, channel: Option<&str>, heard: &Heard) {
     }
 }
 
+/// How many channels stay listened before those nobody waits on are given up.
+const IDLE_CHANNELS: usize = 128;
+
+/// Whether `channel` is a queue's (an observer's): `chan('q', ..)` in the schema.
+fn is_queue_channel(channel: &str) -> bool {
+    channel.starts_with("bq")
+}
+
+/// LISTEN on `channel`, registering it in `observed` if it is a queue's. (Channel names are
+/// `b`, a kind letter and hex digits: nothing to quote.)
+fn listen_sql(schema: &str, channel: &str) -> String {
+    if is_queue_channel(channel) {
+        format!(
+            "LISTEN {channel}; \
+             DELETE FROM {schema}.observed WHERE pid <> ALL (SELECT pid FROM pg_stat_activity \
+               WHERE pid IS NOT NULL); \
+             INSERT INTO {schema}.observed (channel, pid) VALUES ('{channel}', pg_backend_pid()) \
+               ON CONFLICT DO NOTHING;"
+        )
+    } else {
+        format!("LISTEN {channel};")
+    }
+}
+
+/// UNLISTEN on `channel`, and its registration gone if it is a queue's.
+fn unlisten_sql(schema: &str, channel: &str) -> String {
+    if is_queue_channel(channel) {
+        format!(
+            "UNLISTEN {channel}; \
+             DELETE FROM {schema}.observed WHERE channel = '{channel}' AND pid = pg_backend_pid();"
+        )
+    } else {
+        format!("UNLISTEN {channel};")
+    }
+}
+
 async fn run(
     target: Arc<Target>,
+    schema: String,
     shared: Weak<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
@@ -163,7 +205,6 @@ async fn run(
                 continue;
             }
         };
-        backoff = Duration::from_millis(50);
         // Notifications go straight to their subscribers from the connection's own task.
         let (dead_tx, mut dead) = oneshot::channel::<()>();
         let weak = shared.clone();
@@ -188,10 +229,17 @@ async fn run(
         let wanted: Vec<String> = lock(&strong.subscribers).keys().cloned().collect();
         drop(strong);
         let mut listening: HashSet<String> = HashSet::new();
-        let sql: String = wanted.iter().map(|c| format!("LISTEN {c};")).collect();
-        if !sql.is_empty() && client.batch_execute(&sql).await.is_err() {
+        // One transaction: LISTENs and registrations take effect together.
+        let sql: String = wanted.iter().map(|c| listen_sql(&schema, c)).collect();
+        if !sql.is_empty()
+            && let Err(e) = client.batch_execute(&sql).await
+        {
+            tracing::debug!(error = %e, "the LISTEN connection could not listen; reconnecting");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(1));
             continue;
         }
+        backoff = Duration::from_millis(50);
         listening.extend(wanted);
         if !first && let Some(strong) = shared.upgrade() {
             dispatch(&strong, None, &Heard::Reconnected);
@@ -209,7 +257,7 @@ async fn run(
                 Command::Listen(channel, ack) => {
                     if !listening.contains(&channel) {
                         if client
-                            .batch_execute(&format!("LISTEN {channel}"))
+                            .batch_execute(&listen_sql(&schema, &channel))
                             .await
                             .is_err()
                         {
@@ -225,16 +273,39 @@ async fn run(
                     let Some(strong) = shared.upgrade() else {
                         return;
                     };
-                    let wanted = lock(&strong.subscribers).contains_key(&channel);
+                    // An entry's channel nobody waits on stays listened for a while: the same
+                    // keys are waited on again and again (a session's entry in a lock keeps its
+                    // key), and each LISTEN or UNLISTEN is a transaction. Once more than
+                    // IDLE_CHANNELS are listened, those nobody waits on go in one UNLISTEN.
+                    // A queue's channel goes at once (its registration makes the triggers
+                    // announce that queue's changes).
+                    let idle: Vec<String> = {
+                        let subscribers = lock(&strong.subscribers);
+                        if is_queue_channel(&channel) {
+                            vec![channel]
+                                .into_iter()
+                                .filter(|c| !subscribers.contains_key(c) && listening.contains(c))
+                                .collect()
+                        } else if listening.len() > IDLE_CHANNELS {
+                            listening
+                                .iter()
+                                .filter(|c| !is_queue_channel(c) && !subscribers.contains_key(*c))
+                                .cloned()
+                                .collect()
+                        } else {
+                            Vec::new()
+                        }
+                    };
                     drop(strong);
-                    if !wanted
-                        && listening.remove(&channel)
-                        && client
-                            .batch_execute(&format!("UNLISTEN {channel}"))
-                            .await
-                            .is_err()
-                    {
+                    if idle.is_empty() {
+                        continue;
+                    }
+                    let sql: String = idle.iter().map(|c| unlisten_sql(&schema, c)).collect();
+                    if client.batch_execute(&sql).await.is_err() {
                         break;
+                    }
+                    for c in &idle {
+                        listening.remove(c);
                     }
                 }
             }

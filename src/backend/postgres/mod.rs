@@ -2,6 +2,7 @@
 //! every state change one call of a PL/pgSQL function, waits woken by LISTEN/NOTIFY.
 //! docs/postgres.md says what it promises and what it needs from the server.
 
+mod conn;
 mod fence;
 mod listener;
 mod observe;
@@ -18,9 +19,10 @@ use md5::{Digest, Md5};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
 
+use self::conn::Conn;
 use self::listener::{Heard, Listener};
 use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
 use crate::error::{BoxError, Error, LostReason, Result, Where};
@@ -204,7 +206,7 @@ impl Sql {
 #[derive(Debug)]
 struct Inner {
     target: Arc<Target>,
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    client: tokio::sync::Mutex<Option<Arc<Conn>>>,
     listener: Listener,
     sql: Sql,
     request_timeout: Duration,
@@ -262,6 +264,10 @@ fn classify(op: &'static str, e: tokio_postgres::Error) -> Failure {
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::LOCK_NOT_AVAILABLE
         || code.code().starts_with("08")
+        // A statement prepared on this connection whose result type a migration changed:
+        // refused before it ran; the connection (and its statements) is replaced.
+        || (*code == SqlState::FEATURE_NOT_SUPPORTED
+            && db.message().starts_with("cached plan must not change result type"))
     {
         // The transaction was rolled back (or never ran): not applied.
         return Failure::Transient(e.into());
@@ -380,11 +386,11 @@ impl PgBackend {
         migrate(&mut client, &options.schema)
             .await
             .map_err(|e| e.at_endpoint(&target.endpoint))?;
-        let listener = Listener::start(Arc::clone(&target));
+        let listener = Listener::start(Arc::clone(&target), options.schema.clone());
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 target,
-                client: tokio::sync::Mutex::new(Some(Arc::new(client))),
+                client: tokio::sync::Mutex::new(Some(Arc::new(Conn::new(client)))),
                 listener,
                 sql: Sql::new(&options.schema),
                 request_timeout: options.request_timeout,
@@ -407,7 +413,7 @@ impl PgBackend {
     }
 
     /// The request connection, connected if needed.
-    async fn client(&self) -> std::result::Result<Arc<Client>, BoxError> {
+    async fn client(&self) -> std::result::Result<Arc<Conn>, BoxError> {
         let mut slot = self.inner.client.lock().await;
         if let Some(client) = slot.as_ref()
             && !client.is_closed()
@@ -424,14 +430,14 @@ impl PgBackend {
         tokio::spawn(async move {
             let _ = connection.await;
         });
-        let client = Arc::new(client);
+        let client = Arc::new(Conn::new(client));
         *slot = Some(Arc::clone(&client));
         Ok(client)
     }
 
     /// Drops `client` so that the next request reconnects (it timed out or broke: requests
     /// behind it would wait on it).
-    async fn forget(&self, client: &Arc<Client>) {
+    async fn forget(&self, client: &Arc<Conn>) {
         let mut slot = self.inner.client.lock().await;
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, client)) {
             *slot = None;
@@ -442,7 +448,7 @@ impl PgBackend {
     /// whether an earlier attempt may have been applied.
     async fn request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<(T, bool)>
     where
-        F: Fn(Arc<Client>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     {
         let started = Instant::now();
@@ -505,7 +511,7 @@ impl PgBackend {
     /// A read: whether an earlier attempt was applied does not matter.
     async fn read_request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<T>
     where
-        F: Fn(Arc<Client>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     {
         match self.request(op, attempt).await {
@@ -519,7 +525,7 @@ impl PgBackend {
     /// refusal anyone can prove.
     async fn conditional<F, Fut>(&self, op: &'static str, attempt: F) -> Result<bool>
     where
-        F: Fn(Arc<Client>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<bool, tokio_postgres::Error>>,
     {
         match self.request(op, attempt).await? {
@@ -536,14 +542,6 @@ impl PgBackend {
 
     fn next_stamp(&self) -> i64 {
         self.inner.stamps.fetch_add(1, Ordering::Relaxed)
-    }
-
-    async fn query(
-        client: &Client,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> std::result::Result<Vec<Row>, tokio_postgres::Error> {
-        client.query_typed(sql, params).await
     }
 
     /// Waits on `channel` until `check` says done (`Some`), looking again after every
@@ -592,6 +590,40 @@ impl PgBackend {
                 }
             }
         }
+    }
+}
+
+impl PgBackend {
+    /// Waits until `entry` (this incarnation) is gone. Returns the token of the head its
+    /// queue had in the deleting transaction, when a notification said so.
+    async fn await_deletion(&self, entry: &Entry) -> Result<Option<i64>> {
+        let sql = &self.inner.sql.alive;
+        let key = entry.key();
+        let token = token_of(entry);
+        let check = || async move {
+            let left = self
+                .read_request("wait_gone", |c| async move {
+                    let rows = c
+                        .query(sql, &[(&key, Type::TEXT), (&token, Type::INT8)])
+                        .await?;
+                    Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0)))
+                })
+                .await?;
+            Ok(match left {
+                None => Ok(None),
+                // Look again just after the lease could have expired, to end it if it did.
+                Some(left) => Err(Some(ms(left) + Duration::from_millis(5))),
+            })
+        };
+        // The deleting transaction's NOTIFY carries the token it deleted (that incarnation is
+        // gone, no need to read it again) and the head of the queue it left, if any.
+        let token_text = token.to_string();
+        self.wait_on(self.inner.sql.channel('e', key), check, |payload| {
+            let mut words = payload.split(' ');
+            (words.next() == Some(token_text.as_str()))
+                .then(|| words.next().and_then(|head| head.parse().ok()))
+        })
+        .await
     }
 }
 
@@ -749,7 +781,7 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.grant;
         let (id, _) = self
             .request("grant_lease", |c| async move {
-                let rows = Self::query(&c, sql, &[(&ttl_ms, Type::INT8)]).await?;
+                let rows = c.query(sql, &[(&ttl_ms, Type::INT8)]).await?;
                 Ok(rows.first().map(|r| r.get::<_, i64>(0)))
             })
             .await?;
@@ -765,7 +797,7 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.renew;
         let id = lease.get();
         self.read_request("keep_alive", |c| async move {
-            let rows = Self::query(&c, sql, &[(&id, Type::INT8)]).await?;
+            let rows = c.query(sql, &[(&id, Type::INT8)]).await?;
             Ok(rows
                 .first()
                 .and_then(|r| r.get::<_, Option<i64>>(0))
@@ -778,7 +810,7 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.revoke;
         let id = lease.get();
         self.read_request("revoke_lease", |c| async move {
-            c.execute_typed(sql, &[(&id, Type::INT8)]).await.map(drop)
+            c.execute(sql, &[(&id, Type::INT8)]).await.map(drop)
         })
         .await
     }
@@ -796,18 +828,18 @@ impl Backend for PgBackend {
         let key = format!("{queue}/{tag}");
         let (row, _) = self
             .request("enqueue", |c| async move {
-                let rows = Self::query(
-                    &c,
-                    sql,
-                    &[
-                        (&queue, Type::TEXT),
-                        (&tag, Type::TEXT),
-                        (&id, Type::INT8),
-                        (&value, Type::BYTEA),
-                        (&stamp, Type::INT8),
-                    ],
-                )
-                .await?;
+                let rows = c
+                    .query(
+                        sql,
+                        &[
+                            (&queue, Type::TEXT),
+                            (&tag, Type::TEXT),
+                            (&id, Type::INT8),
+                            (&value, Type::BYTEA),
+                            (&stamp, Type::INT8),
+                        ],
+                    )
+                    .await?;
                 Ok(rows.into_iter().next())
             })
             .await
@@ -856,7 +888,7 @@ impl Backend for PgBackend {
         let key = format!("{queue}/{tag}");
         let key = &key;
         self.read_request("find_entry", |c| async move {
-            let rows = Self::query(&c, sql, &[(key, Type::TEXT)]).await?;
+            let rows = c.query(sql, &[(key, Type::TEXT)]).await?;
             Ok(rows.first().map(|r| entry_from(r, 0)))
         })
         .await
@@ -870,12 +902,12 @@ impl Backend for PgBackend {
         // Above every stamp an enqueue of this process sent before now.
         let stamp = self.next_stamp();
         self.read_request("abandon", |c| async move {
-            let rows = Self::query(
-                &c,
-                sql,
-                &[(key, Type::TEXT), (&id, Type::INT8), (&stamp, Type::INT8)],
-            )
-            .await?;
+            let rows = c
+                .query(
+                    sql,
+                    &[(key, Type::TEXT), (&id, Type::INT8), (&stamp, Type::INT8)],
+                )
+                .await?;
             Ok(rows.first().and_then(|r| {
                 let token: Option<i64> = r.get(0);
                 token.map(|token| {
@@ -906,8 +938,7 @@ impl Backend for PgBackend {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .read_request("ahead", |c| async move {
-                Self::query(
-                    &c,
+                c.query(
                     sql,
                     &[
                         (lo, Type::TEXT),
@@ -938,30 +969,17 @@ impl Backend for PgBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        let sql = &self.inner.sql.alive;
-        let key = entry.key();
-        let token = token_of(entry);
-        let check = || async move {
-            let left = self
-                .read_request("wait_gone", |c| async move {
-                    let rows =
-                        Self::query(&c, sql, &[(&key, Type::TEXT), (&token, Type::INT8)]).await?;
-                    Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0)))
-                })
-                .await?;
-            Ok(match left {
-                None => Ok(()),
-                // Look again just after the lease could have expired, to end it if it did.
-                Some(left) => Err(Some(ms(left) + Duration::from_millis(5))),
-            })
-        };
-        // The deleting transaction's NOTIFY carries the token it deleted: that incarnation
-        // is gone, no need to read it again.
-        let token_text = token.to_string();
-        self.wait_on(self.inner.sql.channel('e', key), check, |payload| {
-            (payload == token_text).then_some(())
-        })
-        .await
+        self.await_deletion(entry).await.map(drop)
+    }
+
+    async fn wait_gone_then_head(&self, predecessor: &Entry, mine: &Entry) -> Result<bool> {
+        // The deleting transaction's notice names the head it left behind: no read needed
+        // when that is `mine` (present, live, nothing older, in the state that deletion
+        // committed).
+        if self.await_deletion(predecessor).await? == Some(token_of(mine)) {
+            return Ok(true);
+        }
+        Ok(self.was_head(mine).await.unwrap_or(false))
     }
 
     async fn head(&self, queue: &str) -> Result<Option<Entry>> {
@@ -969,7 +987,7 @@ impl Backend for PgBackend {
         let (lo, hi) = range(queue);
         let (lo, hi) = (&lo, &hi);
         self.read_request("head", |c| async move {
-            let rows = Self::query(&c, sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
+            let rows = c.query(sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
             Ok(rows.first().map(|r| entry_from(r, 0)))
         })
         .await
@@ -980,7 +998,7 @@ impl Backend for PgBackend {
         let (lo, hi) = range(queue);
         let (lo, hi) = (&lo, &hi);
         self.read_request("entries", |c| async move {
-            let rows = Self::query(&c, sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
+            let rows = c.query(sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
             Ok(rows.iter().map(|r| entry_from(r, 0)).collect())
         })
         .await
@@ -992,7 +1010,7 @@ impl Backend for PgBackend {
         let token = token_of(entry);
         self.conditional("delete_entry", |c| async move {
             let n = c
-                .execute_typed(sql, &[(&key, Type::TEXT), (&token, Type::INT8)])
+                .execute(sql, &[(&key, Type::TEXT), (&token, Type::INT8)])
                 .await?;
             Ok(n == 1)
         })
@@ -1005,7 +1023,7 @@ impl Backend for PgBackend {
         let token = token_of(entry);
         self.conditional("update_entry", |c| async move {
             let n = c
-                .execute_typed(
+                .execute(
                     sql,
                     &[
                         (&key, Type::TEXT),
@@ -1042,18 +1060,18 @@ impl Backend for PgBackend {
         }
         let (kinds, keys, values) = (&kinds, &keys, &values);
         self.conditional("guarded", |c| async move {
-            let rows = Self::query(
-                &c,
-                sql,
-                &[
-                    (&key, Type::TEXT),
-                    (&token, Type::INT8),
-                    (kinds, Type::TEXT_ARRAY),
-                    (keys, Type::TEXT_ARRAY),
-                    (values, Type::BYTEA_ARRAY),
-                ],
-            )
-            .await?;
+            let rows = c
+                .query(
+                    sql,
+                    &[
+                        (&key, Type::TEXT),
+                        (&token, Type::INT8),
+                        (kinds, Type::TEXT_ARRAY),
+                        (keys, Type::TEXT_ARRAY),
+                        (values, Type::BYTEA_ARRAY),
+                    ],
+                )
+                .await?;
             Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
         })
         .await
@@ -1062,7 +1080,7 @@ impl Backend for PgBackend {
     async fn read(&self, key: &str) -> Result<Option<Vec<u8>>> {
         let sql = &self.inner.sql.read;
         self.read_request("read", |c| async move {
-            let rows = Self::query(&c, sql, &[(&key, Type::TEXT)]).await?;
+            let rows = c.query(sql, &[(&key, Type::TEXT)]).await?;
             Ok(rows.first().map(|r| r.get::<_, Vec<u8>>(0)))
         })
         .await
@@ -1071,16 +1089,16 @@ impl Backend for PgBackend {
     async fn swap(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<bool> {
         let sql = &self.inner.sql.swap;
         self.conditional("swap", |c| async move {
-            let rows = Self::query(
-                &c,
-                sql,
-                &[
-                    (&key, Type::TEXT),
-                    (&expected, Type::BYTEA),
-                    (&new, Type::BYTEA),
-                ],
-            )
-            .await?;
+            let rows = c
+                .query(
+                    sql,
+                    &[
+                        (&key, Type::TEXT),
+                        (&expected, Type::BYTEA),
+                        (&new, Type::BYTEA),
+                    ],
+                )
+                .await?;
             Ok(rows.first().is_some_and(|r| r.get::<_, bool>(0)))
         })
         .await
@@ -1103,7 +1121,7 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.lease_ttl;
         let id = lease.get();
         self.read_request("lease_ttl", |c| async move {
-            let rows = Self::query(&c, sql, &[(&id, Type::INT8)]).await?;
+            let rows = c.query(sql, &[(&id, Type::INT8)]).await?;
             Ok(rows.first().map(|r| ms(r.get::<_, i64>(0))))
         })
         .await

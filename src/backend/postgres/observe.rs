@@ -212,7 +212,7 @@ impl Observer {
         let rows = self
             .backend
             .read_request("observe", |c| async move {
-                PgBackend::query(&c, sql, &[(queue, Type::TEXT), (m, Type::TEXT)]).await
+                c.query(sql, &[(queue, Type::TEXT), (m, Type::TEXT)]).await
             })
             .await?;
         self.by_token.clear();
@@ -253,7 +253,8 @@ impl Observer {
             let rows = self
                 .backend
                 .read_request("observe", |c| async move {
-                    PgBackend::query(&c, sql, &[(queue, Type::TEXT), (&lease, Type::INT8)]).await
+                    c.query(sql, &[(queue, Type::TEXT), (&lease, Type::INT8)])
+                        .await
                 })
                 .await?;
             let Some(row) = rows.first() else {

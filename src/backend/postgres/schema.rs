@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// The migrations, in order; migration `i` brings the schema to version `i + 1`.
-pub(super) const MIGRATIONS: &[&str] = &[V1];
+pub(super) const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// Version 1.
 ///
@@ -282,6 +282,133 @@ BEGIN
         WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
         ORDER BY e.token LIMIT 1;
     cand_live := EXISTS (SELECT 1 FROM {s}.leases WHERE id = cand AND deadline > clock_timestamp());
+END $$;
+"#;
+
+/// Version 2: the hot path made cheaper (docs/design.md, 2026-11-26). A deletion's
+/// notification names the head its queue has then; queue notifications only for observed
+/// queues (`observed`); the enqueue announces its entry itself (no insert trigger) and builds
+/// its queue prefixes without a planned set-returning function.
+const V2: &str = r#"
+-- The queue channels someone LISTENs on (an observer's listening connection, by its backend
+-- pid): the triggers announce a queue's changes only while it has a row here. Each listening
+-- connection adds its row before its observer reads the queue, and removes it when it stops
+-- listening; rows of connections that are gone are removed by the next one that adds.
+CREATE TABLE {s}.observed (
+    channel text NOT NULL,
+    pid     integer NOT NULL,
+    PRIMARY KEY (channel, pid)
+);
+
+-- Every change of entries is announced: a deleted entry on its own channel (the one waiter
+-- of that entry wakes; the payload is its token and the head its queue has now), and every
+-- change on the channel of each observed queue the entry is in (for observers: see
+-- `observed`), one notification per statement and queue, rows in token order.
+CREATE OR REPLACE FUNCTION {s}.entries_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        -- With the token: the head of the entry's queue now, which spares its waiter a read.
+        PERFORM pg_notify({s}.chan('e', g.key), g.token::text || coalesce(' ' || (
+                SELECT n.token FROM {s}.entries n JOIN {s}.leases ls ON ls.id = n.lease
+                WHERE n.key >= (g.q || '/') COLLATE "C" AND n.key < (g.q || '0') COLLATE "C"
+                  AND ls.deadline > clock_timestamp()
+                ORDER BY n.token LIMIT 1), ''))
+            FROM (SELECT key, token, left(key, length(key) - strpos(reverse(key), '/')) AS q
+                  FROM gone) AS g;
+        IF NOT EXISTS (SELECT 1 FROM {s}.observed) THEN
+            RETURN NULL;
+        END IF;
+        FOR r IN
+            SELECT q, string_agg('D ' || token || ' ' || encode(convert_to(key, 'UTF8'), 'hex'),
+                                 E'\n' ORDER BY token) AS body
+            FROM gone, LATERAL {s}.queues_of(key) AS q
+            WHERE {s}.chan('q', q) IN (SELECT channel FROM {s}.observed) GROUP BY q
+        LOOP
+            PERFORM pg_notify({s}.chan('q', r.q),
+                              CASE WHEN length(r.body) > 7000 THEN 'R' ELSE r.body END);
+        END LOOP;
+    ELSIF EXISTS (SELECT 1 FROM {s}.observed) THEN
+        FOR r IN
+            SELECT q, string_agg('P ' || token || ' ' || lease || ' '
+                                 || encode(convert_to(key, 'UTF8'), 'hex') || ' '
+                                 || encode(value, 'hex'), E'\n' ORDER BY token) AS body
+            FROM fresh, LATERAL {s}.queues_of(key) AS q
+            WHERE {s}.chan('q', q) IN (SELECT channel FROM {s}.observed) GROUP BY q
+        LOOP
+            PERFORM pg_notify({s}.chan('q', r.q),
+                              CASE WHEN length(r.body) > 7000 THEN 'R' ELSE r.body END);
+        END LOOP;
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER entries_inserted ON {s}.entries;
+
+-- Creates `q/t` for lease `l` unless it exists, and reads the newest live entry before it.
+-- status: 'ok', 'lost' (the lease is gone or expired), 'abandoned' (the caller gave up on
+-- this request before it arrived).
+CREATE OR REPLACE FUNCTION {s}.enqueue(q text, t text, l bigint, v bytea, stamp bigint,
+    OUT status text, OUT e_token bigint, OUT e_lease bigint, OUT e_value bytea,
+    OUT p_key text, OUT p_token bigint, OUT p_lease bigint, OUT p_value bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k text := q || '/' || t;
+    part text;
+    qn text;
+    body text;
+BEGIN
+    -- The queues `k` is in (what queues_of(k) says, shortest first), built here in a loop:
+    -- that set-returning SQL function was planned again at every call.
+    FOREACH part IN ARRAY string_to_array(q, '/') LOOP
+        qn := CASE WHEN qn IS NULL THEN part ELSE qn || '/' || part END;
+        IF qn <> '' THEN
+            PERFORM pg_advisory_xact_lock({class}, hashtext('{s}|' || qn));
+        END IF;
+    END LOOP;
+    -- Whoever finds a lease expired ends it, in the transaction that decides the head
+    -- (end_expired's statement, inline: a nested function call costs more than the statement).
+    DELETE FROM {s}.leases WHERE id IN (
+        SELECT e.lease FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
+          AND ls.deadline <= clock_timestamp())
+      AND deadline <= clock_timestamp();
+    SELECT e.token, e.lease, e.value INTO e_token, e_lease, e_value
+        FROM {s}.entries e WHERE e.key = k;
+    IF NOT FOUND THEN
+        PERFORM 1 FROM {s}.leases WHERE id = l AND deadline > clock_timestamp() FOR SHARE;
+        IF NOT FOUND THEN
+            status := 'lost';
+            RETURN;
+        END IF;
+        PERFORM 1 FROM {s}.leases WHERE id = l AND abandoned < stamp;
+        IF NOT FOUND THEN
+            status := 'abandoned';
+            RETURN;
+        END IF;
+        e_token := nextval('{s}.tokens');
+        INSERT INTO {s}.entries (key, token, lease, value) VALUES (k, e_token, l, v);
+        -- Announced here rather than by a trigger (enqueue is the only insert; a statement
+        -- trigger's transition table cost every enqueue more than this test).
+        IF EXISTS (SELECT 1 FROM {s}.observed) THEN
+            FOR qn IN SELECT x FROM {s}.queues_of(k) AS x
+                      WHERE {s}.chan('q', x) IN (SELECT channel FROM {s}.observed)
+            LOOP
+                body := 'P ' || e_token || ' ' || l || ' ' || encode(convert_to(k, 'UTF8'), 'hex')
+                    || ' ' || encode(v, 'hex');
+                PERFORM pg_notify({s}.chan('q', qn),
+                                  CASE WHEN length(body) > 7000 THEN 'R' ELSE body END);
+            END LOOP;
+        END IF;
+        e_lease := l;
+        e_value := v;
+    END IF;
+    SELECT e.key, e.token, e.lease, e.value INTO p_key, p_token, p_lease, p_value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND e.token < e_token
+          AND ls.deadline > clock_timestamp()
+        ORDER BY e.token DESC LIMIT 1;
+    status := 'ok';
 END $$;
 "#;
 

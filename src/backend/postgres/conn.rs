@@ -1,0 +1,80 @@
+//! The request connection, with the statements prepared on it.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row, Statement};
+
+/// One request connection. Each distinct SQL text is prepared (named) on first use and kept
+/// for the connection's life, so the server parses and plans it once per connection instead of
+/// once per request: at the queue's rate, planning was the larger part of the server's time
+/// (docs/design.md, 2026-11-26).
+#[derive(Debug)]
+pub(super) struct Conn {
+    client: Client,
+    prepared: Mutex<HashMap<String, Statement>>,
+}
+
+/// A parameter and its PostgreSQL type.
+pub(super) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+
+impl Conn {
+    pub(super) fn new(client: Client) -> Conn {
+        Conn {
+            client,
+            prepared: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the connection is closed (a request would fail at once).
+    pub(super) fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    async fn statement(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Statement, tokio_postgres::Error> {
+        let cached = self
+            .prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(sql)
+            .cloned();
+        if let Some(statement) = cached {
+            return Ok(statement);
+        }
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        // Two tasks may prepare the same text at once: both statements work, one is kept.
+        let statement = self.client.prepare_typed(sql, &types).await?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
+
+    /// Runs `sql` (prepared on first use) and returns its rows.
+    pub(super) async fn query(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let statement = self.statement(sql, params).await?;
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        self.client.query(&statement, &values).await
+    }
+
+    /// Runs `sql` (prepared on first use) and returns how many rows it changed.
+    pub(super) async fn execute(
+        &self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let statement = self.statement(sql, params).await?;
+        let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+        self.client.execute(&statement, &values).await
+    }
+}
