@@ -2,9 +2,11 @@
 # Builds the PostgreSQL image the tests run, with no container registry: a root filesystem holding
 # Debian's postgres, initdb, pg_ctl, psql and pg_isready, the share files and extension modules
 # they load, the shared libraries `ldd` lists, dash as /bin/sh (initdb runs postgres through
-# popen) and a small entrypoint, loaded by `docker import`. Installs Debian's postgresql package
-# (with --no-install-recommends) if it is missing. Tags it local/postgres:<Debian version> and
-# local/postgres:debian. Prints the versioned name (also written to target/postgres-image) on
+# popen) and a small entrypoint, loaded by `docker import`; and Debian's pgbouncer beside it, for
+# the tests of baton behind a pooler (started in the container by the fixture, not by the
+# entrypoint). Installs Debian's postgresql and pgbouncer packages (with
+# --no-install-recommends) if they are missing. Tags it
+# local/postgres:<postgres version>-pgbouncer<pgbouncer version> and local/postgres:debian. Prints the versioned name (also written to target/postgres-image) on
 # stdout.
 #
 # The image runs a throwaway cluster, as the non-root user postgres, with host networking only:
@@ -21,17 +23,23 @@ cd "$(dirname "$0")/.."
 # shellcheck source=image-lib.sh
 . scripts/image-lib.sh
 
-if ! dpkg-query -W -f='${Status}' postgresql 2>/dev/null | grep -q 'ok installed'; then
-  echo "installing postgresql" >&2
+missing=()
+for package in postgresql pgbouncer; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'ok installed' ||
+    missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # The metapackage depends on the distribution's supported major version (15 on Debian 12).
 major=$(dpkg-query -W -f='${Depends}' postgresql | grep -o 'postgresql-[0-9]\+' | head -n 1)
 major=${major#postgresql-}
 version=$(dpkg-query -W -f='${Version}' "postgresql-$major" | sed 's/[^A-Za-z0-9_.-]/_/g')
-image="local/postgres:${version}"
+pgbouncer=$(dpkg-query -W -f='${Version}' pgbouncer | sed 's/[^A-Za-z0-9_.-]/_/g')
+image="local/postgres:${version}-pgbouncer${pgbouncer}"
 mkdir -p target
 reuse_image "$image" postgres
 
@@ -50,6 +58,7 @@ chmod 1777 "$root/tmp"
 for bin in postgres initdb pg_ctl psql pg_isready; do
   copy_with_libs "$bindir/$bin" "$bindir/$bin"
 done
+copy_with_libs /usr/sbin/pgbouncer /usr/bin/pgbouncer
 # Modules postgres loads at run time: initdb needs plpgsql and dict_snowball, and the encoding
 # conversions are loaded on demand; contrib extensions are cheap. llvmjit drags in LLVM (over
 # 100 MB), so JIT is left out (the entrypoint sets jit=off); sepgsql needs SELinux.

@@ -757,10 +757,31 @@ async fn a_server_paused_shorter_than_the_ttl_costs_nothing() {
 /// writer is slowed to 10 s so that, without it, the release would not reach the WAL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_survives_a_crash_of_a_server_without_synchronous_commit() {
+    release_survives_a_crash(false).await;
+}
+
+/// The same through a session-mode PgBouncer, which refuses startup options (or drops them,
+/// if told to ignore them): baton sets `synchronous_commit` in the session instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_session_pooler_a_release_survives_a_crash() {
+    release_survives_a_crash(true).await;
+}
+
+async fn release_survives_a_crash(through_a_pooler: bool) {
     let node = PgNode::start_with(&["-c", "wal_writer_delay=10s"])
         .await
         .expect("a PostgreSQL of its own");
-    let backend = node.backend().await.unwrap();
+    let backend = if through_a_pooler {
+        let port = node.start_pgbouncer("session").await.unwrap();
+        PgBackend::connect(
+            &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            PgOptions::new(),
+        )
+        .await
+        .unwrap()
+    } else {
+        node.backend().await.unwrap()
+    };
     let s = session(&backend, Duration::from_secs(30)).await;
     let name = "async-commit/crash";
     let g = Mutex::new(&s, name).unwrap().lock().await.unwrap();
@@ -785,4 +806,54 @@ async fn a_release_survives_a_crash_of_a_server_without_synchronous_commit() {
         again.fencing_token()
     );
     again.unlock().await.unwrap();
+}
+
+/// Behind a transaction-mode pooler the LISTEN connection hears nothing (its server
+/// connection goes back to the pool after each transaction): the connect is refused with
+/// `Misconfigured`, naming the likely cause, instead of waits that would hang until a lease
+/// deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_transaction_pooler_the_connect_is_refused() {
+    let node = PgNode::shared();
+    let port = node.start_pgbouncer("transaction").await.unwrap();
+    let refused = PgBackend::connect(
+        &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        PgOptions::new().with_connect_timeout(Duration::from_secs(2)),
+    )
+    .await;
+    match refused {
+        Err(Error::Misconfigured { source, .. }) => {
+            assert!(
+                source.to_string().contains("transaction-mode pooler"),
+                "{source}"
+            );
+        }
+        other => panic!("expected Misconfigured, got {other:?}"),
+    }
+}
+
+/// Through a session-mode pooler everything works: a waiter is woken by the release (the
+/// LISTEN connection keeps its server session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_session_pooler_a_waiter_is_woken_by_the_release() {
+    let node = PgNode::shared();
+    let port = node.start_pgbouncer("session").await.unwrap();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let b = PgBackend::connect(&url, PgOptions::new()).await.unwrap();
+    let name = test_name("session-pool");
+    let holder = session(&b, Duration::from_secs(60)).await;
+    let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let waiter = session(&b, Duration::from_secs(60)).await;
+    let waiting = support::spawn_queued(&b, &waiter, &name, 2).await;
+    let released = std::time::Instant::now();
+    guard.unlock().await.unwrap();
+    let next = within("the waiter", Duration::from_secs(30), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "woken by the release's NOTIFY, not by a look at the holder's lease deadline (60 s)"
+    );
+    next.unlock().await.unwrap();
 }

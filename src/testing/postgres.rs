@@ -42,6 +42,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct PgNode {
     port: u16,
     container: ContainerAsync<GenericImage>,
+    /// The PgBouncers started in the container (port, the script that starts it): started
+    /// again with the server.
+    poolers: std::sync::Mutex<Vec<(u16, String)>>,
 }
 
 impl PgNode {
@@ -69,7 +72,11 @@ impl PgNode {
         let mut all = vec![port.to_string(), "-c".into(), "max_connections=400".into()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         let container = POSTGRES.start_container_with_files(all, Vec::new()).await?;
-        let node = PgNode { port, container };
+        let node = PgNode {
+            port,
+            container,
+            poolers: std::sync::Mutex::new(Vec::new()),
+        };
         node.wait_ready().await?;
         Ok(node)
     }
@@ -187,7 +194,8 @@ impl PgNode {
     }
 
     /// Starts the server again after a stop, on the same port with the same data, and waits
-    /// until it accepts connections.
+    /// until it accepts connections; and the PgBouncers started in front of it, on their
+    /// ports.
     ///
     /// # Errors
     /// Docker's error, or [`FixtureError::NotReady`] if it does not come up in time.
@@ -199,7 +207,17 @@ impl PgNode {
             .start()
             .await
             .map_err(|e| POSTGRES.container_error(e))?;
-        self.wait_ready().await
+        self.wait_ready().await?;
+        let poolers = self
+            .poolers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for (port, script) in poolers {
+            // Its pid file is still in the container's /tmp; pgbouncer replaces a stale one.
+            self.run_pgbouncer(port, &script).await?;
+        }
+        Ok(())
     }
 
     /// Freezes the server (`docker pause`): connections stay open, nothing answers.
@@ -228,6 +246,68 @@ impl PgNode {
             .unpause()
             .await
             .map_err(|e| POSTGRES.container_error(e))
+    }
+
+    /// Starts PgBouncer (Debian's, from the same image) inside the server's container, in
+    /// front of this server, on a free port of 127.0.0.1, and returns that port. `pool_mode`
+    /// is `session` or `transaction`. Trust authentication for the user `postgres`; it stops
+    /// with the server, and [`start_again`](Self::start_again) starts it again on its port.
+    ///
+    /// # Errors
+    /// Docker's error, or [`FixtureError::NotReady`] if it does not accept connections.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, PgBouncer may be running.
+    pub async fn start_pgbouncer(&self, pool_mode: &str) -> Result<u16, FixtureError> {
+        let port = free_port()?;
+        let name = format!("pgbouncer-{port}");
+        let lines = [
+            "[databases]".to_owned(),
+            format!(
+                "postgres = host=127.0.0.1 port={} dbname=postgres",
+                self.port
+            ),
+            "[pgbouncer]".to_owned(),
+            "listen_addr = 127.0.0.1".to_owned(),
+            format!("listen_port = {port}"),
+            "unix_socket_dir =".to_owned(),
+            "auth_type = trust".to_owned(),
+            format!("auth_file = /tmp/{name}.users"),
+            format!("pool_mode = {pool_mode}"),
+            format!("pidfile = /tmp/{name}.pid"),
+            format!("logfile = /tmp/{name}.log"),
+        ];
+        // The image has no cat: dash's printf writes the files.
+        let quoted: Vec<String> = lines.iter().map(|l| format!("'{l}'")).collect();
+        let script = format!(
+            "printf '%s\\n' {} > /tmp/{name}.ini && printf '\"postgres\" \"\"\\n' > \
+             /tmp/{name}.users && pgbouncer -d /tmp/{name}.ini",
+            quoted.join(" ")
+        );
+        self.run_pgbouncer(port, &script).await?;
+        self.poolers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((port, script));
+        Ok(port)
+    }
+
+    async fn run_pgbouncer(&self, port: u16, script: &str) -> Result<(), FixtureError> {
+        docker(&["exec", self.container.id(), "sh", "-c", script]).await?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: "pgbouncer",
+                    address: format!("127.0.0.1:{port}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
     }
 
     async fn wait_ready(&self) -> Result<(), FixtureError> {

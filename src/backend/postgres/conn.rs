@@ -56,6 +56,15 @@ impl Conn {
         Ok(statement)
     }
 
+    /// Sends a notification on `channel` (an unnamed statement: one round trip, nothing kept
+    /// on the connection).
+    pub(super) async fn notify(&self, channel: &str) -> Result<(), tokio_postgres::Error> {
+        self.client
+            .query_typed("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])
+            .await
+            .map(drop)
+    }
+
     /// Runs `sql` (prepared on first use) and returns its rows.
     pub(super) async fn query(
         &self,

@@ -105,12 +105,38 @@ struct Target {
     /// `PostgreSQL at postgres://host:port/db`, without credentials.
     endpoint: String,
     connect_timeout: Duration,
+    /// Whether request connections set `synchronous_commit = on` (the URL's `options` did
+    /// not name it).
+    synchronous_commit: bool,
 }
 
 async fn connect_client(
     target: &Target,
 ) -> std::result::Result<(Client, Connection<Socket, NoTlsStream>), tokio_postgres::Error> {
     target.config.connect(NoTls).await
+}
+
+/// A request connection: connected, driven on the current runtime, and committing
+/// synchronously.
+///
+/// A grant, a release and a lease are facts others act on once committed, so a commit must
+/// survive a crash of the server: with `synchronous_commit = off` (a server may default to it
+/// for speed) an immediate shutdown loses the last ~0.6 s of acknowledged commits, a released
+/// entry comes back, and its token is granted a second time (the nemesis showed it). `on`
+/// also waits for synchronous standbys. Set per session, for baton's own connections only,
+/// unless the URL's `options` say otherwise; with `SET` rather than in the startup options,
+/// which a pooler (PgBouncer) refuses or drops.
+async fn open_request_connection(
+    target: &Target,
+) -> std::result::Result<Client, tokio_postgres::Error> {
+    let (client, connection) = connect_client(target).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    if target.synchronous_commit {
+        client.batch_execute("SET synchronous_commit = on").await?;
+    }
+    Ok(client)
 }
 
 /// The SQL of every request, rendered for one schema.
@@ -352,26 +378,23 @@ impl PgBackend {
         if config.get_application_name().is_none() {
             config.application_name("baton");
         }
-        // A grant, a release and a lease are facts others act on once committed, so a commit
-        // must survive a crash of the server: with `synchronous_commit = off` (a server may
-        // default to it for speed) an immediate shutdown loses the last ~0.6 s of
-        // acknowledged commits, a released entry comes back, and its token is granted a
-        // second time (the nemesis showed it). `on` also waits for synchronous standbys.
-        // Set for baton's own connections only, unless the URL's `options` say otherwise.
-        let given = config.get_options().unwrap_or_default().to_owned();
-        if !given.contains("synchronous_commit") {
-            config.options(format!("{given} -c synchronous_commit=on").trim());
-        }
+        let synchronous_commit = !config
+            .get_options()
+            .unwrap_or_default()
+            .contains("synchronous_commit");
         let endpoint = format!("PostgreSQL at {}", redact(url));
         let target = Arc::new(Target {
             config,
             endpoint,
             connect_timeout: options.connect_timeout,
+            synchronous_commit,
         });
         let endpoints = || vec![redact(url)];
-        let (mut client, connection) =
-            match tokio::time::timeout(options.connect_timeout, connect_client(&target)).await {
-                Ok(Ok(pair)) => pair,
+        let mut client =
+            match tokio::time::timeout(options.connect_timeout, open_request_connection(&target))
+                .await
+            {
+                Ok(Ok(client)) => client,
                 Ok(Err(e)) => return Err(connect_error(endpoints(), e)),
                 Err(_) => {
                     return Err(Error::Connect {
@@ -380,17 +403,18 @@ impl PgBackend {
                     });
                 }
             };
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
         migrate(&mut client, &options.schema)
             .await
             .map_err(|e| e.at_endpoint(&target.endpoint))?;
         let listener = Listener::start(Arc::clone(&target), options.schema.clone());
+        let client = Conn::new(client);
+        hears_notifications(&listener, &client, options.connect_timeout)
+            .await
+            .map_err(|e| e.at_endpoint(&target.endpoint))?;
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 target,
-                client: tokio::sync::Mutex::new(Some(Arc::new(Conn::new(client)))),
+                client: tokio::sync::Mutex::new(Some(Arc::new(client))),
                 listener,
                 sql: Sql::new(&options.schema),
                 request_timeout: options.request_timeout,
@@ -421,15 +445,12 @@ impl PgBackend {
             return Ok(Arc::clone(client));
         }
         *slot = None;
-        let (client, connection) = tokio::time::timeout(
+        let client = tokio::time::timeout(
             self.inner.target.connect_timeout,
-            connect_client(&self.inner.target),
+            open_request_connection(&self.inner.target),
         )
         .await
         .map_err(|_| -> BoxError { "no answer within the connect timeout".into() })??;
-        tokio::spawn(async move {
-            let _ = connection.await;
-        });
         let client = Arc::new(Conn::new(client));
         *slot = Some(Arc::clone(&client));
         Ok(client)
@@ -624,6 +645,50 @@ impl PgBackend {
                 .then(|| words.next().and_then(|head| head.parse().ok()))
         })
         .await
+    }
+}
+
+/// Checks that the LISTEN connection hears a notification the request connection sends.
+/// Behind a transaction-mode pooler it does not (the LISTEN's server connection goes back to
+/// the pool once its transaction ends, and a notification for it reaches whichever client
+/// holds that connection, or no one): baton's waits would then hang until a lease deadline, so
+/// the connect is refused instead.
+async fn hears_notifications(listener: &Listener, client: &Conn, within: Duration) -> Result<()> {
+    static PROBES: AtomicI64 = AtomicI64::new(0);
+    let refused = |why: &str| Error::Misconfigured {
+        endpoints: Vec::new(),
+        source: format!(
+            "the LISTEN connection {why}: is a transaction-mode pooler (PgBouncer's \
+             pool_mode = transaction) between baton and PostgreSQL? baton's waits need LISTEN, \
+             which needs a session: connect directly, or through a session-mode pool"
+        )
+        .into(),
+    };
+    let channel = format!(
+        "bp{:x}x{:x}",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    );
+    let deadline = Instant::now() + within;
+    let mut subscription = tokio::time::timeout_at(deadline, listener.subscribe(channel.clone()))
+        .await
+        .map_err(|_| refused("did not LISTEN within the connect timeout"))??;
+    loop {
+        client
+            .notify(&channel)
+            .await
+            .map_err(|e| map_db_error("connect", e))?;
+        match tokio::time::timeout_at(deadline, subscription.heard.recv()).await {
+            Ok(Some(Heard::Payload(_))) => return Ok(()),
+            // Lost and back: notify again.
+            Ok(Some(Heard::Reconnected)) => {}
+            Ok(None) => return Err(Error::Unavailable),
+            Err(_) => {
+                return Err(refused(
+                    "did not hear a notification sent to it within the connect timeout",
+                ));
+            }
+        }
     }
 }
 
