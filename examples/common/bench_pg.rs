@@ -57,6 +57,9 @@ struct PgRun {
     per_contender_min: u64,
     per_contender_max: u64,
     server_cpu_ms_per_cycle: Option<f64>,
+    /// Waiters woken per release: NOTIFYs heard on the entries' channels (baton), refused
+    /// tries (polling); `None` where the server wakes waiters itself (`pg_advisory_lock`).
+    wakeups_per_release: Option<f64>,
     connections: usize,
 }
 
@@ -97,15 +100,28 @@ async fn client(node: &PgNode) -> Res<Client> {
     Ok(client)
 }
 
+/// What a run counted besides its grants.
+struct Measured {
+    per_contender: Vec<u64>,
+    /// The server's CPU seconds over the run.
+    cpu: Option<f64>,
+    wakeups: Option<u64>,
+    connections: usize,
+}
+
 fn finish(
     impl_name: &'static str,
     n: usize,
     secs: Duration,
     grants: &StdMutex<Grants>,
-    per_contender: Vec<u64>,
-    cpu: Option<f64>,
-    connections: usize,
+    measured: Measured,
 ) -> PgRun {
+    let Measured {
+        per_contender,
+        cpu,
+        wakeups,
+        connections,
+    } = measured;
     let mut g = std::mem::take(&mut *grants.lock().unwrap());
     g.handoff.sort();
     PgRun {
@@ -122,6 +138,7 @@ fn finish(
         per_contender_min: per_contender.iter().min().copied().unwrap_or(0),
         per_contender_max: per_contender.iter().max().copied().unwrap_or(0),
         server_cpu_ms_per_cycle: cpu.map(|s| s * 1000.0 / g.grants.max(1) as f64),
+        wakeups_per_release: wakeups.map(|w| w as f64 / g.grants.max(1) as f64),
         connections,
     }
 }
@@ -135,6 +152,7 @@ async fn baton_contended(node: &PgNode, n: usize, secs: Duration, name: &str) ->
         .collect::<Result<Vec<_>, _>>()?;
     let grants = Arc::new(StdMutex::new(Grants::default()));
     let cpu_before = server_cpu_seconds(node);
+    let woken_before = backend.wakeups();
     let deadline = Instant::now() + secs;
     let tasks: Vec<_> = sessions
         .iter()
@@ -165,8 +183,15 @@ async fn baton_contended(node: &PgNode, n: usize, secs: Duration, name: &str) ->
         per_contender.push(t.await??);
     }
     let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
+    let wakeups = backend.wakeups() - woken_before;
     futures::future::join_all(sessions.iter().map(Session::close)).await;
-    Ok(finish("baton", n, secs, &grants, per_contender, cpu, 2))
+    let measured = Measured {
+        per_contender,
+        cpu,
+        wakeups: Some(wakeups),
+        connections: 2,
+    };
+    Ok(finish("baton", n, secs, &grants, measured))
 }
 
 /// `pg_advisory_lock` (blocking) or `pg_try_advisory_lock` polling, on a connection per
@@ -183,6 +208,8 @@ async fn advisory_contended(
         clients.push(client(node).await?);
     }
     let grants = Arc::new(StdMutex::new(Grants::default()));
+    // Polling: every refused try is a contender woken for nothing.
+    let refused = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let cpu_before = server_cpu_seconds(node);
     let deadline = Instant::now() + secs;
     let tasks: Vec<_> = clients
@@ -190,6 +217,7 @@ async fn advisory_contended(
         .enumerate()
         .map(|(who, c)| {
             let grants = Arc::clone(&grants);
+            let refused = Arc::clone(&refused);
             tokio::spawn(async move {
                 let lock = c.prepare("SELECT pg_advisory_lock($1)").await?;
                 let try_lock = c.prepare("SELECT pg_try_advisory_lock($1)").await?;
@@ -199,6 +227,7 @@ async fn advisory_contended(
                     let asked = Instant::now();
                     if polling {
                         while !c.query_one(&try_lock, &[&key]).await?.get::<_, bool>(0) {
+                            refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             if Instant::now() >= deadline {
                                 return Res::Ok(cycles);
                             }
@@ -229,7 +258,16 @@ async fn advisory_contended(
     } else {
         "pg_advisory_lock"
     };
-    Ok(finish(name, n, secs, &grants, per_contender, cpu, n))
+    // pg_advisory_lock: the server's lock manager wakes the next waiter itself (one per
+    // release of an exclusive lock); nothing to count from outside.
+    let wakeups = polling.then(|| refused.load(std::sync::atomic::Ordering::Relaxed));
+    let measured = Measured {
+        per_contender,
+        cpu,
+        wakeups,
+        connections: n,
+    };
+    Ok(finish(name, n, secs, &grants, measured))
 }
 
 pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
@@ -257,14 +295,14 @@ pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release are not measured here (baton's waits listen on one channel per awaited entry: one NOTIFY per release, by construction).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
             self.version,
             self.secs.as_secs_f64(),
             RETRY_SLEEP.as_millis()
         );
         for r in &self.runs {
             md.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {:.1} % | {}-{} | {} | {} |\n",
+                "| {} | {} | {:.0} | {} | {} | {:.1} % | {}-{} | {} | {} | {} |\n",
                 r.impl_name,
                 r.n,
                 r.cycles_per_s,
@@ -273,6 +311,8 @@ impl Report {
                 r.same_holder,
                 r.per_contender_min,
                 r.per_contender_max,
+                r.wakeups_per_release
+                    .map_or("-".to_owned(), |w| format!("{w:.2}")),
                 r.server_cpu_ms_per_cycle
                     .map_or("?".to_owned(), |c| format!("{c:.2}")),
                 r.connections

@@ -39,6 +39,8 @@ type Subscribers = HashMap<String, Vec<(u64, mpsc::UnboundedSender<Heard>)>>;
 struct Shared {
     subscribers: StdMutex<Subscribers>,
     next_id: AtomicU64,
+    /// Deletion waits woken by a notification so far (see `PgBackend::wakeups`).
+    woken: AtomicU64,
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -91,10 +93,16 @@ impl Listener {
         let shared = Arc::new(Shared {
             subscribers: StdMutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            woken: AtomicU64::new(0),
             commands,
         });
         tokio::spawn(run(target, schema, Arc::downgrade(&shared), rx));
         Listener { shared }
+    }
+
+    /// How many deletion waits (subscribers of an entry's channel) a notification reached.
+    pub(super) fn woken(&self) -> u64 {
+        self.shared.woken.load(Ordering::Relaxed)
     }
 
     /// Subscribes to `channel`; returns once the server LISTENs on it, so that every
@@ -136,6 +144,9 @@ fn dispatch(shared: &Shared, channel: Option<&str>, heard: &Heard) {
     match channel {
         Some(channel) => {
             if let Some(list) = subs.get(channel) {
+                if channel.starts_with("be") {
+                    shared.woken.fetch_add(list.len() as u64, Ordering::Relaxed);
+                }
                 send(list);
             }
         }

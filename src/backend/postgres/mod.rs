@@ -429,6 +429,13 @@ impl PgBackend {
         &self.inner.sql.schema
     }
 
+    /// How many waits for an entry's deletion a notification has woken so far, over this
+    /// backend's life (all its clones): with one waiter per entry, one per release. The bench
+    /// reports it per grant; `MemoryBackend::wakeups` counts the same on the memory backend.
+    pub fn wakeups(&self) -> u64 {
+        self.inner.listener.woken()
+    }
+
     fn at(&self) -> Where {
         Where {
             lock: None,
