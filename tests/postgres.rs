@@ -229,6 +229,64 @@ async fn an_older_schema_is_migrated_on_connect() {
     session.close().await.unwrap();
 }
 
+/// A backend connected on one runtime keeps working on another after the first is shut down
+/// (a runtime per test, a runtime per request handler): its connections' tasks end with the
+/// first runtime, and the backend connects again, and LISTENs again, on the runtime that uses
+/// it: a wait on a key is woken by the write, a waiter for a lock by the release.
+#[test]
+fn a_backend_outlives_the_runtime_that_connected_it() {
+    let url = PgNode::shared().url();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let b = first.block_on(async {
+        let b = PgBackend::connect(&url, PgOptions::new()).await.unwrap();
+        // Its LISTEN task runs on this runtime: used once here.
+        let s = session(&b, Duration::from_secs(60)).await;
+        Mutex::new(&s, test_name("first-runtime"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap()
+            .unlock()
+            .await
+            .unwrap();
+        s.close().await.unwrap();
+        b
+    });
+    drop(first);
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        // A wait on a key: it fails at once (Unavailable) if the LISTEN task cannot be had.
+        let key = test_name("second-runtime-key");
+        let waiting = tokio::spawn({
+            let b = b.clone();
+            let key = key.clone();
+            async move { b.wait_value(&key, None).await }
+        });
+        assert!(b.swap(&key, None, b"set").await.unwrap());
+        let seen = within("the wait on the key", Duration::from_secs(10), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.as_deref(), Some(&b"set"[..]));
+        // And a lock handoff.
+        let name = test_name("second-runtime");
+        let holder = session(&b, Duration::from_secs(60)).await;
+        let guard = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+        let waiter = session(&b, Duration::from_secs(60)).await;
+        let waiting = support::spawn_queued(&b, &waiter, &name, 2).await;
+        guard.unlock().await.unwrap();
+        let next = within("the waiter", Duration::from_secs(30), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        next.unlock().await.unwrap();
+    });
+}
+
 // ---------------------------------------------------------------------------------------
 // Faults on a real server: each test runs a server of its own.
 

@@ -41,7 +41,37 @@ struct Shared {
     next_id: AtomicU64,
     /// Deletion waits woken by a notification so far (see `PgBackend::wakeups`).
     woken: AtomicU64,
-    commands: mpsc::UnboundedSender<Command>,
+    /// To the task; replaced when the task ended with the runtime that ran it.
+    commands: StdMutex<mpsc::UnboundedSender<Command>>,
+    target: Arc<Target>,
+    schema: String,
+}
+
+impl Shared {
+    /// Sends `command` to the task. A task ends with the runtime that runs it (a backend
+    /// connected on a runtime that was shut down, used on another): then a new task is
+    /// started on the current runtime, which LISTENs on every channel wanted and tells every
+    /// subscriber to look again. Returns false only outside a runtime with no task running.
+    fn send(self: &Arc<Self>, command: Command) -> bool {
+        let mut commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+        let command = match commands.send(command) {
+            Ok(()) => return true,
+            Err(mpsc::error::SendError(back)) => back,
+        };
+        if tokio::runtime::Handle::try_current().is_err() {
+            return false;
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(
+            Arc::clone(&self.target),
+            self.schema.clone(),
+            Arc::downgrade(self),
+            rx,
+            false,
+        ));
+        *commands = tx;
+        commands.send(command).is_ok()
+    }
 }
 
 #[derive(Debug)]
@@ -72,10 +102,8 @@ impl Drop for Subscription {
             list.retain(|(id, _)| *id != self.id);
             if list.is_empty() {
                 subs.remove(&self.channel);
-                let _ = self
-                    .shared
-                    .commands
-                    .send(Command::Unlisten(self.channel.clone()));
+                drop(subs);
+                self.shared.send(Command::Unlisten(self.channel.clone()));
             }
         }
     }
@@ -94,9 +122,11 @@ impl Listener {
             subscribers: StdMutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             woken: AtomicU64::new(0),
-            commands,
+            commands: StdMutex::new(commands),
+            target: Arc::clone(&target),
+            schema: schema.clone(),
         });
-        tokio::spawn(run(target, schema, Arc::downgrade(&shared), rx));
+        tokio::spawn(run(target, schema, Arc::downgrade(&shared), rx, true));
         Listener { shared }
     }
 
@@ -124,10 +154,9 @@ impl Listener {
             heard,
         };
         let (ack, acked) = oneshot::channel();
-        self.shared
-            .commands
-            .send(Command::Listen(channel, ack))
-            .map_err(|_| Error::Unavailable)?;
+        if !self.shared.send(Command::Listen(channel, ack)) {
+            return Err(Error::Unavailable);
+        }
         acked.await.map_err(|_| Error::Unavailable)?;
         Ok(subscription)
     }
@@ -195,9 +224,9 @@ async fn run(
     schema: String,
     shared: Weak<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
+    mut first: bool,
 ) {
     let mut backoff = Duration::from_millis(50);
-    let mut first = true;
     loop {
         let connected = tokio::time::timeout(target.connect_timeout, connect_client(&target)).await;
         let (client, mut connection) = match connected {

@@ -261,7 +261,12 @@ struct Inner {
 /// again when the awaited entry's lease could expire, to end it if it did.
 ///
 /// A process uses two connections per backend: one pipelined connection for requests, one
-/// for LISTEN; more backends, more connections.
+/// for LISTEN; more backends, more connections. Their tasks run on the runtime that uses
+/// them: a backend connected on a runtime that is later shut down connects (and LISTENs)
+/// again on the runtime that uses it next.
+///
+/// Behind a pooler: a session-mode pool works; a transaction-mode pool is refused at connect
+/// (`Error::Misconfigured`), because LISTEN needs a session (docs/postgres.md).
 #[derive(Debug, Clone)]
 pub struct PgBackend {
     inner: Arc<Inner>,
