@@ -47,6 +47,24 @@ pub struct Proxy {
 struct Held {
     bytes: watch::Sender<Vec<u8>>,
     parked: StdMutex<Vec<(Vec<u8>, TcpStream)>>,
+    /// Connections that kept requests back and are not parked (or dropped) yet.
+    holding: watch::Sender<usize>,
+}
+
+/// Counts one connection in `Held::holding` while it lives.
+struct Holding<'a>(&'a watch::Sender<usize>);
+
+impl<'a> Holding<'a> {
+    fn new(count: &'a watch::Sender<usize>) -> Holding<'a> {
+        count.send_modify(|n| *n += 1);
+        Holding(count)
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 /// What the proxy forwards.
@@ -78,6 +96,7 @@ impl Proxy {
         let held = Arc::new(Held {
             bytes: watch::channel(Vec::new()).0,
             parked: StdMutex::new(Vec::new()),
+            holding: watch::channel(0).0,
         });
         let (to, kept) = (Arc::clone(&upstream), Arc::clone(&held));
         tokio::spawn(async move {
@@ -91,8 +110,9 @@ impl Proxy {
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
+                    let mut holding = None;
                     let (requests, answers) = tokio::join!(
-                        requests(cr, sw, rx.clone(), generation, &held),
+                        requests(cr, sw, rx.clone(), generation, &held, &mut holding),
                         answers(sr, cw, rx, generation)
                     );
                     // A connection healed while it held requests keeps its server side, with
@@ -105,6 +125,8 @@ impl Proxy {
                             .unwrap_or_else(|p| p.into_inner())
                             .push((kept, server));
                     }
+                    // Parked (or dropped): `deliver_held` may take stock.
+                    drop(holding);
                 });
             }
         });
@@ -168,7 +190,8 @@ impl Proxy {
     /// Sends what the connections closed by [`heal`](Self::heal) held to their servers, on
     /// those old connections, and returns once the servers have processed it (a Redis
     /// `PING` sent after it was answered: for Redis servers only). Returns how many
-    /// connections delivered something.
+    /// connections delivered something. Call it after `heal`: it first waits until every
+    /// connection that held requests has been closed and parked.
     ///
     /// # Errors
     /// The operating system's error if a server connection fails.
@@ -177,6 +200,9 @@ impl Proxy {
     /// Not cancel safe: a dropped call may have delivered part of what was held, and the
     /// rest is lost.
     pub async fn deliver_held(&self) -> std::io::Result<usize> {
+        // A healed connection is parked by its own task, which may not have run yet.
+        let mut holding = self.held.holding.subscribe();
+        let _ = holding.wait_for(|n| *n == 0).await;
         let parked =
             std::mem::take(&mut *self.held.parked.lock().unwrap_or_else(|p| p.into_inner()));
         let mut delivered = 0;
@@ -226,12 +252,13 @@ fn loopback(upstream: &str) -> std::io::Result<SocketAddr> {
 /// Client to server: forwards, drops or holds back what the client sends, until the
 /// connection's generation ends. A connection healed while it held something gives back what
 /// it held and its server side.
-async fn requests(
+async fn requests<'a>(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
     mut state: watch::Receiver<(Flow, u64)>,
     generation: u64,
-    held: &Held,
+    held: &'a Held,
+    holding: &mut Option<Holding<'a>>,
 ) -> Option<(Vec<u8>, OwnedWriteHalf)> {
     let mut buf = vec![0u8; 16 * 1024];
     let mut kept = Vec::new();
@@ -260,6 +287,7 @@ async fn requests(
                 }
             }
             Flow::HoldRequests => {
+                holding.get_or_insert_with(|| Holding::new(&held.holding));
                 kept.extend_from_slice(&buf[..n]);
                 held.bytes
                     .send_modify(|all| all.extend_from_slice(&buf[..n]));
