@@ -253,8 +253,13 @@ impl PgNode {
     /// is `session` or `transaction`. Trust authentication for the user `postgres`; it stops
     /// with the server, and [`start_again`](Self::start_again) starts it again on its port.
     ///
+    /// An image built before PgBouncer was added to it has no `pgbouncer`: run
+    /// `scripts/build-postgres-image.sh` (or `scripts/setup.sh`) again; it tags the new image
+    /// `local/postgres:debian`.
+    ///
     /// # Errors
-    /// Docker's error, or [`FixtureError::NotReady`] if it does not accept connections.
+    /// Docker's error (`pgbouncer: not found` from an older image), or
+    /// [`FixtureError::NotReady`] if it does not accept connections.
     ///
     /// # Cancel safety
     /// If the future is dropped, PgBouncer may be running.
