@@ -61,16 +61,15 @@ impl Shared {
         if tokio::runtime::Handle::try_current().is_err() {
             return false;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(
-            Arc::clone(&self.target),
-            self.schema.clone(),
-            Arc::downgrade(self),
-            rx,
-            false,
-        ));
-        *commands = tx;
+        *commands = self.spawn_task(false);
         commands.send(command).is_ok()
+    }
+
+    /// Starts the task on the current runtime; `first`: no subscriber has missed anything.
+    fn spawn_task(self: &Arc<Self>, first: bool) -> mpsc::UnboundedSender<Command> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(Arc::downgrade(self), rx, first));
+        tx
     }
 }
 
@@ -117,16 +116,17 @@ impl Listener {
     /// Starts the task (on the current runtime) that connects to `target` and listens, for
     /// the backend on `schema`.
     pub(super) fn start(target: Arc<Target>, schema: String) -> Listener {
-        let (commands, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             subscribers: StdMutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             woken: AtomicU64::new(0),
-            commands: StdMutex::new(commands),
-            target: Arc::clone(&target),
-            schema: schema.clone(),
+            // Replaced at once by the task's sender.
+            commands: StdMutex::new(mpsc::unbounded_channel().0),
+            target,
+            schema,
         });
-        tokio::spawn(run(target, schema, Arc::downgrade(&shared), rx, true));
+        let commands = shared.spawn_task(true);
+        *shared.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
         Listener { shared }
     }
 
@@ -173,7 +173,7 @@ fn dispatch(shared: &Shared, channel: Option<&str>, heard: &Heard) {
     match channel {
         Some(channel) => {
             if let Some(list) = subs.get(channel) {
-                if channel.starts_with("be") {
+                if is_entry_channel(channel) {
                     shared.woken.fetch_add(list.len() as u64, Ordering::Relaxed);
                 }
                 send(list);
@@ -185,6 +185,11 @@ fn dispatch(shared: &Shared, channel: Option<&str>, heard: &Heard) {
 
 /// How many channels stay listened before those nobody waits on are given up.
 const IDLE_CHANNELS: usize = 128;
+
+/// Whether `channel` is an entry's (a deletion wait's): `chan('e', ..)` in the schema.
+fn is_entry_channel(channel: &str) -> bool {
+    channel.starts_with("be")
+}
 
 /// Whether `channel` is a queue's (an observer's): `chan('q', ..)` in the schema.
 fn is_queue_channel(channel: &str) -> bool {
@@ -220,12 +225,16 @@ fn unlisten_sql(schema: &str, channel: &str) -> String {
 }
 
 async fn run(
-    target: Arc<Target>,
-    schema: String,
     shared: Weak<Shared>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     mut first: bool,
 ) {
+    let Some((target, schema)) = shared
+        .upgrade()
+        .map(|s| (Arc::clone(&s.target), s.schema.clone()))
+    else {
+        return;
+    };
     let mut backoff = Duration::from_millis(50);
     loop {
         let connected = tokio::time::timeout(target.connect_timeout, connect_client(&target)).await;
@@ -322,10 +331,11 @@ async fn run(
                     let idle: Vec<String> = {
                         let subscribers = lock(&strong.subscribers);
                         if is_queue_channel(&channel) {
-                            vec![channel]
-                                .into_iter()
-                                .filter(|c| !subscribers.contains_key(c) && listening.contains(c))
-                                .collect()
+                            if subscribers.contains_key(&channel) || !listening.contains(&channel) {
+                                Vec::new()
+                            } else {
+                                vec![channel]
+                            }
                         } else if listening.len() > IDLE_CHANNELS {
                             listening
                                 .iter()

@@ -624,9 +624,7 @@ impl PgBackend {
             }
         }
     }
-}
 
-impl PgBackend {
     /// Waits until `entry` (this incarnation) is gone. Returns the token of the head its
     /// queue had in the deleting transaction, when a notification said so.
     async fn await_deletion(&self, entry: &Entry) -> Result<Option<i64>> {
@@ -747,8 +745,6 @@ fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error) -> Error {
     }
 }
 
-/// Creates or migrates the schema, in one transaction under an advisory lock (concurrent
-/// first connects wait for each other), after checking the server's version.
 /// The highest migration applied to `schema` (its `schema_version` table must exist).
 async fn schema_version(client: &impl tokio_postgres::GenericClient, schema: &str) -> Result<i32> {
     Ok(client
@@ -764,6 +760,8 @@ async fn schema_version(client: &impl tokio_postgres::GenericClient, schema: &st
         .get(0))
 }
 
+/// Creates or migrates the schema, in one transaction under an advisory lock (concurrent
+/// first connects wait for each other), after checking the server's version.
 async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     let fail = |op| move |e: tokio_postgres::Error| map_db_error(op, e);
     let version: i32 = client
