@@ -356,6 +356,7 @@ DECLARE
     k text := q || '/' || t;
     part text;
     qn text;
+    qs text[] := '{}';
     body text;
 BEGIN
     -- The queues `k` is in (what queues_of(k) says, shortest first), built here in a loop:
@@ -364,6 +365,7 @@ BEGIN
         qn := CASE WHEN qn IS NULL THEN part ELSE qn || '/' || part END;
         IF qn <> '' THEN
             PERFORM pg_advisory_xact_lock({class}, hashtext('{s}|' || qn));
+            qs := qs || qn;
         END IF;
     END LOOP;
     -- Whoever finds a lease expired ends it, in the transaction that decides the head
@@ -391,13 +393,15 @@ BEGIN
         -- Announced here rather than by a trigger (enqueue is the only insert; a statement
         -- trigger's transition table cost every enqueue more than this test).
         IF EXISTS (SELECT 1 FROM {s}.observed) THEN
-            FOR qn IN SELECT x FROM {s}.queues_of(k) AS x
+            body := 'P ' || e_token || ' ' || l || ' ' || encode(convert_to(k, 'UTF8'), 'hex')
+                || ' ' || encode(v, 'hex');
+            IF length(body) > 7000 THEN
+                body := 'R';
+            END IF;
+            FOR qn IN SELECT x FROM unnest(qs) AS x
                       WHERE {s}.chan('q', x) IN (SELECT channel FROM {s}.observed)
             LOOP
-                body := 'P ' || e_token || ' ' || l || ' ' || encode(convert_to(k, 'UTF8'), 'hex')
-                    || ' ' || encode(v, 'hex');
-                PERFORM pg_notify({s}.chan('q', qn),
-                                  CASE WHEN length(body) > 7000 THEN 'R' ELSE body END);
+                PERFORM pg_notify({s}.chan('q', qn), body);
             END LOOP;
         END IF;
         e_lease := l;
