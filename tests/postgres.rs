@@ -688,27 +688,27 @@ async fn one_release_notifies_one_waiter() {
             }
         }
     });
+    // LISTEN on the channel the schema names for `name` of `kind`.
+    let listen = |kind: &'static str, name: String| {
+        let raw = &raw;
+        async move {
+            let channel: String = raw
+                .query_one("SELECT baton.chan($1, $2)", &[&kind, &name])
+                .await
+                .unwrap()
+                .get(0);
+            raw.batch_execute(&format!("LISTEN {channel}"))
+                .await
+                .unwrap();
+        }
+    };
     let queued = b.entries(&name).await.unwrap();
     for e in &queued {
-        let channel: String = raw
-            .query_one("SELECT baton.chan('e', $1)", &[&e.key()])
-            .await
-            .unwrap()
-            .get(0);
-        raw.batch_execute(&format!("LISTEN {channel}"))
-            .await
-            .unwrap();
+        listen("e", e.key().to_owned()).await;
     }
     // The queue's channel too, without registering as an observer: nobody observes this
     // queue, so its changes are not announced at all.
-    let queue_channel: String = raw
-        .query_one("SELECT baton.chan('q', $1)", &[&name])
-        .await
-        .unwrap()
-        .get(0);
-    raw.batch_execute(&format!("LISTEN {queue_channel}"))
-        .await
-        .unwrap();
+    listen("q", name.clone()).await;
     raw.batch_execute("LISTEN marker_one_notify").await.unwrap();
     guard.unlock().await.unwrap();
     let next = within(
