@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the PostgreSQL image the tests run, with no container registry: a root filesystem holding
-# Debian's postgres, initdb, pg_ctl, psql and pg_isready, the share files and extension modules
+# Debian's postgres, initdb, pg_ctl, psql, pg_isready and pg_basebackup, the share files and extension modules
 # they load, the shared libraries `ldd` lists, dash as /bin/sh (initdb runs postgres through
 # popen) and a small entrypoint, loaded by `docker import`; and Debian's pgbouncer beside it, for
 # the tests of baton behind a pooler (started in the container by the fixture, not by the
 # entrypoint). Installs Debian's postgresql and pgbouncer packages (with
 # --no-install-recommends) if they are missing. Tags it
-# local/postgres:<postgres version>-pgbouncer<pgbouncer version> and local/postgres:debian. Prints the versioned name (also written to target/postgres-image) on
+# local/postgres:<postgres version>-pgbouncer<pgbouncer version>-r<layout revision> and local/postgres:debian. Prints the versioned name (also written to target/postgres-image) on
 # stdout.
 #
 # The image runs a throwaway cluster, as the non-root user postgres, with host networking only:
@@ -18,6 +18,10 @@
 #   psql -h 127.0.0.1 -p PORT -U postgres postgres
 # Extra arguments go to postgres, e.g. `-c max_connections=200`. docker stop makes a fast shutdown
 # (the entrypoint turns SIGTERM into SIGINT). --tmpfs /tmp keeps the cluster in memory.
+# An asynchronous standby of that server (a second container; the log says "ready to accept
+# read-only connections"; promote it with `SELECT pg_promote()`):
+#   docker run --rm --network host local/postgres:debian PORT2 --standby-of PORT
+# The image carries the label baton.layout=<layout revision>, which the test fixture checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=image-lib.sh
@@ -39,7 +43,10 @@ major=$(dpkg-query -W -f='${Depends}' postgresql | grep -o 'postgresql-[0-9]\+' 
 major=${major#postgresql-}
 version=$(dpkg-query -W -f='${Version}' "postgresql-$major" | sed 's/[^A-Za-z0-9_.-]/_/g')
 pgbouncer=$(dpkg-query -W -f='${Version}' pgbouncer | sed 's/[^A-Za-z0-9_.-]/_/g')
-image="local/postgres:${version}-pgbouncer${pgbouncer}"
+# The layout's revision: raised when the image gains something (2: pg_basebackup and standbys),
+# so that a machine holding an older image builds the new one.
+revision=2
+image="local/postgres:${version}-pgbouncer${pgbouncer}-r${revision}"
 mkdir -p target
 reuse_image "$image" postgres
 
@@ -55,7 +62,7 @@ mkdir -p "$root$bindir" "$root$pkglibdir" "$root/usr/share/postgresql" "$root/us
   "$root/usr/local/bin" "$root/usr/bin" "$root/bin" "$root/tmp" "$root/etc"
 chmod 1777 "$root/tmp"
 
-for bin in postgres initdb pg_ctl psql pg_isready; do
+for bin in postgres initdb pg_ctl psql pg_isready pg_basebackup; do
   copy_with_libs "$bindir/$bin" "$bindir/$bin"
 done
 copy_with_libs /usr/sbin/pgbouncer /usr/bin/pgbouncer
@@ -86,7 +93,9 @@ printf '%s\n' 'root:x:0:' 'postgres:x:999:' >"$root/etc/group"
 cat >"$root/usr/local/bin/postgres-entrypoint" <<'EOF'
 #!/bin/sh
 # Entrypoint of the image scripts/build-postgres-image.sh builds: a throwaway cluster on
-# 127.0.0.1 only. Usage: [PORT] [postgres options...]; PORT defaults to $PGPORT, then 5432.
+# 127.0.0.1 only. Usage: [PORT] [--standby-of PRIMARY_PORT] [postgres options...]; PORT
+# defaults to $PGPORT, then 5432. With --standby-of, the cluster is an asynchronous streaming
+# replica of the server on 127.0.0.1:PRIMARY_PORT (pg_basebackup -R), read-only until promoted.
 set -eu
 port=${PGPORT:-5432}
 case "${1:-}" in
@@ -94,8 +103,21 @@ case "${1:-}" in
   *[!0-9]*) echo "postgres-entrypoint: the port must be a number, not '$1'" >&2; exit 2 ;;
   *) port=$1; shift ;;
 esac
+primary=
+if [ "${1:-}" = --standby-of ]; then
+  case "${2:-}" in
+    '' | *[!0-9]*) echo "postgres-entrypoint: --standby-of needs the primary's port" >&2; exit 2 ;;
+  esac
+  primary=$2
+  shift 2
+fi
 PGDATA=${PGDATA:-/tmp/pgdata}
-if [ ! -s "$PGDATA/PG_VERSION" ]; then
+if [ -n "$primary" ] && [ ! -s "$PGDATA/PG_VERSION" ]; then
+  # A copy of the primary, streaming from it from then on (standby.signal, primary_conninfo).
+  pg_basebackup -h 127.0.0.1 -p "$primary" -U postgres -D "$PGDATA" -R -X stream -c fast \
+    --no-sync
+  echo "postgres-entrypoint: copied the primary on port $primary; starting a standby on 127.0.0.1:$port" >&2
+elif [ ! -s "$PGDATA/PG_VERSION" ]; then
   # The C locale needs no locale data; --no-sync because the cluster is thrown away.
   initdb -D "$PGDATA" --username=postgres --auth=trust --locale=C --encoding=UTF8 \
     --no-sync --no-instructions >/dev/null
@@ -125,5 +147,6 @@ tar -C "$root" --numeric-owner --owner=0 --group=0 -c . | docker import \
   -c 'ENV TZ=UTC PGHOST=/tmp' \
   -c 'USER postgres' \
   -c 'WORKDIR /tmp' \
+  -c "LABEL baton.layout=$revision" \
   - "$image" >/dev/null
 record_image "$image" postgres

@@ -29,6 +29,7 @@ const ETCD: Server = Server {
     local: "`etcd`",
     ready: READY,
     build_script: include_str!("../../scripts/build-etcd-image.sh"),
+    layout: None,
 };
 
 /// The certificates of an etcd that serves TLS to its clients, PEM-encoded, and whether it

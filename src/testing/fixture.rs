@@ -270,6 +270,9 @@ pub(crate) struct Server {
     /// The script that builds [`default_image`](Self::default_image) from Debian's package
     /// (`scripts/build-<server>-image.sh`, embedded), run when that image is missing.
     pub(crate) build_script: &'static str,
+    /// The value of the image's `baton.layout` label the tests need (`None`: any): an image
+    /// built by an older script (without something a test uses) is built again.
+    pub(crate) layout: Option<&'static str>,
 }
 
 /// The helpers the image scripts source.
@@ -286,7 +289,8 @@ impl Server {
     }
 
     /// Makes sure the image exists when it is the default one (no variable names another):
-    /// if Docker answers and the image is missing, builds it from Debian's package with the
+    /// if Docker answers and the image is missing (or lacks the [`layout`](Self::layout)
+    /// label the tests need), builds it from Debian's package with the
     /// project's script, saying so. Once per image and process; concurrent callers wait for
     /// the one build. Without a Docker CLI or daemon it does nothing (starting the container
     /// then fails with Docker's own error).
@@ -308,13 +312,44 @@ impl Server {
                 .stderr(Stdio::null())
                 .status()
         };
-        let present = docker(&["image", "inspect", self.default_image]).await;
-        let daemon = docker(&["version", "--format", "{{.Server.Version}}"]).await;
-        match (present, daemon) {
-            (Ok(status), _) if status.success() => {}
-            (Ok(_), Ok(status)) if status.success() => self.build_image().await?,
-            // No CLI or no daemon: nothing to build with; the container start says why.
-            _ => return Ok(()),
+        // Present, and (if a layout is asked for) built by the current script.
+        let present = match self.layout {
+            None => docker(&["image", "inspect", self.default_image])
+                .await
+                .is_ok_and(|status| status.success()),
+            Some(layout) => {
+                let label = tokio::process::Command::new("docker")
+                    .args([
+                        "image",
+                        "inspect",
+                        "--format",
+                        "{{index .Config.Labels \"baton.layout\"}}",
+                        self.default_image,
+                    ])
+                    .stdin(Stdio::null())
+                    .stderr(Stdio::null())
+                    .output()
+                    .await;
+                label.is_ok_and(|out| {
+                    let current = String::from_utf8_lossy(&out.stdout).trim() == layout;
+                    if out.status.success() && !current {
+                        announce(&format!(
+                            "the image {} was built by an older script (its baton.layout label \
+                             is not {layout})",
+                            self.default_image
+                        ));
+                    }
+                    out.status.success() && current
+                })
+            }
+        };
+        if !present {
+            let daemon = docker(&["version", "--format", "{{.Server.Version}}"]).await;
+            if !daemon.is_ok_and(|status| status.success()) {
+                // No CLI or no daemon: nothing to build with; the container start says why.
+                return Ok(());
+            }
+            self.build_image().await?;
         }
         checked.push(self.default_image);
         Ok(())

@@ -20,6 +20,14 @@ const POSTGRES: Server = Server {
     local: "`postgres`",
     ready: "database system is ready to accept connections",
     build_script: include_str!("../../scripts/build-postgres-image.sh"),
+    // `revision` in the script: pg_basebackup, standbys and PgBouncer.
+    layout: Some("2"),
+};
+
+/// A standby from the same image: its log says it is ready for read-only connections.
+const POSTGRES_STANDBY: Server = Server {
+    ready: "database system is ready to accept read-only connections",
+    ..POSTGRES
 };
 
 /// How long a server started again has to accept connections.
@@ -79,6 +87,68 @@ impl PgNode {
         };
         node.wait_ready().await?;
         Ok(node)
+    }
+
+    /// Starts an asynchronous streaming standby of the server on 127.0.0.1:`primary_port`
+    /// (a server's [`port`](Self::port), or a [`Proxy`](crate::testing::Proxy) in front of
+    /// it, so that a test can cut replication), in a container of its own on a free port: a
+    /// copy made with `pg_basebackup`, read-only until [`promote`](Self::promote)d. The
+    /// primary does not wait for it (no `synchronous_standby_names`): what the primary
+    /// committed after the standby last heard from it is not on the standby.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start (the primary cannot be reached, say).
+    ///
+    /// # Cancel safety
+    /// As for [`start`](Self::start).
+    pub async fn start_standby_of(primary_port: u16) -> Result<PgNode, FixtureError> {
+        let port = free_port()?;
+        let args = vec![
+            port.to_string(),
+            "--standby-of".into(),
+            primary_port.to_string(),
+            "-c".into(),
+            "max_connections=400".into(),
+        ];
+        let container = POSTGRES_STANDBY
+            .start_container_with_files(args, Vec::new())
+            .await?;
+        let node = PgNode {
+            port,
+            container,
+            poolers: std::sync::Mutex::new(Vec::new()),
+        };
+        node.wait_ready().await?;
+        Ok(node)
+    }
+
+    /// Promotes this standby to a primary (`pg_promote()`, which waits until it is one): it
+    /// starts a new timeline and accepts writes.
+    ///
+    /// # Errors
+    /// The client's error; [`FixtureError::NotReady`] if it was not promoted within a minute.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the promotion may go on.
+    pub async fn promote(&self) -> Result<(), FixtureError> {
+        let failed = |e: tokio_postgres::Error| FixtureError::Command {
+            server: "postgres",
+            command: "SELECT pg_promote(true, 60)",
+            source: Box::new(e),
+        };
+        let client = self.client().await.map_err(failed)?;
+        let promoted: bool = client
+            .query_one("SELECT pg_promote(true, 60)", &[])
+            .await
+            .map_err(failed)?
+            .get(0);
+        if !promoted {
+            return Err(FixtureError::NotReady {
+                server: "postgres",
+                address: format!("127.0.0.1:{} (promotion)", self.port),
+            });
+        }
+        Ok(())
     }
 
     /// The server of this test process, started on first use and shared by its tests (each
@@ -253,12 +323,8 @@ impl PgNode {
     /// is `session` or `transaction`. Trust authentication for the user `postgres`; it stops
     /// with the server, and [`start_again`](Self::start_again) starts it again on its port.
     ///
-    /// An image built before PgBouncer was added to it has no `pgbouncer`: run
-    /// `scripts/build-postgres-image.sh` (or `scripts/setup.sh`) again; it tags the new image
-    /// `local/postgres:debian`.
-    ///
     /// # Errors
-    /// Docker's error (`pgbouncer: not found` from an older image), or
+    /// Docker's error, or
     /// [`FixtureError::NotReady`] if it does not accept connections.
     ///
     /// # Cancel safety

@@ -26,6 +26,7 @@ const REDIS: Server = Server {
     local: "`redis-server`",
     ready: "Ready to accept connections",
     build_script: include_str!("../../scripts/build-redis-image.sh"),
+    layout: None,
 };
 
 /// The arguments every server gets: loopback only, no persistence (a restart loses the data,

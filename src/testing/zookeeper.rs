@@ -28,6 +28,7 @@ const ZOOKEEPER: Server = Server {
     // member of an ensemble) is then asked with `srvr`.
     ready: "binding to port",
     build_script: include_str!("../../scripts/build-zookeeper-image.sh"),
+    layout: None,
 };
 
 /// What the fallback runs: `java` from `PATH` on Debian's jars (the `zookeeper` package; the
