@@ -9,7 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::PgNode;
+use baton::testing::{PgNode, Proxy};
 use baton::{Backend, Error, Mutex, PgBackend, PgOptions, Session, SessionOptions};
 use support::{Rig, within};
 
@@ -169,9 +169,10 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
     waiting_session.close().await.unwrap();
 }
 
-/// A schema one version behind is migrated on connect: a schema put back to version 1's
-/// shape (no `observed` table, the insert trigger back, version 2's row gone) is brought to
-/// version 2 by the next backend that connects, and locks and observers work on it.
+/// An older schema is migrated on connect: a schema put back to version 1's shape (no
+/// `observed` table, the insert trigger back, no `timeline` function, the rows of versions 2
+/// and 3 gone) is brought to version 3 by the next backend that connects, and locks (with
+/// the timeline in their tokens) and observers work on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_schema_is_migrated_on_connect() {
     let node = PgNode::shared();
@@ -188,7 +189,8 @@ async fn an_older_schema_is_migrated_on_connect() {
          CREATE TRIGGER entries_inserted AFTER INSERT ON {schema}.entries \
              REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT \
              EXECUTE FUNCTION {schema}.entries_changed(); \
-         DELETE FROM {schema}.schema_version WHERE version = 2"
+         DROP FUNCTION {schema}.timeline(); \
+         DELETE FROM {schema}.schema_version WHERE version >= 2"
     ))
     .await
     .unwrap();
@@ -201,11 +203,18 @@ async fn an_older_schema_is_migrated_on_connect() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     let session = Session::new(b.clone()).await.unwrap();
     let name = test_name("migrated");
     let mut heads = b.observe_head(&name);
     let guard = Mutex::new(&session, &name).unwrap().lock().await.unwrap();
+    // Version 3: the token starts with the timeline (1: this server was never promoted).
+    assert_eq!(
+        guard.fencing_token().get() >> 40,
+        1,
+        "{}",
+        guard.fencing_token()
+    );
     loop {
         let event = within(
             "the observer",
@@ -385,6 +394,78 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
         }
     }
     assert!(!s.is_lost());
+}
+
+/// A failover to an asynchronous standby that missed the primary's last commits (replication
+/// cut, then the primary crashes, the standby is promoted): the new primary's sequence is
+/// behind tokens the old one handed out, yet its grants carry higher tokens than every grant
+/// of the old primary, because a token starts with the timeline, which a promotion raises. A
+/// fence that saw the old grants admits the new ones and refuses the old holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
+    let primary = own_node().await;
+    let backend = primary.backend().await.unwrap();
+    // The standby replicates through a proxy, so that the test can cut it off.
+    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let first = Mutex::new(&s, "failover/0").unwrap().lock().await.unwrap();
+    first.unlock().await.unwrap();
+    // The standby has everything so far (the schema, the lease, the first grant).
+    let lsn: String = primary
+        .client()
+        .await
+        .unwrap()
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let st = standby.client().await.unwrap();
+    support::eventually("the standby replayed the first grant", || async {
+        st.query_one(
+            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+            &[&lsn],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, bool>(0))
+    })
+    .await;
+    drop(st);
+    // Cut off, the standby misses what follows: the primary does not wait for it. More
+    // grants than the sequence logs ahead (32), so that the standby's sequence is behind.
+    link.black_hole();
+    let mut highest = FencingToken::new(0);
+    for i in 0..100 {
+        let g = Mutex::new(&s, format!("failover/{}", i % 4))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        highest = highest.max(g.fencing_token());
+        g.unlock().await.unwrap();
+    }
+    primary.stop_immediate().await.unwrap();
+    standby.promote().await.unwrap();
+    // The application fails over to the promoted standby.
+    drop((s, backend));
+    let after = standby.backend().await.unwrap();
+    let s2 = session(&after, Duration::from_secs(30)).await;
+    for i in 0..4 {
+        let g = Mutex::new(&s2, format!("failover/{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        assert!(
+            g.fencing_token() > highest,
+            "after the failover failover/{i} was granted with token {}, not above {highest} \
+             which the old primary handed out",
+            g.fencing_token()
+        );
+        g.unlock().await.unwrap();
+    }
 }
 
 /// `pg_terminate_backend` on the holder's connections and then on the waiter's: each

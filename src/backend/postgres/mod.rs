@@ -246,9 +246,11 @@ struct Inner {
 ///
 /// Layout (docs/postgres.md): a lease is a row with a deadline on the **server's** clock
 /// (`clock_timestamp()`), renewed by its session; an entry is a row (key, token, lease,
-/// value) bound to its lease (deleted with it), whose token comes from a sequence, drawn while
-/// the transaction holds an advisory lock on every queue the entry is in, so that tokens of a
-/// queue are committed in token order; the queue is ordered by token. Every state change is
+/// value) bound to its lease (deleted with it), whose token is the server's WAL timeline above
+/// a sequence's next value, drawn while the transaction holds an advisory lock on every queue
+/// the entry is in, so that tokens of a queue are committed in token order, and a promoted
+/// standby (a new timeline) hands out tokens above every token of the old primary; the queue
+/// is ordered by token. Every state change is
 /// one call of a PL/pgSQL function: one statement, one transaction, retried by the backend on
 /// transient failures. An expired lease is ended by whoever meets it (an enqueue into its
 /// queue, a waiter of one of its entries, a grant), in the transaction that acts on it: no
@@ -776,7 +778,7 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
             minimum: "13",
         });
     }
-    let known = i32::try_from(schema::MIGRATIONS.len()).unwrap_or(i32::MAX);
+    let known = i32::try_from(schema::MIGRATIONS).unwrap_or(i32::MAX);
     // Up to date: nothing to create, so a role that may only use the schema connects too.
     let installed = client
         .query_one(
@@ -820,15 +822,10 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
             .into(),
         });
     }
-    for (i, sql) in schema::MIGRATIONS
-        .iter()
-        .enumerate()
-        .skip(current.unsigned_abs() as usize)
-    {
-        tx.batch_execute(&schema::render(sql, schema))
-            .await
-            .map_err(fail("migrate"))?;
-        let version = i32::try_from(i + 1).unwrap_or(i32::MAX);
+    let next = current.unsigned_abs() as usize + 1;
+    for (step, sql) in (next..).map_while(|step| Some(step).zip(schema::migration(step, schema))) {
+        tx.batch_execute(&sql).await.map_err(fail("migrate"))?;
+        let version = i32::try_from(step).unwrap_or(i32::MAX);
         tx.execute(
             &schema::render(
                 "INSERT INTO {s}.schema_version (version) VALUES ($1)",

@@ -10,8 +10,23 @@
 /// baton takes: `"bato"` in ASCII. The second key is `hashtext` of the schema and the queue.
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
-/// The migrations, in order; migration `i` brings the schema to version `i + 1`.
-pub(super) const MIGRATIONS: &[&str] = &[V1, V2];
+/// How many migrations there are: the newest schema version.
+pub(super) const MIGRATIONS: usize = 3;
+
+/// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
+/// for `schema`; `None` past the last.
+pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
+    let sql = match version {
+        1 => V1.to_owned(),
+        2 => format!(
+            "{V2}{}",
+            ENQUEUE.replace("{new_token}", "nextval('{s}.tokens')")
+        ),
+        3 => format!("{V3}{}", ENQUEUE.replace("{new_token}", TIMELINE_TOKEN)),
+        _ => return None,
+    };
+    Some(render(&sql, schema))
+}
 
 /// Version 1.
 ///
@@ -345,6 +360,11 @@ BEGIN
 END $$;
 DROP TRIGGER entries_inserted ON {s}.entries;
 
+"#;
+
+/// The enqueue of versions 2 and 3, which differ in how the new entry's token is made
+/// (`{new_token}`).
+const ENQUEUE: &str = r#"
 -- Creates `q/t` for lease `l` unless it exists, and reads the newest live entry before it.
 -- status: 'ok', 'lost' (the lease is gone or expired), 'abandoned' (the caller gave up on
 -- this request before it arrived).
@@ -388,7 +408,7 @@ BEGIN
             status := 'abandoned';
             RETURN;
         END IF;
-        e_token := nextval('{s}.tokens');
+        e_token := {new_token};
         INSERT INTO {s}.entries (key, token, lease, value) VALUES (k, e_token, l, v);
         -- Announced here rather than by a trigger (enqueue is the only insert; a statement
         -- trigger's transition table cost every enqueue more than this test).
@@ -414,6 +434,24 @@ BEGIN
         ORDER BY e.token DESC LIMIT 1;
     status := 'ok';
 END $$;
+"#;
+
+/// A new token in version 3: the timeline of the server's WAL in the top bits, the sequence
+/// below (2^40 values per timeline). See `V3`.
+const TIMELINE_TOKEN: &str = "({s}.timeline()::bigint << 40) + nextval('{s}.tokens')";
+
+/// Version 3: tokens carry the WAL timeline (docs/design.md, 2026-11-27). A promoted standby
+/// or a recovery to a point in time starts a new, higher timeline; an asynchronous standby
+/// may lack the primary's last commits, and with them the last advances of the sequence, so
+/// that the sequence alone would hand out tokens again. With the timeline above it, every
+/// token of the new timeline is above every token of the old one. Tokens made before this
+/// version (timeline bits 0) are below every token made after it.
+const V3: &str = r#"
+-- The timeline the server writes its WAL on now (the first 8 hex digits of the current WAL
+-- segment's name).
+CREATE FUNCTION {s}.timeline() RETURNS integer LANGUAGE sql VOLATILE AS $$
+    SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+$$;
 "#;
 
 /// The SQL of migration `sql` for schema `schema`.
