@@ -170,7 +170,7 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
 }
 
 /// An older schema is migrated on connect: a schema put back to version 1's shape (no
-/// `observed` table, the insert trigger back, no `timeline` function, the rows of versions 2
+/// `observed` table, the insert trigger back, no `timeline` function or column, the rows of versions 2
 /// and 3 gone) is brought to version 3 by the next backend that connects, and locks (with
 /// the timeline in their tokens) and observers work on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -189,6 +189,7 @@ async fn an_older_schema_is_migrated_on_connect() {
          CREATE TRIGGER entries_inserted AFTER INSERT ON {schema}.entries \
              REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT \
              EXECUTE FUNCTION {schema}.entries_changed(); \
+         ALTER TABLE {schema}.leases DROP COLUMN timeline; \
          DROP FUNCTION {schema}.timeline(); \
          DELETE FROM {schema}.schema_version WHERE version >= 2"
     ))
@@ -414,25 +415,7 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
     let first = Mutex::new(&s, "failover/0").unwrap().lock().await.unwrap();
     first.unlock().await.unwrap();
     // The standby has everything so far (the schema, the lease, the first grant).
-    let lsn: String = primary
-        .client()
-        .await
-        .unwrap()
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let st = standby.client().await.unwrap();
-    support::eventually("the standby replayed the first grant", || async {
-        st.query_one(
-            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-            &[&lsn],
-        )
-        .await
-        .is_ok_and(|r| r.get::<_, bool>(0))
-    })
-    .await;
-    drop(st);
+    caught_up(&primary, &standby).await;
     // Cut off, the standby misses what follows: the primary does not wait for it. More
     // grants than the sequence logs ahead (32), so that the standby's sequence is behind.
     link.black_hole();
@@ -447,6 +430,10 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         g.unlock().await.unwrap();
     }
     primary.stop_immediate().await.unwrap();
+    // The replication connection goes with the primary (`heal` closes it: left cut off, it
+    // would keep the standby's WAL receiver, and with it the promotion, waiting for
+    // `wal_receiver_timeout`, a minute).
+    link.heal();
     standby.promote().await.unwrap();
     // The application fails over to the promoted standby.
     drop((s, backend));
@@ -466,6 +453,81 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         );
         g.unlock().await.unwrap();
     }
+}
+
+/// Waits until `standby` has replayed everything `primary` wrote so far.
+async fn caught_up(primary: &PgNode, standby: &PgNode) {
+    let lsn: String = primary
+        .client()
+        .await
+        .unwrap()
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let st = standby.client().await.unwrap();
+    support::eventually("the standby replayed the primary's writes", || async {
+        st.query_one(
+            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+            &[&lsn],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, bool>(0))
+    })
+    .await;
+}
+
+/// A release the standby missed, then a failover: the released entry is back on the new
+/// primary, bound to the lease of a session that still renews (through an address that now
+/// leads to the new primary). A lease is renewed only on the timeline it was granted on, so
+/// the session is told lost, its lease runs out, and a waiter on the new primary gets the
+/// lock. (Before, the session kept renewing and the entry held the lock for as long as the
+/// session lived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() {
+    let primary = own_node().await;
+    // The schema first, so that the standby has it.
+    drop(primary.backend().await.unwrap());
+    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    // The client reaches the primary through a fixed address, which the failover moves.
+    let front = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let url = format!("postgres://postgres@{}/postgres", front.addr());
+    // A request sent as the primary dies waits for no answer: retried soon (on the promoted
+    // standby once the address moves), so that the session outlives the failover.
+    let options = PgOptions::new().with_request_timeout(Duration::from_secs(1));
+    let backend = PgBackend::connect(&url, options).await.unwrap();
+    // Longer than the failover takes: the lease would not run out by itself meanwhile.
+    let s = session(&backend, Duration::from_secs(15)).await;
+    let name = test_name("failover-ghost");
+    let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    caught_up(&primary, &standby).await;
+    link.black_hole();
+    g.unlock().await.unwrap();
+    primary.stop_immediate().await.unwrap();
+    link.heal();
+    standby.promote().await.unwrap();
+    front
+        .redirect(&format!("127.0.0.1:{}", standby.port()))
+        .unwrap();
+    front.heal();
+    let after = standby.backend().await.unwrap();
+    let w = session(&after, Duration::from_secs(30)).await;
+    let next = within(
+        "the waiter on the new primary",
+        Duration::from_secs(40),
+        async { Mutex::new(&w, &name).unwrap().lock().await.unwrap() },
+    )
+    .await;
+    assert!(
+        s.is_lost(),
+        "the session whose lease is of the old timeline was told lost"
+    );
+    next.unlock().await.unwrap();
 }
 
 /// `pg_terminate_backend` on the holder's connections and then on the waiter's: each

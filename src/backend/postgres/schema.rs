@@ -440,17 +440,33 @@ END $$;
 /// below (2^40 values per timeline). See `V3`.
 const TIMELINE_TOKEN: &str = "({s}.timeline()::bigint << 40) + nextval('{s}.tokens')";
 
-/// Version 3: tokens carry the WAL timeline (docs/design.md, 2026-11-27). A promoted standby
-/// or a recovery to a point in time starts a new, higher timeline; an asynchronous standby
-/// may lack the primary's last commits, and with them the last advances of the sequence, so
-/// that the sequence alone would hand out tokens again. With the timeline above it, every
-/// token of the new timeline is above every token of the old one. Tokens made before this
-/// version (timeline bits 0) are below every token made after it.
+/// Version 3: tokens and leases carry the WAL timeline (docs/design.md, 2026-11-27). A
+/// promoted standby or a recovery to a point in time starts a new, higher timeline; an
+/// asynchronous standby may lack the primary's last commits: the last advances of the
+/// sequence, so that the sequence alone would hand out tokens again, and the last releases,
+/// whose entries come back. With the timeline above the sequence, every token of the new
+/// timeline is above every token of the old one (tokens made before this version, timeline
+/// bits 0, are below every token made after it). A lease is renewed only on the timeline it
+/// was granted on: after a promotion every session is told lost at its next renewal and its
+/// lease runs out, and with it whatever the old primary's lost commits left behind.
 const V3: &str = r#"
 -- The timeline the server writes its WAL on now (the first 8 hex digits of the current WAL
 -- segment's name).
 CREATE FUNCTION {s}.timeline() RETURNS integer LANGUAGE sql VOLATILE AS $$
     SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
+$$;
+
+-- The timeline each lease was granted on (the leases of before this version: the current).
+ALTER TABLE {s}.leases ADD COLUMN timeline integer NOT NULL DEFAULT 0;
+UPDATE {s}.leases SET timeline = {s}.timeline();
+ALTER TABLE {s}.leases ALTER COLUMN timeline SET DEFAULT {s}.timeline();
+
+-- Renews a lease that has not expired and was granted on the current timeline; its TTL, or
+-- NULL (expired leases are never renewed, nor those of a timeline before a promotion).
+CREATE OR REPLACE FUNCTION {s}.renew(lid bigint) RETURNS bigint LANGUAGE sql AS $$
+    UPDATE {s}.leases SET deadline = clock_timestamp() + ttl_ms * interval '1 millisecond'
+    WHERE id = lid AND deadline > clock_timestamp() AND timeline = {s}.timeline()
+    RETURNING ttl_ms
 $$;
 "#;
 
