@@ -418,7 +418,7 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
     caught_up(&primary, &standby).await;
     // Cut off, the standby misses what follows: the primary does not wait for it. More
     // grants than the sequence logs ahead (32), so that the standby's sequence is behind.
-    link.black_hole();
+    cut_off(&link);
     let mut highest = FencingToken::new(0);
     for i in 0..100 {
         let g = Mutex::new(&s, format!("failover/{}", i % 4))
@@ -430,13 +430,8 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         g.unlock().await.unwrap();
     }
     primary.stop_immediate().await.unwrap();
-    // The replication connection goes with the primary (`heal` closes it: left cut off, it
-    // would keep the standby's WAL receiver, and with it the promotion, waiting for
-    // `wal_receiver_timeout`, a minute).
-    link.heal();
     standby.promote().await.unwrap();
     // The application fails over to the promoted standby.
-    drop((s, backend));
     let after = standby.backend().await.unwrap();
     let s2 = session(&after, Duration::from_secs(30)).await;
     for i in 0..4 {
@@ -453,6 +448,18 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         );
         g.unlock().await.unwrap();
     }
+}
+
+/// Cuts a standby off from its primary: closes its replication connection through `link` and
+/// sends its reconnects to a closed port. (A black hole would leave the primary's WAL sender
+/// and the standby's WAL receiver waiting on a connection that answers nothing, which makes
+/// the primary's shutdown or the promotion wait up to a minute.)
+fn cut_off(link: &Proxy) {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    link.redirect(&closed.to_string()).expect("redirect");
+    link.heal();
 }
 
 /// Waits until `standby` has replayed everything `primary` wrote so far.
@@ -506,10 +513,9 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
     let name = test_name("failover-ghost");
     let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     caught_up(&primary, &standby).await;
-    link.black_hole();
+    cut_off(&link);
     g.unlock().await.unwrap();
     primary.stop_immediate().await.unwrap();
-    link.heal();
     standby.promote().await.unwrap();
     front
         .redirect(&format!("127.0.0.1:{}", standby.port()))

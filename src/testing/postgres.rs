@@ -79,7 +79,12 @@ impl PgNode {
         let port = free_port()?;
         let mut all = vec![port.to_string(), "-c".into(), "max_connections=400".into()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        let container = POSTGRES.start_container_with_files(all, Vec::new()).await?;
+        PgNode::launch(&POSTGRES, port, all).await
+    }
+
+    /// Starts `server`'s container on `port` with `args` and waits until it answers.
+    async fn launch(server: &Server, port: u16, args: Vec<String>) -> Result<PgNode, FixtureError> {
+        let container = server.start_container_with_files(args, Vec::new()).await?;
         let node = PgNode {
             port,
             container,
@@ -110,16 +115,7 @@ impl PgNode {
             "-c".into(),
             "max_connections=400".into(),
         ];
-        let container = POSTGRES_STANDBY
-            .start_container_with_files(args, Vec::new())
-            .await?;
-        let node = PgNode {
-            port,
-            container,
-            poolers: std::sync::Mutex::new(Vec::new()),
-        };
-        node.wait_ready().await?;
-        Ok(node)
+        PgNode::launch(&POSTGRES_STANDBY, port, args).await
     }
 
     /// Promotes this standby to a primary (`pg_promote()`, which waits until it is one): it

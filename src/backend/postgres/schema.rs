@@ -440,7 +440,7 @@ END $$;
 /// below (2^40 values per timeline). See `V3`.
 const TIMELINE_TOKEN: &str = "({s}.timeline()::bigint << 40) + nextval('{s}.tokens')";
 
-/// Version 3: tokens and leases carry the WAL timeline (docs/design.md, 2026-11-27). A
+/// Version 3: tokens and leases carry the WAL timeline (docs/design.md, 2026-11-26). A
 /// promoted standby or a recovery to a point in time starts a new, higher timeline; an
 /// asynchronous standby may lack the primary's last commits: the last advances of the
 /// sequence, so that the sequence alone would hand out tokens again, and the last releases,
@@ -487,6 +487,20 @@ pub(super) fn plain_identifier(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn migrations_differ_only_where_they_say() {
+        let v2 = migration(2, "baton").unwrap_or_default();
+        let v3 = migration(3, "baton").unwrap_or_default();
+        assert!(v2.contains("e_token := nextval('baton.tokens');"), "{v2}");
+        assert!(
+            v3.contains("e_token := (baton.timeline()::bigint << 40) + nextval('baton.tokens');"),
+            "{v3}"
+        );
+        assert!(!v2.contains("{new_token}") && !v3.contains("{new_token}"));
+        assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
+        assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
+    }
 
     #[test]
     fn schema_names_are_plain_identifiers() {
