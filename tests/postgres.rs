@@ -400,8 +400,8 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
 /// A failover to an asynchronous standby that missed the primary's last commits (replication
 /// cut, then the primary crashes, the standby is promoted): the new primary's sequence is
 /// behind tokens the old one handed out, yet its grants carry higher tokens than every grant
-/// of the old primary, because a token starts with the timeline, which a promotion raises. A
-/// fence that saw the old grants admits the new ones and refuses the old holders.
+/// of the old primary, because a token starts with the timeline, which a promotion raises
+/// (so a fence that saw the old grants admits the new ones).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
     let primary = own_node().await;

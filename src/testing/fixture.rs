@@ -304,47 +304,40 @@ impl Server {
         if checked.contains(&self.default_image) {
             return Ok(());
         }
-        let docker = |args: &[&str]| {
-            tokio::process::Command::new("docker")
-                .args(args)
+        // Present, and (if a layout is asked for) built by the current script.
+        let inspected = tokio::process::Command::new("docker")
+            .args([
+                "image",
+                "inspect",
+                "--format",
+                "{{index .Config.Labels \"baton.layout\"}}",
+                self.default_image,
+            ])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .await;
+        let present = inspected.is_ok_and(|out| {
+            let label = String::from_utf8_lossy(&out.stdout);
+            let current = self.layout.is_none_or(|layout| label.trim() == layout);
+            if out.status.success() && !current {
+                announce(&format!(
+                    "the image {} was built by an older script (its baton.layout label is \
+                     not {})",
+                    self.default_image,
+                    self.layout.unwrap_or_default()
+                ));
+            }
+            out.status.success() && current
+        });
+        if !present {
+            let daemon = tokio::process::Command::new("docker")
+                .args(["version", "--format", "{{.Server.Version}}"])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-        };
-        // Present, and (if a layout is asked for) built by the current script.
-        let present = match self.layout {
-            None => docker(&["image", "inspect", self.default_image])
-                .await
-                .is_ok_and(|status| status.success()),
-            Some(layout) => {
-                let label = tokio::process::Command::new("docker")
-                    .args([
-                        "image",
-                        "inspect",
-                        "--format",
-                        "{{index .Config.Labels \"baton.layout\"}}",
-                        self.default_image,
-                    ])
-                    .stdin(Stdio::null())
-                    .stderr(Stdio::null())
-                    .output()
-                    .await;
-                label.is_ok_and(|out| {
-                    let current = String::from_utf8_lossy(&out.stdout).trim() == layout;
-                    if out.status.success() && !current {
-                        announce(&format!(
-                            "the image {} was built by an older script (its baton.layout label \
-                             is not {layout})",
-                            self.default_image
-                        ));
-                    }
-                    out.status.success() && current
-                })
-            }
-        };
-        if !present {
-            let daemon = docker(&["version", "--format", "{{.Server.Version}}"]).await;
+                .await;
             if !daemon.is_ok_and(|status| status.success()) {
                 // No CLI or no daemon: nothing to build with; the container start says why.
                 return Ok(());
