@@ -174,8 +174,10 @@ impl ConnectOptions {
         self
     }
 
-    /// Redis's restart grace (see `RedisOptions::with_restart_grace`; its default when not
-    /// set). Other backends do not lose their state on a restart and ignore it.
+    /// The restart grace of Redis (see `RedisOptions::with_restart_grace`) and PostgreSQL
+    /// (after a new WAL timeline: `PgOptions::with_restart_grace`); their default when not
+    /// set. etcd and ZooKeeper do not lose their state on a restart or a failover and ignore
+    /// it.
     pub fn with_restart_grace(mut self, grace: Duration) -> Self {
         self.restart_grace = Some(grace);
         self
@@ -347,7 +349,10 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
                      baton's PostgreSQL backend does not speak TLS yet",
                 ));
             }
-            let pg = crate::PgOptions::new().with_connect_timeout(options.connect_timeout);
+            let mut pg = crate::PgOptions::new().with_connect_timeout(options.connect_timeout);
+            if let Some(grace) = options.restart_grace {
+                pg = pg.with_restart_grace(grace);
+            }
             Ok(Arc::new(crate::PgBackend::connect(&url, pg).await?))
         }
         #[cfg(not(feature = "postgres"))]

@@ -126,7 +126,8 @@ pub enum Error {
 
     /// A `try_*` call found that the backend grants nothing at all for now: its state was
     /// lost or rolled back, and a holder from before may still believe it holds (a Redis
-    /// restart grace, `RedisOptions::with_restart_grace`). The lock may be free; nothing was
+    /// restart grace, `RedisOptions::with_restart_grace`; PostgreSQL's after a promoted
+    /// standby, `PgOptions::with_restart_grace`). The lock may be free; nothing was
     /// left behind. A waiting call (`lock()`) waits it out.
     #[error(
         "lock `{name}` cannot be granted for {:.1} s more: the backend's restart grace (its state was lost or rolled back; a holder from before may still believe it holds)",

@@ -170,9 +170,10 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
 }
 
 /// An older schema is migrated on connect: a schema put back to version 1's shape (no
-/// `observed` table, the insert trigger back, no `timeline` function or column, the rows of versions 2
-/// and 3 gone) is brought to version 3 by the next backend that connects, and locks (with
-/// the timeline in their tokens) and observers work on it.
+/// `observed` table, the insert trigger back, no `timeline` function or column, no
+/// `timelines` table, the rows of versions 2 to 4 gone) is brought to version 4 by the next
+/// backend that connects, and locks (with the timeline in their tokens, granted at once on
+/// timeline 1) and observers work on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_schema_is_migrated_on_connect() {
     let node = PgNode::shared();
@@ -190,6 +191,8 @@ async fn an_older_schema_is_migrated_on_connect() {
              REFERENCING NEW TABLE AS fresh FOR EACH STATEMENT \
              EXECUTE FUNCTION {schema}.entries_changed(); \
          ALTER TABLE {schema}.leases DROP COLUMN timeline; \
+         DROP FUNCTION {schema}.timeline_age(); \
+         DROP TABLE {schema}.timelines; \
          DROP FUNCTION {schema}.timeline(); \
          DELETE FROM {schema}.schema_version WHERE version >= 2"
     ))
@@ -204,11 +207,17 @@ async fn an_older_schema_is_migrated_on_connect() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     let session = Session::new(b.clone()).await.unwrap();
     let name = test_name("migrated");
     let mut heads = b.observe_head(&name);
-    let guard = Mutex::new(&session, &name).unwrap().lock().await.unwrap();
+    // Timeline 1 (never promoted nor recovered) has no restart grace: granted at once.
+    let guard = within(
+        "the lock on the migrated schema",
+        Duration::from_secs(10),
+        async { Mutex::new(&session, &name).unwrap().lock().await.unwrap() },
+    )
+    .await;
     // Version 3: the token starts with the timeline (1: this server was never promoted).
     assert_eq!(
         guard.fencing_token().get() >> 40,
@@ -411,14 +420,15 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         .await
         .unwrap();
     let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
-    let s = session(&backend, Duration::from_secs(30)).await;
+    let ttl = Duration::from_secs(5);
+    let s = session(&backend, ttl).await;
     let first = Mutex::new(&s, "failover/0").unwrap().lock().await.unwrap();
     first.unlock().await.unwrap();
     // The standby has everything so far (the schema, the lease, the first grant).
     caught_up(&primary, &standby).await;
     // Cut off, the standby misses what follows: the primary does not wait for it. More
     // grants than the sequence logs ahead (32), so that the standby's sequence is behind.
-    cut_off(&link);
+    link.refuse().unwrap();
     let mut highest = FencingToken::new(0);
     for i in 0..100 {
         let g = Mutex::new(&s, format!("failover/{}", i % 4))
@@ -431,8 +441,10 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
     }
     primary.stop_immediate().await.unwrap();
     standby.promote().await.unwrap();
-    // The application fails over to the promoted standby.
-    let after = standby.backend().await.unwrap();
+    // The application fails over to the promoted standby, which grants nothing for the
+    // restart grace (the old session's TTL).
+    let options = PgOptions::new().with_restart_grace(ttl);
+    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
     let s2 = session(&after, Duration::from_secs(30)).await;
     for i in 0..4 {
         let g = Mutex::new(&s2, format!("failover/{i}"))
@@ -448,18 +460,6 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         );
         g.unlock().await.unwrap();
     }
-}
-
-/// Cuts a standby off from its primary: closes its replication connection through `link` and
-/// sends its reconnects to a closed port. (A black hole would leave the primary's WAL sender
-/// and the standby's WAL receiver waiting on a connection that answers nothing, which makes
-/// the primary's shutdown or the promotion wait up to a minute.)
-fn cut_off(link: &Proxy) {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port");
-    link.redirect(&closed.to_string()).expect("redirect");
-    link.heal();
 }
 
 /// Waits until `standby` has replayed everything `primary` wrote so far.
@@ -509,11 +509,12 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
     let options = PgOptions::new().with_request_timeout(Duration::from_secs(1));
     let backend = PgBackend::connect(&url, options).await.unwrap();
     // Longer than the failover takes: the lease would not run out by itself meanwhile.
-    let s = session(&backend, Duration::from_secs(15)).await;
+    let ttl = Duration::from_secs(15);
+    let s = session(&backend, ttl).await;
     let name = test_name("failover-ghost");
     let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     caught_up(&primary, &standby).await;
-    cut_off(&link);
+    link.refuse().unwrap();
     g.unlock().await.unwrap();
     primary.stop_immediate().await.unwrap();
     standby.promote().await.unwrap();
@@ -521,7 +522,8 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
         .redirect(&format!("127.0.0.1:{}", standby.port()))
         .unwrap();
     front.heal();
-    let after = standby.backend().await.unwrap();
+    let options = PgOptions::new().with_restart_grace(ttl);
+    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
     let w = session(&after, Duration::from_secs(30)).await;
     let next = within(
         "the waiter on the new primary",
@@ -534,6 +536,138 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
         "the session whose lease is of the old timeline was told lost"
     );
     next.unlock().await.unwrap();
+}
+
+/// A grant the standby missed, then a failover: on the new primary nothing says the lock is
+/// held (its entry was never replicated), yet its holder believes it holds until its session
+/// is told lost, up to its TTL after it last renewed on the old primary. A promotion starts a
+/// new WAL timeline, on which nothing is granted for the restart grace (at least every
+/// session's TTL): the holder is told lost before anyone else is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_its_holder_is_told() {
+    let primary = own_node().await;
+    drop(primary.backend().await.unwrap());
+    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    let ttl = Duration::from_secs(6);
+    let backend = primary.backend().await.unwrap();
+    let s = session(&backend, ttl).await;
+    caught_up(&primary, &standby).await;
+    link.refuse().unwrap();
+    let name = test_name("failover-missed-grant");
+    let held = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    primary.stop_immediate().await.unwrap();
+    standby.promote().await.unwrap();
+    let options = PgOptions::new().with_restart_grace(ttl);
+    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
+    let w = session(&after, Duration::from_secs(30)).await;
+    let next = within(
+        "the waiter on the new primary",
+        Duration::from_secs(30),
+        async { Mutex::new(&w, &name).unwrap().lock().await.unwrap() },
+    )
+    .await;
+    assert!(
+        s.is_lost(),
+        "granted again (token {}) while the holder the standby missed (token {}) was not told \
+         it lost its session",
+        next.fencing_token(),
+        held.fencing_token()
+    );
+    assert!(next.fencing_token() > held.fencing_token());
+    next.unlock().await.unwrap();
+    // A schema created on the new timeline lost nothing: no grace there.
+    let fresh = PgOptions::new()
+        .with_schema("baton_after_failover")
+        .with_restart_grace(Duration::from_secs(60));
+    let fresh = PgBackend::connect(&standby.url(), fresh).await.unwrap();
+    let f = session(&fresh, Duration::from_secs(30)).await;
+    within(
+        "a lock in a schema created after the failover",
+        Duration::from_secs(10),
+        async { Mutex::new(&f, &name).unwrap().lock().await.unwrap() },
+    )
+    .await
+    .unlock()
+    .await
+    .unwrap();
+}
+
+/// A waiter queued before a failover is woken on the new timeline by a deletion's notice that
+/// names it the head (its holder's lease ended there, as an expiry of a lease whose renewals
+/// the standby missed would). The notice comes from a timeline still in its restart grace, so
+/// the waiter does not take it at its word: it reads again and waits the grace out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_a_notice_naming_the_next_holder_waits_the_grace() {
+    let primary = own_node().await;
+    drop(primary.backend().await.unwrap());
+    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    // The waiter reaches the primary through a fixed address, which the failover moves.
+    let front = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .unwrap();
+    let grace = Duration::from_secs(6);
+    let options = PgOptions::new()
+        .with_request_timeout(Duration::from_secs(1))
+        .with_restart_grace(grace);
+    let url = format!(
+        "postgres://postgres@{}/postgres?application_name=failover_waiter",
+        front.addr()
+    );
+    let wb = PgBackend::connect(&url, options).await.unwrap();
+    let hb = primary.backend().await.unwrap();
+    let holder = session(&hb, Duration::from_secs(30)).await;
+    // Not renewed during the test (every 40 s), so not told lost by the new primary.
+    let waiter = session(&wb, Duration::from_secs(120)).await;
+    let name = test_name("failover-notice");
+    let _held = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
+    let queued = support::spawn_queued(&hb, &waiter, &name, 2).await;
+    caught_up(&primary, &standby).await;
+    primary.stop_immediate().await.unwrap();
+    standby.promote().await.unwrap();
+    front
+        .redirect(&format!("127.0.0.1:{}", standby.port()))
+        .unwrap();
+    front.heal();
+    let raw = standby.client().await.unwrap();
+    // Its LISTEN connection is back on the new primary, and it has looked at the holder's
+    // entry again there (and so waits for a notice, nothing else).
+    support::eventually("the waiter waits on the new primary", || async {
+        raw.query_one(
+            "SELECT count(*) FILTER (WHERE query LIKE 'LISTEN%'), \
+                    count(*) FILTER (WHERE query LIKE '%.alive(%' AND state = 'idle') \
+             FROM pg_stat_activity WHERE application_name = 'failover_waiter'",
+            &[],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, i64>(0) >= 1 && r.get::<_, i64>(1) >= 1)
+    })
+    .await;
+    assert!(!waiter.is_lost());
+    let ended = std::time::Instant::now();
+    let n = raw
+        .execute(
+            "DELETE FROM baton.leases WHERE id = $1",
+            &[&holder.lease_id().get()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1, "the holder's lease is on the new primary");
+    let next = within("the waiter", Duration::from_secs(30), queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        ended.elapsed() >= grace - Duration::from_secs(1),
+        "granted {:?} after the notice, within the restart grace ({grace:?})",
+        ended.elapsed()
+    );
+    drop(next);
 }
 
 /// `pg_terminate_backend` on the holder's connections and then on the waiter's: each
@@ -879,11 +1013,11 @@ async fn one_release_notifies_one_waiter() {
         }
         notified.push(payload);
     }
-    // The released entry's token, and the head it left: the next waiter, which is granted
-    // from this notice without reading the queue.
+    // The released entry's token, the head it left (the next waiter, which is granted from
+    // this notice without reading the queue) and the timeline (1: never promoted).
     assert_eq!(
         notified,
-        vec![format!("{} {}", queued[0].token(), queued[1].token())],
+        vec![format!("{} {} 1", queued[0].token(), queued[1].token())],
         "one notification per release, naming the new head"
     );
     assert_eq!(next.fencing_token(), queued[1].token());

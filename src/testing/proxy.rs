@@ -234,6 +234,22 @@ impl Proxy {
         *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = upstream;
         Ok(())
     }
+
+    /// Closes every connection and sends new ones to a closed port, until
+    /// [`redirect`](Self::redirect) and [`heal`](Self::heal) name a server again: the server
+    /// is gone, and both ends learn it at once. (After [`black_hole`](Self::black_hole) each
+    /// end waits on a connection that answers nothing: a PostgreSQL primary's shutdown, or a
+    /// standby's promotion, waits up to a minute for its replication connection.)
+    ///
+    /// # Errors
+    /// The operating system's error if no port can be had.
+    pub fn refuse(&self) -> std::io::Result<()> {
+        // A port bound and released at once: nothing listens there.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        self.redirect(&closed.to_string())?;
+        self.heal();
+        Ok(())
+    }
 }
 
 /// `ip:port` or `http://ip:port`, on the loopback interface.

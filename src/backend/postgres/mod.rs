@@ -4,6 +4,7 @@
 
 mod conn;
 mod fence;
+mod grace;
 mod listener;
 mod observe;
 mod schema;
@@ -23,6 +24,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
 
 use self::conn::Conn;
+use self::grace::Grace;
 use self::listener::{Heard, Listener};
 use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
 use crate::error::{BoxError, Error, LostReason, Result, Where};
@@ -47,6 +49,7 @@ pub struct PgOptions {
     request_timeout: Duration,
     retry_for: Duration,
     schema: String,
+    restart_grace: Duration,
 }
 
 impl Default for PgOptions {
@@ -57,13 +60,14 @@ impl Default for PgOptions {
 
 impl PgOptions {
     /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, schema
-    /// `baton`.
+    /// `baton`, restart grace 60 s (the default session TTL).
     pub fn new() -> Self {
         PgOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(10),
             schema: "baton".to_owned(),
+            restart_grace: crate::SessionOptions::DEFAULT_TTL,
         }
     }
 
@@ -93,6 +97,27 @@ impl PgOptions {
     /// returned. Keep it well below your session TTL.
     pub fn with_retry_for(mut self, duration: Duration) -> Self {
         self.retry_for = duration;
+        self
+    }
+
+    /// How long nothing is granted after the server began a new WAL timeline (default 60 s,
+    /// the default session TTL): after a standby's promotion, or a recovery to a point in
+    /// time.
+    ///
+    /// A standby promoted by a failover may lack the old primary's last commits: a grant (its
+    /// entry is missing, so the lock looks free), a renewal (a lease looks older than it is).
+    /// The old holder still believes it holds until its session is told lost, for at most
+    /// its session TTL after it last renewed on the old primary. So nothing is granted on a
+    /// new timeline until the grace has passed since baton first saw it; set the grace to at
+    /// least the longest session TTL of every client of this database. A shorter grace lets
+    /// a new holder overlap an old one (a fence still refuses the old holder's writes: tokens
+    /// of a new timeline are above every token of the old). Each wait is logged once
+    /// (`warn`). A server never promoted or recovered (timeline 1), and a schema created on
+    /// the timeline it runs on, wait nothing.
+    ///
+    /// `Duration::ZERO` turns the wait off.
+    pub fn with_restart_grace(mut self, grace: Duration) -> Self {
+        self.restart_grace = grace;
         self
     }
 }
@@ -175,16 +200,22 @@ impl Sql {
             revoke: r("DELETE FROM {s}.leases WHERE id = $1"),
             lease_ttl: r("SELECT {s}.ms_left(deadline) FROM {s}.leases \
                  WHERE id = $1 AND deadline > clock_timestamp()"),
-            enqueue: r("SELECT * FROM {s}.enqueue($1, $2, $3, $4, $5)"),
+            // With the timeline and its age: the grant decision and the restart grace, read in
+            // one statement.
+            enqueue: r(
+                "SELECT e.*, a.tl, a.age_ms FROM {s}.enqueue($1, $2, $3, $4, $5) e, \
+                 {s}.timeline_age() a",
+            ),
             find: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE e.key = $1"
             )),
             abandon: r("SELECT * FROM {s}.abandon($1, $2, $3)"),
             ahead: r(&format!(
-                "SELECT me.ok, x.key, x.token, x.lease, x.value FROM \
+                "SELECT me.ok, x.key, x.token, x.lease, x.value, a.tl, a.age_ms FROM \
                  (SELECT EXISTS (SELECT 1 FROM {{s}}.entries e {live} \
                   WHERE e.key = $3 AND e.token = $4) AS ok) me \
+                 CROSS JOIN {{s}}.timeline_age() a \
                  LEFT JOIN LATERAL (SELECT e.key::text, e.token, e.lease, e.value \
                   FROM {{s}}.entries e {live} WHERE {range} AND e.token < $4 \
                   ORDER BY e.token DESC LIMIT $5) x ON me.ok"
@@ -239,6 +270,8 @@ struct Inner {
     retry_for: Duration,
     /// Stamps for enqueue and abandon (see `abandon`).
     stamps: AtomicI64,
+    /// The restart grace of the timelines seen.
+    grace: Grace,
 }
 
 /// The PostgreSQL backend: baton's queues in a schema of its own (`baton` by default) on
@@ -418,6 +451,7 @@ impl PgBackend {
         hears_notifications(&listener, &client, options.connect_timeout)
             .await
             .map_err(|e| e.at_endpoint(&target.endpoint))?;
+        let grace = Grace::new(options.restart_grace, target.endpoint.clone());
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 target,
@@ -427,6 +461,7 @@ impl PgBackend {
                 request_timeout: options.request_timeout,
                 retry_for: options.retry_for,
                 stamps: AtomicI64::new(1),
+                grace,
             }),
         })
     }
@@ -628,8 +663,9 @@ impl PgBackend {
     }
 
     /// Waits until `entry` (this incarnation) is gone. Returns the token of the head its
-    /// queue had in the deleting transaction, when a notification said so.
-    async fn await_deletion(&self, entry: &Entry) -> Result<Option<i64>> {
+    /// queue had in the deleting transaction and the timeline that transaction ran on, when a
+    /// notification said so.
+    async fn await_deletion(&self, entry: &Entry) -> Result<Option<(i64, i32)>> {
         let sql = &self.inner.sql.alive;
         let key = entry.key();
         let token = token_of(entry);
@@ -649,12 +685,15 @@ impl PgBackend {
             })
         };
         // The deleting transaction's NOTIFY carries the token it deleted (that incarnation is
-        // gone, no need to read it again) and the head of the queue it left, if any.
+        // gone, no need to read it again), and the head of the queue it left, if any, with
+        // the timeline it ran on.
         let token_text = token.to_string();
         self.wait_on(self.inner.sql.channel('e', key), check, |payload| {
             let mut words = payload.split(' ');
-            (words.next() == Some(token_text.as_str()))
-                .then(|| words.next().and_then(|head| head.parse().ok()))
+            (words.next() == Some(token_text.as_str())).then(|| {
+                let head = words.next()?.parse().ok()?;
+                Some((head, words.next()?.parse().ok()?))
+            })
         })
         .await
     }
@@ -837,6 +876,18 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
         .map_err(fail("migrate"))?;
         tracing::info!(schema, version, "migrated baton's schema");
     }
+    if current == 0 {
+        // Created just now: no state of before can have been lost on this timeline.
+        tx.execute(
+            &schema::render(
+                "UPDATE {s}.timelines SET began = '-infinity' WHERE timeline = {s}.timeline()",
+                schema,
+            ),
+            &[],
+        )
+        .await
+        .map_err(fail("migrate"))?;
+    }
     tx.commit().await.map_err(fail("migrate"))?;
     Ok(())
 }
@@ -952,7 +1003,17 @@ impl Backend for PgBackend {
                 Some(LeaseId::new(row.get(6))),
             )
         });
+        let left = self.inner.grace.seen(row.get(8), row.get(9));
+        let predecessor = self
+            .inner
+            .grace
+            .pad(predecessor.into_iter().collect(), 1, left)
+            .pop();
         Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
+    }
+
+    fn grants_nothing_for(&self) -> Option<Duration> {
+        self.inner.grace.left()
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
@@ -1007,7 +1068,7 @@ impl Backend for PgBackend {
         let (lo, hi) = (&lo, &hi);
         let key = mine.key();
         let token = token_of(mine);
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let most = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .read_request("ahead", |c| async move {
                 c.query(
@@ -1017,22 +1078,24 @@ impl Backend for PgBackend {
                         (hi, Type::TEXT),
                         (&key, Type::TEXT),
                         (&token, Type::INT8),
-                        (&limit, Type::INT8),
+                        (&most, Type::INT8),
                     ],
                 )
                 .await
             })
             .await?;
-        if !rows.first().is_some_and(|r| r.get::<_, bool>(0)) {
+        let Some(first) = rows.first().filter(|r| r.get::<_, bool>(0)) else {
             return Err(Error::EntryGone {
                 key: mine.key().to_owned(),
             });
-        }
-        Ok(rows
+        };
+        let left = self.inner.grace.seen(first.get(5), first.get(6));
+        let ahead = rows
             .iter()
             .filter(|r| r.get::<_, Option<String>>(1).is_some())
             .map(|r| entry_from(r, 1))
-            .collect())
+            .collect();
+        Ok(self.inner.grace.pad(ahead, limit, left))
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
@@ -1041,14 +1104,25 @@ impl Backend for PgBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
+        if Grace::is_stand_in(entry) {
+            self.inner.grace.wait().await;
+            return Ok(());
+        }
         self.await_deletion(entry).await.map(drop)
     }
 
     async fn wait_gone_then_head(&self, predecessor: &Entry, mine: &Entry) -> Result<bool> {
+        if Grace::is_stand_in(predecessor) {
+            self.inner.grace.wait().await;
+            return Ok(self.was_head(mine).await.unwrap_or(false));
+        }
         // The deleting transaction's notice names the head it left behind: no read needed
         // when that is `mine` (present, live, nothing older, in the state that deletion
-        // committed).
-        if self.await_deletion(predecessor).await? == Some(token_of(mine)) {
+        // committed), on a timeline out of its restart grace.
+        if let Some((head, timeline)) = self.await_deletion(predecessor).await?
+            && head == token_of(mine)
+            && self.inner.grace.is_clear(timeline)
+        {
             return Ok(true);
         }
         Ok(self.was_head(mine).await.unwrap_or(false))

@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 3;
+pub(super) const MIGRATIONS: usize = 4;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -19,10 +19,15 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
     let sql = match version {
         1 => V1.to_owned(),
         2 => format!(
-            "{V2}{}",
+            "{V2}{}DROP TRIGGER entries_inserted ON {{s}}.entries;\n\n{}",
+            ENTRIES_CHANGED.replace("{head_suffix}", ""),
             ENQUEUE.replace("{new_token}", "nextval('{s}.tokens')")
         ),
         3 => format!("{V3}{}", ENQUEUE.replace("{new_token}", TIMELINE_TOKEN)),
+        4 => format!(
+            "{V4}{}",
+            ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()")
+        ),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -314,7 +319,12 @@ CREATE TABLE {s}.observed (
     pid     integer NOT NULL,
     PRIMARY KEY (channel, pid)
 );
+"#;
 
+/// The entries' trigger function of versions 2 and 4, which differ in what a deletion's
+/// notification says after the head (`{head_suffix}`): version 4 adds the timeline the
+/// deleting transaction ran on.
+const ENTRIES_CHANGED: &str = r#"
 -- Every change of entries is announced: a deleted entry on its own channel (the one waiter
 -- of that entry wakes; the payload is its token and the head its queue has now), and every
 -- change on the channel of each observed queue the entry is in (for observers: see
@@ -329,7 +339,7 @@ BEGIN
                 SELECT n.token FROM {s}.entries n JOIN {s}.leases ls ON ls.id = n.lease
                 WHERE n.key >= (g.q || '/') COLLATE "C" AND n.key < (g.q || '0') COLLATE "C"
                   AND ls.deadline > clock_timestamp()
-                ORDER BY n.token LIMIT 1), ''))
+                ORDER BY n.token LIMIT 1){head_suffix}, ''))
             FROM (SELECT key, token, left(key, length(key) - strpos(reverse(key), '/')) AS q
                   FROM gone) AS g;
         IF NOT EXISTS (SELECT 1 FROM {s}.observed) THEN
@@ -358,8 +368,6 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
-DROP TRIGGER entries_inserted ON {s}.entries;
-
 "#;
 
 /// The enqueue of versions 2 and 3, which differ in how the new entry's token is made
@@ -470,6 +478,43 @@ CREATE OR REPLACE FUNCTION {s}.renew(lid bigint) RETURNS bigint LANGUAGE sql AS 
 $$;
 "#;
 
+/// Version 4: the restart grace after a new timeline (docs/design.md, 2026-11-26). A standby
+/// promoted by a failover may lack the old primary's last grants and renewals, so a lock may
+/// look free, or a lease older than it is, while its holder still believes it holds. Every
+/// grant decision reads how long baton has known the current timeline (`timeline_age`), and
+/// the client grants nothing until its restart grace has passed on it
+/// (`PgOptions::with_restart_grace`). A deletion's notification names the timeline it was
+/// sent on, so that a waiter woken on a timeline still in its grace reads again instead of
+/// taking the notification's word.
+const V4: &str = r#"
+-- The timelines baton has run on, and when it first saw each (`-infinity`: the timeline it
+-- was created on, or timeline 1, which was never promoted nor recovered: nothing was lost).
+CREATE TABLE {s}.timelines (
+    timeline integer PRIMARY KEY,
+    began    timestamptz NOT NULL
+);
+INSERT INTO {s}.timelines (timeline, began) VALUES ({s}.timeline(),
+    CASE WHEN {s}.timeline() = 1 THEN '-infinity'::timestamptz ELSE clock_timestamp() END);
+
+-- The current timeline, and how many milliseconds ago baton first saw it (recorded at the
+-- first call on it); NULL: since before anything could have been lost.
+CREATE FUNCTION {s}.timeline_age(OUT tl integer, OUT age_ms bigint) LANGUAGE plpgsql AS $$
+DECLARE
+    b timestamptz;
+BEGIN
+    tl := {s}.timeline();
+    SELECT t.began INTO b FROM {s}.timelines t WHERE t.timeline = tl;
+    IF NOT FOUND THEN
+        INSERT INTO {s}.timelines (timeline, began) VALUES (tl, clock_timestamp())
+            ON CONFLICT (timeline) DO NOTHING;
+        b := clock_timestamp();
+    END IF;
+    IF b <> '-infinity' THEN
+        age_ms := floor(extract(epoch FROM (clock_timestamp() - b)) * 1000)::bigint;
+    END IF;
+END $$;
+"#;
+
 /// The SQL of migration `sql` for schema `schema`.
 pub(super) fn render(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
@@ -498,6 +543,12 @@ mod tests {
             "{v3}"
         );
         assert!(!v2.contains("{new_token}") && !v3.contains("{new_token}"));
+        // Version 4's deletion notices add the timeline after the head; version 2's do not.
+        let v4 = migration(4, "baton").unwrap_or_default();
+        let suffix = "ORDER BY n.token LIMIT 1) || ' ' || baton.timeline(), ''))";
+        assert!(v4.contains(suffix), "{v4}");
+        assert!(v2.contains("ORDER BY n.token LIMIT 1), ''))") && !v2.contains(suffix));
+        assert!(!v2.contains("{head_suffix}") && !v4.contains("{head_suffix}"));
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
     }

@@ -134,9 +134,10 @@ struct Cli {
     /// Seconds to wait for an endpoint to answer.
     #[arg(long, default_value = "5", value_parser = seconds, global = true, help_heading = GLOBAL, allow_negative_numbers = true)]
     connect_timeout: Duration,
-    /// Redis only: seconds after baton's state was lost or rolled back (a restart, a failover,
-    /// a flush, a new server) during which nothing is granted (at least the longest --ttl of
-    /// any client; see docs/redis.md).
+    /// Redis and PostgreSQL: seconds after baton's state may have been lost or rolled back
+    /// (Redis: a restart, a failover, a flush, a new server; PostgreSQL: a new WAL timeline, a
+    /// promoted standby) during which nothing is granted (at least the longest --ttl of any
+    /// client; see docs/redis.md, docs/postgres.md).
     #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, help_heading = GLOBAL, value_name = "SECONDS")]
     restart_grace: Duration,
     /// ZooKeeper only: whose node names the lock entries take, to share locks with
@@ -640,7 +641,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 Error::RestartGrace { left, .. } => Failure::new(
                     exit::TIMEOUT,
                     format!(
-                        "{what} cannot be granted for {:.1} s more (--try): Redis lost or rolled back its state, and nothing is granted until the restart grace has passed (--restart-grace)",
+                        "{what} cannot be granted for {:.1} s more (--try): the server may have lost or rolled back baton's state (Redis: a restart or a failover; PostgreSQL: a promoted standby), and nothing is granted until the restart grace has passed (--restart-grace)",
                         left.as_secs_f64()
                     ),
                 ),
