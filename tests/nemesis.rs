@@ -2,9 +2,9 @@
 //! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server,
 //! (Redis) promotes its replica, (on a cluster) pauses a follower or the leader and kills and
 //! restarts a member or the leader, (ZooKeeper) expires their sessions and (PostgreSQL)
-//! crashes the server or ends their connections; the checker reads the one history. This
-//! file has its own `main` (`harness = false`): the same binary, run again with
-//! `BATON_NEMESIS_CLIENT` set, is each client process.
+//! crashes the server, ends their connections or promotes its standby; the checker reads the
+//! one history. This file has its own `main` (`harness = false`): the same binary, run again
+//! with `BATON_NEMESIS_CLIENT` set, is each client process.
 //!
 //! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short
 //!   runs CI makes, with fixed seeds (each single server, a three-member etcd cluster, a
@@ -12,8 +12,8 @@
 //!   checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED]` (`just nemesis`): one run, its history kept in
 //!   `target/nemesis/`; `-- check FILE` (`just nemesis-check FILE`) checks a saved history
-//!   again. `BATON_NEMESIS_BUG=admit-lower` or `read-before-claim` injects a
-//!   defect.
+//!   again. `BATON_NEMESIS_BUG=admit-lower`, `read-before-claim` or `no-grace`
+//!   injects a defect.
 
 use std::process::ExitCode;
 
@@ -120,15 +120,16 @@ async fn suite() -> ExitCode {
     // Redis seed 8: restarts with data, a pause, a replica promoted after missing 1 s of
     // writes and one promoted in sync, beside client faults. The clusters' seeds draw all
     // four member faults (a follower and the leader paused, a member and the leader killed
-    // and restarted) in their windows; the ensemble's also an expiry. PostgreSQL seed 1 draws
-    // crashes, restarts, a pause and ended connections.
+    // and restarted) in their windows; the ensemble's also an expiry. PostgreSQL seed 2 draws
+    // crashes, restarts, a pause, ended connections, and a standby promoted after missing
+    // 2.4 s of writes and one promoted in sync.
     for (backend, seconds, seed) in [
         ("etcd", 60, 1),
         ("redis", 60, 8),
         ("zookeeper", 60, 1),
         ("etcd-cluster", 60, 4),
         ("zookeeper-ensemble", 60, 8),
-        ("postgres", 60, 1),
+        ("postgres", 60, 2),
     ] {
         let report = one(backend, seconds, seed, None).await;
         println!("{}", report.summary());
@@ -145,6 +146,15 @@ async fn suite() -> ExitCode {
         .any(|v| v.rule == "fence" || v.rule == "counter")
     {
         println!("FAILED: the checker missed the broken fence (seed 3)");
+        failed = true;
+    }
+    // Without the restart grace, a promoted standby grants at once (seed 5 promotes one that
+    // missed 1 s of writes, 2 s in): the checker must see grants of the new timeline made
+    // within the grace.
+    let graceless = one("postgres", 12, 5, Some(Bug::NoGrace)).await;
+    println!("{}", graceless.summary());
+    if !graceless.violations.iter().any(|v| v.rule == "epoch") {
+        println!("FAILED: the checker missed grants within the restart grace (postgres seed 5)");
         failed = true;
     }
     // The saved history, checked again, shows the same violations.

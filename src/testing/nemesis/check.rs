@@ -17,8 +17,8 @@ pub struct Plan {
     pub clients: Vec<(String, String)>,
     /// Every live client must be granted within this bound after the last fault healed.
     pub progress_bound: Duration,
-    /// The clients' Redis restart grace: after a replica's promotion, nothing of the new
-    /// epoch is granted before it has passed (see [`check`], rule 6).
+    /// The clients' restart grace (Redis, PostgreSQL): after a replica's promotion, nothing
+    /// of the new epoch is granted before it has passed (see [`check`], rule 6).
     pub restart_grace: Duration,
 }
 
@@ -241,8 +241,8 @@ fn more(n: usize) -> String {
 
 /// Checks `history` (sorted by time) against `plan`.
 ///
-/// Besides the rules of the [module docs](super), on a Redis replica's promotion (6,
-/// **epoch**, docs/redis.md): the fault ends once the replica is promoted, before any client
+/// Besides the rules of the [module docs](super), on the promotion of a Redis replica or a
+/// PostgreSQL standby (6, **epoch**, docs/redis.md, docs/postgres.md): the fault ends once the replica is promoted, before any client
 /// is sent to it, so every grant of the old primary was made before its end and every grant
 /// of the promoted replica, a new epoch, after. A grant asked for after the promotion comes
 /// no sooner than [`Plan::restart_grace`] after it; a grant that came later than that, to a

@@ -4,7 +4,8 @@
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
 //! back or flushes the server, (Redis) promotes its replica, in sync or after it missed
 //! writes, (ZooKeeper) expires a client's sessions, and (PostgreSQL) crashes the server
-//! (immediate shutdown) or ends every client connection from its side. On a three-member
+//! (immediate shutdown), ends every client connection from its side, or promotes its
+//! standby, in sync or after it missed writes (a new WAL timeline). On a three-member
 //! etcd cluster ([`Server::EtcdCluster`]) or ZooKeeper ensemble ([`Server::ZkEnsemble`]) the
 //! server faults are a member's instead: a follower or the leader paused, a member or the
 //! leader killed and restarted with its data, one member at a time (each fault ends once its
@@ -23,8 +24,9 @@
 //! 4. **progress**: after the last fault healed, every client is granted within
 //!    [`Options::progress_bound`];
 //! 5. **leftover**: no entry is left in the backend once every client stopped;
-//! 6. **epoch** (a Redis replica promoted): a grant asked for after the promotion waits the
-//!    restart grace; a grant after that has a token above every token granted before.
+//! 6. **epoch** (a Redis replica or a PostgreSQL standby promoted): a grant asked for after
+//!    the promotion waits the restart grace; a grant after that has a token above every
+//!    token granted before.
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -180,8 +182,11 @@ pub enum Server {
     #[cfg(feature = "zookeeper")]
     ZkEnsemble(crate::testing::ZkEnsemble),
     /// A PostgreSQL started by the fixture: paused, stopped (fast shutdown) and started
-    /// again, crashed (immediate shutdown: WAL replay at the start), and every client
-    /// connection ended from the server's side (`pg_terminate_backend`).
+    /// again, crashed (immediate shutdown: WAL replay at the start), every client
+    /// connection ended from the server's side (`pg_terminate_backend`); and failed over: a
+    /// streaming standby the run starts beside it (replicating through a proxy, which a
+    /// failover that misses writes closes first) is promoted, the old primary crashed for
+    /// good, the clients redirected, and a new standby attached for the next promotion.
     #[cfg(feature = "postgres")]
     Postgres(crate::testing::PgNode),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
@@ -288,6 +293,7 @@ impl Server {
                 FaultKind::ServerRestart,
                 FaultKind::ServerCrash,
                 FaultKind::KillConnections,
+                FaultKind::PromoteReplica(Duration::ZERO),
             ],
             Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
             Server::External(_) => Vec::new(),
@@ -547,15 +553,19 @@ struct Run {
     failover: tokio::sync::Mutex<Failover>,
 }
 
-/// A Redis primary's replica, and the primary since the last promotion.
+/// A primary's replica (Redis) or standby (PostgreSQL), and the primary since the last
+/// promotion.
 #[derive(Debug, Default)]
 struct Failover {
     /// The primary since the last promotion; `None` while it is the server the run was given.
     primary: Option<Server>,
     /// A replica of the current primary, attached to it, to promote next; `None` when the
     /// server's faults include no promotion.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     replica: Option<Server>,
+    /// The proxy a PostgreSQL standby replicates through (refused to cut it off).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    link: Option<Proxy>,
 }
 
 impl Failover {
@@ -567,19 +577,28 @@ impl Failover {
                 .iter()
                 .any(|f| matches!(f, FaultKind::PromoteReplica(_)))
         };
-        let replica = match server {
+        let (replica, link) = match server {
             #[cfg(feature = "redis")]
-            Server::Redis(primary) if promotes(server) => Some(Server::Redis(
-                replica_of(primary).await.map_err(std::io::Error::other)?,
-            )),
+            Server::Redis(primary) if promotes(server) => (
+                Some(Server::Redis(
+                    replica_of(primary).await.map_err(std::io::Error::other)?,
+                )),
+                None,
+            ),
+            #[cfg(feature = "postgres")]
+            Server::Postgres(primary) if promotes(server) => {
+                let (standby, link) = standby_of(primary).await.map_err(std::io::Error::other)?;
+                (Some(Server::Postgres(standby)), Some(link))
+            }
             _ => {
                 let _ = promotes;
-                None
+                (None, None)
             }
         };
         Ok(Failover {
             primary: None,
             replica,
+            link,
         })
     }
 }
@@ -609,6 +628,47 @@ async fn replica_of(
             return Err(format!(
                 "the replica on port {} did not synchronise with 127.0.0.1:{port} within 30 s",
                 replica.port()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A new PostgreSQL standby of `primary`, replicating through a proxy (so that a failover
+/// can cut it off first), once it has replayed everything `primary` had written.
+#[cfg(feature = "postgres")]
+async fn standby_of(
+    primary: &crate::testing::PgNode,
+) -> Result<(crate::testing::PgNode, Proxy), String> {
+    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let standby = crate::testing::PgNode::start_standby_of(link.addr().port())
+        .await
+        .map_err(|e| e.to_string())?;
+    async fn lsn(node: &crate::testing::PgNode, sql: &str) -> Result<i64, String> {
+        let client = node.client().await.map_err(|e| e.to_string())?;
+        let row = client
+            .query_one(sql, &[])
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(row.get(0))
+    }
+    let written = lsn(primary, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let replayed = lsn(
+            &standby,
+            "SELECT coalesce((pg_last_wal_replay_lsn() - '0/0')::bigint, 0)",
+        )
+        .await;
+        if replayed.is_ok_and(|r| r >= written) {
+            return Ok((standby, link));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the standby on port {} did not replay the primary's WAL within 30 s",
+                standby.port()
             ));
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
@@ -766,7 +826,11 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
                     recipe,
                     resource: resource.addr().to_string(),
                     ttl: options.ttl,
-                    grace: options.ttl,
+                    grace: if options.bug == Some(Bug::NoGrace) {
+                        Duration::ZERO
+                    } else {
+                        options.ttl
+                    },
                     seed: options.seed,
                     bug: options.bug,
                 },
@@ -1077,12 +1141,13 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
     Ok(())
 }
 
-/// A failover (Redis): cuts the replica off from the primary for `missed` (it misses what is
-/// written meanwhile), kills the primary (for good: two primaries serving at once, split
-/// brain, is what docs/redis.md does not promise), promotes the replica `hold` later, calls
-/// `end` (every grant of the old primary was made before, every grant of the new epoch comes
-/// after: the checker's boundary), sends every client to the new primary and starts a fresh
-/// replica of it for the next promotion.
+/// A failover: cuts the replica (Redis) or standby (PostgreSQL) off from the primary for
+/// `missed` (it misses what is written meanwhile), kills the primary (for good: two primaries
+/// serving at once, split brain, is what neither backend's doc promises; PostgreSQL's with an
+/// immediate shutdown, a crash), promotes the replica `hold` later, calls `end` (every grant
+/// of the old primary was made before, every grant of the new epoch comes after: the
+/// checker's boundary), sends every client to the new primary and starts a fresh replica of
+/// it for the next promotion.
 async fn promote(
     run: &Run,
     given: &Server,
@@ -1091,44 +1156,68 @@ async fn promote(
     hold: Duration,
     end: impl FnOnce(),
 ) -> Result<(), String> {
-    #[cfg(feature = "redis")]
-    if let Some(Server::Redis(replica)) = &failover.replica {
-        let e = |e: crate::testing::FixtureError| e.to_string();
-        if !missed.is_zero() {
-            replica.detach().await.map_err(e)?;
-            tokio::time::sleep(missed).await;
-        }
-        failover
-            .primary
-            .as_ref()
-            .unwrap_or(given)
-            .act(ServerAct::Stop)
-            .await?;
-        tokio::time::sleep(hold).await;
-        replica.promote().await.map_err(e)?;
-        end();
-        // A client whose own fault holds its slot moves when that fault ends: it cannot reach
-        // anyone meanwhile anyway (or, cut off one way, only the dead primary).
-        let to = format!("127.0.0.1:{}", replica.port());
-        let mut busy = Vec::new();
-        for (c, slot) in run.slots.iter().enumerate() {
-            match slot.try_lock() {
-                Ok(slot) => slot.proxy.redirect(&to).map_err(|e| e.to_string())?,
-                Err(_) => busy.push(c),
+    let e = |e: crate::testing::FixtureError| e.to_string();
+    let old = failover.primary.as_ref().unwrap_or(given);
+    let port = match &failover.replica {
+        #[cfg(feature = "redis")]
+        Some(Server::Redis(replica)) => {
+            if !missed.is_zero() {
+                replica.detach().await.map_err(e)?;
+                tokio::time::sleep(missed).await;
             }
+            old.act(ServerAct::Stop).await?;
+            tokio::time::sleep(hold).await;
+            replica.promote().await.map_err(e)?;
+            replica.port()
         }
-        for c in busy {
-            let slot = run.slots[c].lock().await;
-            slot.proxy.redirect(&to).map_err(|e| e.to_string())?;
+        #[cfg(feature = "postgres")]
+        Some(Server::Postgres(standby)) => {
+            if !missed.is_zero() {
+                if let Some(link) = &failover.link {
+                    link.refuse().map_err(|e| e.to_string())?;
+                }
+                tokio::time::sleep(missed).await;
+            }
+            old.act(ServerAct::Crash).await?;
+            tokio::time::sleep(hold).await;
+            standby.promote().await.map_err(e)?;
+            standby.port()
         }
-        let next = replica_of(replica).await?;
-        // The old primary, if the run started it, goes (it is stopped already); the server
-        // the run was given stays stopped until its owner drops it.
-        failover.primary = failover.replica.replace(Server::Redis(next));
-        return Ok(());
+        _ => {
+            let _ = (run, missed, hold, end, e, old);
+            return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned());
+        }
+    };
+    end();
+    // A client whose own fault holds its slot moves when that fault ends: it cannot reach
+    // anyone meanwhile anyway (or, cut off one way, only the dead primary).
+    let to = format!("127.0.0.1:{port}");
+    let mut busy = Vec::new();
+    for (c, slot) in run.slots.iter().enumerate() {
+        match slot.try_lock() {
+            Ok(slot) => slot.proxy.redirect(&to).map_err(|e| e.to_string())?,
+            Err(_) => busy.push(c),
+        }
     }
-    let _ = (run, given, failover, missed, hold, end);
-    Err("a promotion needs a Redis server with a replica".to_owned())
+    for c in busy {
+        let slot = run.slots[c].lock().await;
+        slot.proxy.redirect(&to).map_err(|e| e.to_string())?;
+    }
+    // The old primary, if the run started it, goes (it is stopped already); the server the
+    // run was given stays stopped until its owner drops it.
+    let (next, link) = match &failover.replica {
+        #[cfg(feature = "redis")]
+        Some(Server::Redis(replica)) => (Server::Redis(replica_of(replica).await?), None),
+        #[cfg(feature = "postgres")]
+        Some(Server::Postgres(standby)) => {
+            let (next, link) = standby_of(standby).await?;
+            (Server::Postgres(next), Some(link))
+        }
+        _ => return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned()),
+    };
+    failover.primary = failover.replica.replace(next);
+    failover.link = link;
+    Ok(())
 }
 
 /// Asks every client to stop (closes its standard input), waits up to 15 s for each, then

@@ -24,6 +24,9 @@ pub enum Bug {
     AdmitLower,
     /// Clients read before they claim (the fencing rule broken on the client's side).
     ReadBeforeClaim,
+    /// Clients connect with no restart grace (Redis, PostgreSQL): after a failover they may
+    /// be granted what a holder from before still believes it holds.
+    NoGrace,
 }
 
 impl Bug {
@@ -32,12 +35,13 @@ impl Bug {
         match self {
             Bug::AdmitLower => "admit-lower",
             Bug::ReadBeforeClaim => "read-before-claim",
+            Bug::NoGrace => "no-grace",
         }
     }
 
     /// The bug `name` names.
     pub fn parse(name: &str) -> Option<Bug> {
-        [Bug::AdmitLower, Bug::ReadBeforeClaim]
+        [Bug::AdmitLower, Bug::ReadBeforeClaim, Bug::NoGrace]
             .into_iter()
             .find(|b| b.name() == name)
     }
