@@ -200,12 +200,9 @@ impl Sql {
             revoke: r("DELETE FROM {s}.leases WHERE id = $1"),
             lease_ttl: r("SELECT {s}.ms_left(deadline) FROM {s}.leases \
                  WHERE id = $1 AND deadline > clock_timestamp()"),
-            // With the timeline and its age: the grant decision and the restart grace, read in
-            // one statement.
-            enqueue: r(
-                "SELECT e.*, a.tl, a.age_ms FROM {s}.enqueue($1, $2, $3, $4, $5) e, \
-                 {s}.timeline_age() a",
-            ),
+            // With the timeline and its age when the entry is the head: the grant decision and
+            // the restart grace, read in one call.
+            enqueue: r("SELECT * FROM {s}.enqueue_v4($1, $2, $3, $4, $5)"),
             find: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE e.key = $1"
@@ -1003,7 +1000,9 @@ impl Backend for PgBackend {
                 Some(LeaseId::new(row.get(6))),
             )
         });
-        let left = self.inner.grace.seen(row.get(8), row.get(9));
+        let left = row
+            .get::<_, Option<i32>>(8)
+            .and_then(|timeline| self.inner.grace.seen(timeline, row.get(9)));
         let predecessor = self
             .inner
             .grace

@@ -21,12 +21,13 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
         2 => format!(
             "{V2}{}DROP TRIGGER entries_inserted ON {{s}}.entries;\n\n{}",
             ENTRIES_CHANGED.replace("{head_suffix}", ""),
-            ENQUEUE.replace("{new_token}", "nextval('{s}.tokens')")
+            enqueue("enqueue", "nextval('{s}.tokens')", false)
         ),
-        3 => format!("{V3}{}", ENQUEUE.replace("{new_token}", TIMELINE_TOKEN)),
+        3 => format!("{V3}{}", enqueue("enqueue", TIMELINE_TOKEN, false)),
         4 => format!(
-            "{V4}{}",
-            ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()")
+            "{V4}{}{}",
+            ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()"),
+            enqueue("enqueue_v4", TIMELINE_TOKEN, true)
         ),
         _ => return None,
     };
@@ -370,15 +371,37 @@ BEGIN
 END $$;
 "#;
 
-/// The enqueue of versions 2 and 3, which differ in how the new entry's token is made
-/// (`{new_token}`).
+/// The enqueue function `name` of versions 2 to 4: `new_token` makes the new entry's token;
+/// with `grace`, an entry that is the head also answers the timeline and its age
+/// (`timeline_age`, version 4). Version 4's is a new function beside version 3's rather than a
+/// new result type for it: a client of version 3 still running keeps its prepared statement.
+fn enqueue(name: &str, new_token: &str, grace: bool) -> String {
+    let (outs, tail) = if grace {
+        (
+            ",\n    OUT tl integer, OUT age_ms bigint",
+            "    -- The head: how long baton has known this timeline (the restart grace).\n    \
+             IF p_key IS NULL THEN\n        \
+             SELECT a.tl, a.age_ms INTO tl, age_ms FROM {s}.timeline_age() a;\n    \
+             END IF;\n",
+        )
+    } else {
+        ("", "")
+    };
+    ENQUEUE
+        .replace("{name}", name)
+        .replace("{new_token}", new_token)
+        .replace("{grace_outs}", outs)
+        .replace("{grace_tail}", tail)
+}
+
+/// See [`enqueue`].
 const ENQUEUE: &str = r#"
 -- Creates `q/t` for lease `l` unless it exists, and reads the newest live entry before it.
 -- status: 'ok', 'lost' (the lease is gone or expired), 'abandoned' (the caller gave up on
 -- this request before it arrived).
-CREATE OR REPLACE FUNCTION {s}.enqueue(q text, t text, l bigint, v bytea, stamp bigint,
+CREATE OR REPLACE FUNCTION {s}.{name}(q text, t text, l bigint, v bytea, stamp bigint,
     OUT status text, OUT e_token bigint, OUT e_lease bigint, OUT e_value bytea,
-    OUT p_key text, OUT p_token bigint, OUT p_lease bigint, OUT p_value bytea)
+    OUT p_key text, OUT p_token bigint, OUT p_lease bigint, OUT p_value bytea{grace_outs})
 LANGUAGE plpgsql AS $$
 DECLARE
     k text := q || '/' || t;
@@ -440,7 +463,7 @@ BEGIN
         WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND e.token < e_token
           AND ls.deadline > clock_timestamp()
         ORDER BY e.token DESC LIMIT 1;
-    status := 'ok';
+{grace_tail}    status := 'ok';
 END $$;
 "#;
 
@@ -543,6 +566,9 @@ mod tests {
             "{v3}"
         );
         assert!(!v2.contains("{new_token}") && !v3.contains("{new_token}"));
+        for v in [&v2, &v3] {
+            assert!(v.contains("FUNCTION baton.enqueue(") && !v.contains("timeline_age"));
+        }
         // Version 4's deletion notices add the timeline after the head; version 2's do not.
         let v4 = migration(4, "baton").unwrap_or_default();
         let suffix = "ORDER BY n.token LIMIT 1) || ' ' || baton.timeline(), ''))";
