@@ -542,7 +542,8 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
 /// held (its entry was never replicated), yet its holder believes it holds until its session
 /// is told lost, up to its TTL after it last renewed on the old primary. A promotion starts a
 /// new WAL timeline, on which nothing is granted for the restart grace (at least every
-/// session's TTL): the holder is told lost before anyone else is granted.
+/// session's TTL): the holder is told lost before anyone else is granted; a try says
+/// `RestartGrace`, and a read lock and a permit wait the grace out too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_its_holder_is_told() {
     let primary = own_node().await;
@@ -563,12 +564,26 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
     let options = PgOptions::new().with_restart_grace(ttl);
     let after = PgBackend::connect(&standby.url(), options).await.unwrap();
     let w = session(&after, Duration::from_secs(30)).await;
-    let next = within(
-        "the waiter on the new primary",
+    // A try says why it is refused: the lock may well be free.
+    let mutex = Mutex::new(&w, &name).unwrap();
+    match mutex.try_lock().await {
+        Err(Error::RestartGrace { left, .. }) => {
+            assert!(left > Duration::ZERO && left <= ttl, "{left:?}");
+        }
+        other => panic!("try_lock during the restart grace: {other:?}"),
+    }
+    // A lock, a read lock and a permit all wait the grace out.
+    let rw = baton::RwLock::new(&w, format!("{name}-rw")).unwrap();
+    let sem = baton::Semaphore::new(&w, format!("{name}-sem"), 3).unwrap();
+    let (next, read, permit) = within(
+        "the waiters on the new primary",
         Duration::from_secs(30),
-        async { Mutex::new(&w, &name).unwrap().lock().await.unwrap() },
+        async { tokio::join!(mutex.lock(), rw.read(), sem.acquire()) },
     )
     .await;
+    let next = next.unwrap();
+    read.unwrap().release().await.unwrap();
+    permit.unwrap().release().await.unwrap();
     assert!(
         s.is_lost(),
         "granted again (token {}) while the holder the standby missed (token {}) was not told \
