@@ -143,16 +143,35 @@ fn finish(
     }
 }
 
-async fn baton_contended(node: &PgNode, n: usize, secs: Duration, name: &str) -> Res<PgRun> {
-    // One backend for the process: two connections, whatever N is.
-    let backend = PgBackend::connect(&node.url(), PgOptions::new()).await?;
-    let sessions = futures::future::join_all((0..n).map(|_| Session::new(backend.clone())))
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+/// baton's Mutex: N sessions on one backend (one process: two connections, whatever N is),
+/// or, `apart`, each on a backend of its own (N processes: two connections each).
+async fn baton_contended(
+    node: &PgNode,
+    n: usize,
+    secs: Duration,
+    name: &str,
+    apart: bool,
+) -> Res<PgRun> {
+    let url = node.url();
+    let connect = || PgBackend::connect(&url, PgOptions::new());
+    let backends = if apart {
+        futures::future::join_all((0..n).map(|_| connect()))
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        vec![connect().await?]
+    };
+    let sessions = futures::future::join_all(
+        (0..n).map(|i| Session::new(backends[i % backends.len()].clone())),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>, _>>()?;
+    let wakeups = || backends.iter().map(PgBackend::wakeups).sum::<u64>();
     let grants = Arc::new(StdMutex::new(Grants::default()));
     let cpu_before = server_cpu_seconds(node);
-    let woken_before = backend.wakeups();
+    let woken_before = wakeups();
     let deadline = Instant::now() + secs;
     let tasks: Vec<_> = sessions
         .iter()
@@ -183,15 +202,20 @@ async fn baton_contended(node: &PgNode, n: usize, secs: Duration, name: &str) ->
         per_contender.push(t.await??);
     }
     let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
-    let wakeups = backend.wakeups() - woken_before;
+    let woken = wakeups() - woken_before;
     futures::future::join_all(sessions.iter().map(Session::close)).await;
     let measured = Measured {
         per_contender,
         cpu,
-        wakeups: Some(wakeups),
-        connections: 2,
+        wakeups: Some(woken),
+        connections: 2 * backends.len(),
     };
-    Ok(finish("baton", n, secs, &grants, measured))
+    let impl_name = if apart {
+        "baton, a backend per contender"
+    } else {
+        "baton"
+    };
+    Ok(finish(impl_name, n, secs, &grants, measured))
 }
 
 /// `pg_advisory_lock` (blocking) or `pg_try_advisory_lock` polling, on a connection per
@@ -281,7 +305,8 @@ pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
     let mut runs = Vec::new();
     for &n in ns {
         eprintln!("bench: PostgreSQL, N = {n}");
-        runs.push(baton_contended(&node, n, secs, &format!("bench/n{n}")).await?);
+        runs.push(baton_contended(&node, n, secs, &format!("bench/n{n}"), false).await?);
+        runs.push(baton_contended(&node, n, secs, &format!("bench/apart-n{n}"), true).await?);
         runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
         runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
     }
@@ -295,7 +320,7 @@ pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions, as in one process; \"a backend per contender\": N backends (two connections each), as N processes would have, each with a LISTEN connection, and PostgreSQL signals every listening connection of the database at each NOTIFY. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
             self.version,
             self.secs.as_secs_f64(),
             RETRY_SLEEP.as_millis()
@@ -327,9 +352,16 @@ impl Report {
         };
         if let (Some(b), Some(a)) = (of("baton"), of("pg_advisory_lock")) {
             md.push_str(&format!(
-                "\nAt N = {n}, baton runs {:.0} % of `pg_advisory_lock`'s cycles/s (target: at least 50 %).\n",
+                "\nAt N = {n}, baton runs {:.0} % of `pg_advisory_lock`'s cycles/s (target: at least 50 %)",
                 b * 100.0 / a.max(1.0)
             ));
+            if let Some(apart) = of("baton, a backend per contender") {
+                md.push_str(&format!(
+                    "; with a backend per contender, {:.0} %",
+                    apart * 100.0 / a.max(1.0)
+                ));
+            }
+            md.push_str(".\n");
         }
         md
     }
