@@ -413,22 +413,17 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
 /// (so a fence that saw the old grants admits the new ones).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
-    let primary = own_node().await;
-    let backend = primary.backend().await.unwrap();
-    // The standby replicates through a proxy, so that the test can cut it off.
-    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
-    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    let f = Failover::start().await;
+    let backend = f.primary.backend().await.unwrap();
     let ttl = Duration::from_secs(5);
     let s = session(&backend, ttl).await;
     let first = Mutex::new(&s, "failover/0").unwrap().lock().await.unwrap();
     first.unlock().await.unwrap();
     // The standby has everything so far (the schema, the lease, the first grant).
-    caught_up(&primary, &standby).await;
+    f.caught_up().await;
     // Cut off, the standby misses what follows: the primary does not wait for it. More
     // grants than the sequence logs ahead (32), so that the standby's sequence is behind.
-    link.refuse().unwrap();
+    f.link.refuse().unwrap();
     let mut highest = FencingToken::new(0);
     for i in 0..100 {
         let g = Mutex::new(&s, format!("failover/{}", i % 4))
@@ -439,12 +434,10 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
         highest = highest.max(g.fencing_token());
         g.unlock().await.unwrap();
     }
-    primary.stop_immediate().await.unwrap();
-    standby.promote().await.unwrap();
+    f.fail_over().await;
     // The application fails over to the promoted standby, which grants nothing for the
     // restart grace (the old session's TTL).
-    let options = PgOptions::new().with_restart_grace(ttl);
-    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
+    let after = f.standby_backend(ttl).await;
     let s2 = session(&after, Duration::from_secs(30)).await;
     for i in 0..4 {
         let g = Mutex::new(&s2, format!("failover/{i}"))
@@ -459,6 +452,73 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
             g.fencing_token()
         );
         g.unlock().await.unwrap();
+    }
+}
+
+/// A primary of the test's own with baton's schema, an asynchronous standby of it that
+/// replicates through `link` (refused to cut replication: the primary does not wait for it),
+/// and `front`: a fixed address that leads to the primary until
+/// [`fail_over`](Failover::fail_over) moves it to the promoted standby.
+struct Failover {
+    primary: PgNode,
+    standby: PgNode,
+    link: Proxy,
+    front: Proxy,
+}
+
+impl Failover {
+    async fn start() -> Failover {
+        let primary = own_node().await;
+        // The schema first, so that the standby has it.
+        drop(primary.backend().await.unwrap());
+        let to_primary = format!("127.0.0.1:{}", primary.port());
+        let link = Proxy::start(&to_primary).await.unwrap();
+        let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+        let front = Proxy::start(&to_primary).await.unwrap();
+        Failover {
+            primary,
+            standby,
+            link,
+            front,
+        }
+    }
+
+    /// A backend through `front`, named `application`, with restart grace `grace`. A request
+    /// sent as the primary dies waits for no answer: it is retried soon, on the promoted
+    /// standby once the address moves, so that its sessions outlive the failover.
+    async fn front_backend(&self, application: &str, grace: Duration) -> PgBackend {
+        let url = format!(
+            "postgres://postgres@{}/postgres?application_name={application}",
+            self.front.addr()
+        );
+        let options = PgOptions::new()
+            .with_request_timeout(Duration::from_secs(1))
+            .with_restart_grace(grace);
+        PgBackend::connect(&url, options).await.unwrap()
+    }
+
+    /// A backend on the (promoted) standby with restart grace `grace`.
+    async fn standby_backend(&self, grace: Duration) -> PgBackend {
+        let options = PgOptions::new().with_restart_grace(grace);
+        PgBackend::connect(&self.standby.url(), options)
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the standby has replayed everything the primary wrote so far.
+    async fn caught_up(&self) {
+        caught_up(&self.primary, &self.standby).await;
+    }
+
+    /// The primary crashes (an immediate shutdown, for good), the standby is promoted (a new
+    /// timeline), and `front` leads to it.
+    async fn fail_over(&self) {
+        self.primary.stop_immediate().await.unwrap();
+        self.standby.promote().await.unwrap();
+        self.front
+            .redirect(&format!("127.0.0.1:{}", self.standby.port()))
+            .unwrap();
+        self.front.heal();
     }
 }
 
@@ -492,38 +552,19 @@ async fn caught_up(primary: &PgNode, standby: &PgNode) {
 /// session lived.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() {
-    let primary = own_node().await;
-    // The schema first, so that the standby has it.
-    drop(primary.backend().await.unwrap());
-    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
-    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
-    // The client reaches the primary through a fixed address, which the failover moves.
-    let front = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
-    let url = format!("postgres://postgres@{}/postgres", front.addr());
-    // A request sent as the primary dies waits for no answer: retried soon (on the promoted
-    // standby once the address moves), so that the session outlives the failover.
-    let options = PgOptions::new().with_request_timeout(Duration::from_secs(1));
-    let backend = PgBackend::connect(&url, options).await.unwrap();
+    let f = Failover::start().await;
     // Longer than the failover takes: the lease would not run out by itself meanwhile.
     let ttl = Duration::from_secs(15);
+    // The session outlives the failover: its address moves to the promoted standby.
+    let backend = f.front_backend("failover_ghost", ttl).await;
     let s = session(&backend, ttl).await;
     let name = test_name("failover-ghost");
     let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
-    caught_up(&primary, &standby).await;
-    link.refuse().unwrap();
+    f.caught_up().await;
+    f.link.refuse().unwrap();
     g.unlock().await.unwrap();
-    primary.stop_immediate().await.unwrap();
-    standby.promote().await.unwrap();
-    front
-        .redirect(&format!("127.0.0.1:{}", standby.port()))
-        .unwrap();
-    front.heal();
-    let options = PgOptions::new().with_restart_grace(ttl);
-    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
+    f.fail_over().await;
+    let after = f.standby_backend(ttl).await;
     let w = session(&after, Duration::from_secs(30)).await;
     let next = within(
         "the waiter on the new primary",
@@ -546,23 +587,16 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
 /// `RestartGrace`, and a read lock and a permit wait the grace out too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_its_holder_is_told() {
-    let primary = own_node().await;
-    drop(primary.backend().await.unwrap());
-    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
-    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
+    let f = Failover::start().await;
     let ttl = Duration::from_secs(6);
-    let backend = primary.backend().await.unwrap();
+    let backend = f.primary.backend().await.unwrap();
     let s = session(&backend, ttl).await;
-    caught_up(&primary, &standby).await;
-    link.refuse().unwrap();
+    f.caught_up().await;
+    f.link.refuse().unwrap();
     let name = test_name("failover-missed-grant");
     let held = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
-    primary.stop_immediate().await.unwrap();
-    standby.promote().await.unwrap();
-    let options = PgOptions::new().with_restart_grace(ttl);
-    let after = PgBackend::connect(&standby.url(), options).await.unwrap();
+    f.fail_over().await;
+    let after = f.standby_backend(ttl).await;
     let w = session(&after, Duration::from_secs(30)).await;
     // A try says why it is refused: the lock may well be free.
     let mutex = Mutex::new(&w, &name).unwrap();
@@ -597,7 +631,7 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
     let fresh = PgOptions::new()
         .with_schema("baton_after_failover")
         .with_restart_grace(Duration::from_secs(60));
-    let fresh = PgBackend::connect(&standby.url(), fresh).await.unwrap();
+    let fresh = PgBackend::connect(&f.standby.url(), fresh).await.unwrap();
     let f = session(&fresh, Duration::from_secs(30)).await;
     within(
         "a lock in a schema created after the failover",
@@ -616,40 +650,20 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
 /// the waiter does not take it at its word: it reads again and waits the grace out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failover_a_notice_naming_the_next_holder_waits_the_grace() {
-    let primary = own_node().await;
-    drop(primary.backend().await.unwrap());
-    let link = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
-    let standby = PgNode::start_standby_of(link.addr().port()).await.unwrap();
-    // The waiter reaches the primary through a fixed address, which the failover moves.
-    let front = Proxy::start(&format!("127.0.0.1:{}", primary.port()))
-        .await
-        .unwrap();
+    let f = Failover::start().await;
     let grace = Duration::from_secs(6);
-    let options = PgOptions::new()
-        .with_request_timeout(Duration::from_secs(1))
-        .with_restart_grace(grace);
-    let url = format!(
-        "postgres://postgres@{}/postgres?application_name=failover_waiter",
-        front.addr()
-    );
-    let wb = PgBackend::connect(&url, options).await.unwrap();
-    let hb = primary.backend().await.unwrap();
+    // The waiter reaches the primary through an address the failover moves.
+    let wb = f.front_backend("failover_waiter", grace).await;
+    let hb = f.primary.backend().await.unwrap();
     let holder = session(&hb, Duration::from_secs(30)).await;
     // Not renewed during the test (every 40 s), so not told lost by the new primary.
     let waiter = session(&wb, Duration::from_secs(120)).await;
     let name = test_name("failover-notice");
     let _held = Mutex::new(&holder, &name).unwrap().lock().await.unwrap();
     let queued = support::spawn_queued(&hb, &waiter, &name, 2).await;
-    caught_up(&primary, &standby).await;
-    primary.stop_immediate().await.unwrap();
-    standby.promote().await.unwrap();
-    front
-        .redirect(&format!("127.0.0.1:{}", standby.port()))
-        .unwrap();
-    front.heal();
-    let raw = standby.client().await.unwrap();
+    f.caught_up().await;
+    f.fail_over().await;
+    let raw = f.standby.client().await.unwrap();
     // Its LISTEN connection is back on the new primary, and it has looked at the holder's
     // entry again there (and so waits for a notice, nothing else).
     support::eventually("the waiter waits on the new primary", || async {
