@@ -297,6 +297,11 @@ struct Inner {
 /// them: a backend connected on a runtime that is later shut down connects (and LISTENs)
 /// again on the runtime that uses it next.
 ///
+/// **After a failover** (a promoted standby, or a recovery to a point in time: a new WAL
+/// timeline) nothing is granted until the restart grace has passed
+/// ([`PgOptions::with_restart_grace`]): the new primary may lack the old one's last grants and
+/// renewals, and their holders still believe they hold until their sessions are told lost.
+///
 /// Behind a pooler: a session-mode pool works; a transaction-mode pool is refused at connect
 /// (`Error::Misconfigured`), because LISTEN needs a session (docs/postgres.md).
 #[derive(Debug, Clone)]
