@@ -507,7 +507,7 @@ impl Failover {
 
     /// Waits until the standby has replayed everything the primary wrote so far.
     async fn caught_up(&self) {
-        caught_up(&self.primary, &self.standby).await;
+        self.standby.wait_replayed(&self.primary).await.unwrap();
     }
 
     /// The primary crashes (an immediate shutdown, for good), the standby is promoted (a new
@@ -520,28 +520,6 @@ impl Failover {
             .unwrap();
         self.front.heal();
     }
-}
-
-/// Waits until `standby` has replayed everything `primary` wrote so far.
-async fn caught_up(primary: &PgNode, standby: &PgNode) {
-    let lsn: String = primary
-        .client()
-        .await
-        .unwrap()
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let st = standby.client().await.unwrap();
-    support::eventually("the standby replayed the primary's writes", || async {
-        st.query_one(
-            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
-            &[&lsn],
-        )
-        .await
-        .is_ok_and(|r| r.get::<_, bool>(0))
-    })
-    .await;
 }
 
 /// A release the standby missed, then a failover: the released entry is back on the new

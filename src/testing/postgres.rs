@@ -147,6 +147,55 @@ impl PgNode {
         Ok(())
     }
 
+    /// Waits until this standby has replayed everything `primary` had written when called
+    /// (checked every 25 ms, for up to 30 s).
+    ///
+    /// # Errors
+    /// The client's error if either server cannot be read; [`FixtureError::NotReady`] if the
+    /// standby is still behind after 30 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub async fn wait_replayed(&self, primary: &PgNode) -> Result<(), FixtureError> {
+        const WRITTEN: &str = "SELECT pg_current_wal_lsn()::text";
+        const REPLAYED: &str =
+            "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)";
+        let failed = |command: &'static str| {
+            move |e: tokio_postgres::Error| FixtureError::Command {
+                server: "postgres",
+                command,
+                source: Box::new(e),
+            }
+        };
+        let written: String = primary
+            .client()
+            .await
+            .map_err(failed(WRITTEN))?
+            .query_one(WRITTEN, &[])
+            .await
+            .map_err(failed(WRITTEN))?
+            .get(0);
+        let standby = self.client().await.map_err(failed(REPLAYED))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let replayed: bool = standby
+                .query_one(REPLAYED, &[&written])
+                .await
+                .map_err(failed(REPLAYED))?
+                .get(0);
+            if replayed {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: "postgres",
+                    address: format!("127.0.0.1:{} (replaying {written})", self.port),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
     /// The server of this test process, started on first use and shared by its tests (each
     /// should use its own lock names, or its own schema).
     ///

@@ -242,9 +242,9 @@ fn more(n: usize) -> String {
 /// Checks `history` (sorted by time) against `plan`.
 ///
 /// Besides the rules of the [module docs](super), on the promotion of a Redis replica or a
-/// PostgreSQL standby (6, **epoch**, docs/redis.md, docs/postgres.md): the fault ends once the replica is promoted, before any client
-/// is sent to it, so every grant of the old primary was made before its end and every grant
-/// of the promoted replica, a new epoch, after. A grant asked for after the promotion comes
+/// PostgreSQL standby (6, **epoch**, docs/redis.md, docs/postgres.md): the fault ends once the
+/// replica is promoted, before any client is sent to it, so every grant of the old primary was
+/// made before its end and every grant of the promoted replica, a new epoch, after. A grant asked for after the promotion comes
 /// no sooner than [`Plan::restart_grace`] after it; a grant that came later than that, to a
 /// client not paused since the promotion (so not an old primary's answer read late), has a
 /// token above every token granted before the promotion. (Holders from before told first:

@@ -646,33 +646,11 @@ async fn standby_of(
     let standby = crate::testing::PgNode::start_standby_of(link.addr().port())
         .await
         .map_err(|e| e.to_string())?;
-    async fn lsn(node: &crate::testing::PgNode, sql: &str) -> Result<i64, String> {
-        let client = node.client().await.map_err(|e| e.to_string())?;
-        let row = client
-            .query_one(sql, &[])
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(row.get(0))
-    }
-    let written = lsn(primary, "SELECT (pg_current_wal_lsn() - '0/0')::bigint").await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let replayed = lsn(
-            &standby,
-            "SELECT coalesce((pg_last_wal_replay_lsn() - '0/0')::bigint, 0)",
-        )
-        .await;
-        if replayed.is_ok_and(|r| r >= written) {
-            return Ok((standby, link));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "the standby on port {} did not replay the primary's WAL within 30 s",
-                standby.port()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    standby
+        .wait_replayed(primary)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((standby, link))
 }
 
 impl Run {
