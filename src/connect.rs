@@ -109,8 +109,9 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 
 /// Options for [`connect_with`], common to every backend.
 ///
-/// TLS (a CA, a client certificate) is for etcd (`https://`) and Redis (`rediss://`), as
-/// `EtcdOptions` and `RedisOptions` take it; a TLS server name is for etcd only.
+/// TLS (a CA, a client certificate) is for etcd (`https://`), Redis (`rediss://`) and
+/// PostgreSQL (a URL with `sslmode=verify-full`, `verify-ca` or `require`), as `EtcdOptions`,
+/// `RedisOptions` and `PgOptions` take it; a TLS server name is for etcd only.
 #[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
@@ -189,15 +190,17 @@ impl ConnectOptions {
         self
     }
 
-    /// etcd or Redis over TLS: trust the CA certificates in `pem` (PEM) for the servers'
-    /// certificates (see `EtcdOptions::with_ca_cert`, `RedisOptions::with_ca_cert`).
+    /// etcd, Redis or PostgreSQL over TLS: trust the CA certificates in `pem` (PEM) for the
+    /// servers' certificates (see `EtcdOptions::with_ca_cert`, `RedisOptions::with_ca_cert`,
+    /// `PgOptions::with_ca_cert`).
     pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_cert = Some(pem.into());
         self
     }
 
-    /// etcd or Redis over TLS: present this client certificate and key (PEM; see
-    /// `EtcdOptions::with_client_cert`, `RedisOptions::with_client_cert`).
+    /// etcd, Redis or PostgreSQL over TLS: present this client certificate and key (PEM; see
+    /// `EtcdOptions::with_client_cert`, `RedisOptions::with_client_cert`,
+    /// `PgOptions::with_client_cert`).
     pub fn with_client_cert(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -208,8 +211,9 @@ impl ConnectOptions {
     }
 
     /// etcd over TLS: check the servers' certificates against `name` (see
-    /// `EtcdOptions::with_tls_server_name`). Refused with a Redis URL: Redis checks the
-    /// certificate against the URL's host.
+    /// `EtcdOptions::with_tls_server_name`). Refused with a Redis URL (Redis checks the
+    /// certificate against the URL's host) and a PostgreSQL one (name the host in the URL,
+    /// its address as `hostaddr=`).
     pub fn with_tls_server_name(mut self, name: impl Into<String>) -> Self {
         self.tls_server_name = Some(name.into());
         self
@@ -339,17 +343,24 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
         )),
         #[cfg(feature = "postgres")]
         Endpoints::Postgres(url) => {
-            if options.user.is_some()
-                || options.ca_cert.is_some()
-                || options.client_cert.is_some()
-                || options.tls_server_name.is_some()
-            {
+            if options.user.is_some() {
                 return Err(Error::InvalidArgument(
-                    "PostgreSQL takes its credentials in the URL (postgres://user:password@host/db); \
-                     baton's PostgreSQL backend does not speak TLS yet",
+                    "PostgreSQL takes its credentials in the URL (postgres://user:password@host/db)",
+                ));
+            }
+            if options.tls_server_name.is_some() {
+                return Err(Error::InvalidArgument(
+                    "a TLS server name is for etcd; PostgreSQL checks the certificate against \
+                     the URL's host (give the name as the host and the address as hostaddr=)",
                 ));
             }
             let mut pg = crate::PgOptions::new().with_connect_timeout(options.connect_timeout);
+            if let Some(pem) = options.ca_cert {
+                pg = pg.with_ca_cert(pem);
+            }
+            if let Some((cert, key)) = options.client_cert {
+                pg = pg.with_client_cert(cert, key);
+            }
             if let Some(grace) = options.restart_grace {
                 pg = pg.with_restart_grace(grace);
             }

@@ -85,6 +85,25 @@ async fn connect_errors_are_typed() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+
+    // TLS asked of a server without it (ssl = off): said at once, not retried.
+    let err = PgBackend::connect(&format!("{}?sslmode=require", node.url()), PgOptions::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Misconfigured { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err)
+            .is_some_and(|s| s.to_string().contains("does not offer TLS")),
+        "{err:?}"
+    );
+    // TLS options without TLS: nothing is sent.
+    let err = PgBackend::connect(&node.url(), PgOptions::new().with_ca_cert("pem"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::InvalidArgument(m) if m.contains("needs TLS")),
+        "{err:?}"
+    );
 }
 
 /// Wrong and missing passwords are `Auth`; a role that may not create baton's schema is

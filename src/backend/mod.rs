@@ -26,7 +26,7 @@ pub(crate) mod postgres;
 mod reach;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
 mod tls;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;

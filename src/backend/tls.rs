@@ -4,11 +4,8 @@
 
 use std::sync::Arc;
 
-use rustls::NamedGroup;
-use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::sync::Notify;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
 
@@ -165,31 +162,43 @@ pub(crate) fn describe(tls: &rustls::Error, wording: Wording) -> Option<(&'stati
     })
 }
 
-/// A session store that keeps nothing and tells when a TLS 1.3 ticket arrives.
-#[derive(Debug, Default)]
-pub(crate) struct Tickets(pub(crate) Notify);
+#[cfg(any(feature = "etcd", feature = "redis"))]
+pub(crate) use tickets::Tickets;
 
-impl ClientSessionStore for Tickets {
-    fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
+/// The session store of the etcd and Redis probes.
+#[cfg(any(feature = "etcd", feature = "redis"))]
+mod tickets {
+    use rustls::NamedGroup;
+    use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};
+    use rustls::pki_types::ServerName;
+    use tokio::sync::Notify;
 
-    fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
-        None
-    }
+    /// A session store that keeps nothing and tells when a TLS 1.3 ticket arrives.
+    #[derive(Debug, Default)]
+    pub(crate) struct Tickets(pub(crate) Notify);
 
-    fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
+    impl ClientSessionStore for Tickets {
+        fn set_kx_hint(&self, _: ServerName<'static>, _: NamedGroup) {}
 
-    fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        None
-    }
+        fn kx_hint(&self, _: &ServerName<'_>) -> Option<NamedGroup> {
+            None
+        }
 
-    fn remove_tls12_session(&self, _: &ServerName<'static>) {}
+        fn set_tls12_session(&self, _: ServerName<'static>, _: Tls12ClientSessionValue) {}
 
-    fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {
-        self.0.notify_one();
-    }
+        fn tls12_session(&self, _: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+            None
+        }
 
-    fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
-        None
+        fn remove_tls12_session(&self, _: &ServerName<'static>) {}
+
+        fn insert_tls13_ticket(&self, _: ServerName<'static>, _: Tls13ClientSessionValue) {
+            self.0.notify_one();
+        }
+
+        fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+            None
+        }
     }
 }
 

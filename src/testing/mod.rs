@@ -205,7 +205,7 @@ mod postgres;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
 mod tls;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
@@ -225,7 +225,7 @@ pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
 pub use tls::{CertPem, ServerTls, TestCa};
 #[cfg(feature = "zookeeper")]
 pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, four_letter};

@@ -7,6 +7,7 @@ use testcontainers::{ContainerAsync, GenericImage};
 use tokio::time::Instant;
 
 use super::fixture::{FixtureError, Server, free_port, start_shared};
+use super::tls::{ServerTls, TLS_CA, TLS_CERT, TLS_KEY};
 
 /// The image used when `BATON_POSTGRES_IMAGE` is not set: the one
 /// `scripts/build-postgres-image.sh` builds from Debian's `postgresql` package.
@@ -361,6 +362,95 @@ impl PgNode {
             .unpause()
             .await
             .map_err(|e| POSTGRES.container_error(e))
+    }
+
+    /// Serves TLS from now on with `tls`'s certificates (the server's certificate and key, the
+    /// CA for client certificates), and takes roles other than `postgres` over TLS only:
+    /// `pg_hba.conf` becomes `hostssl` with trust authentication for them (with
+    /// `clientcert=verify-ca` when `tls` [requires client
+    /// certificates](ServerTls::client_cert_auth)) and `hostnossl ... reject`. `postgres` still
+    /// connects either way, so that [`client`](Self::client) and the fixture keep working.
+    /// Returns once a new connection sees `ssl = on`.
+    ///
+    /// # Errors
+    /// Docker's error, the server's (as [`FixtureError::Process`]), or
+    /// [`FixtureError::NotReady`] if the server does not take the certificates.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the server may serve TLS or not.
+    pub async fn require_tls(&self, tls: &ServerTls) -> Result<(), FixtureError> {
+        // The image has neither cat nor mkdir: dash's printf writes the files into /tmp (PEM
+        // has no single quote), readable by the server's user only, as PostgreSQL requires
+        // of its key.
+        let dir = "/tmp";
+        let mut script = "umask 077".to_owned();
+        for (name, pem) in tls.files() {
+            script.push_str(&format!(" && printf '%s' '{pem}' > {dir}/{name}"));
+        }
+        let clientcert = if tls.client_cert_auth() {
+            " clientcert=verify-ca"
+        } else {
+            ""
+        };
+        let hba = [
+            "local all all trust".to_owned(),
+            "host all postgres 127.0.0.1/32 trust".to_owned(),
+            format!("hostssl all all 127.0.0.1/32 trust{clientcert}"),
+            "hostnossl all all 127.0.0.1/32 reject".to_owned(),
+        ];
+        let quoted: Vec<String> = hba.iter().map(|l| format!("'{l}'")).collect();
+        script.push_str(&format!(
+            " && printf '%s\\n' {} > /tmp/pgdata/pg_hba.conf",
+            quoted.join(" ")
+        ));
+        docker(&["exec", self.container.id(), "sh", "-c", &script]).await?;
+        let fail = |command: &'static str| {
+            move |e: tokio_postgres::Error| FixtureError::Command {
+                server: "postgres",
+                command,
+                source: match e.as_db_error() {
+                    Some(db) => Box::new(db.clone()),
+                    None => Box::new(e),
+                },
+            }
+        };
+        let client = self.client().await.map_err(fail("connect"))?;
+        // ALTER SYSTEM runs outside a transaction: one statement at a time.
+        let settings = [
+            format!("ALTER SYSTEM SET ssl_cert_file = '{dir}/{TLS_CERT}'"),
+            format!("ALTER SYSTEM SET ssl_key_file = '{dir}/{TLS_KEY}'"),
+            format!("ALTER SYSTEM SET ssl_ca_file = '{dir}/{TLS_CA}'"),
+            "ALTER SYSTEM SET ssl = on".to_owned(),
+            "SELECT pg_reload_conf()".to_owned(),
+        ];
+        for statement in &settings {
+            client
+                .batch_execute(statement)
+                .await
+                .map_err(fail("ALTER SYSTEM SET ssl"))?;
+        }
+        // The postmaster reloads on its signal; a connection forked after that sees it.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let ssl = match self.client().await {
+                Ok(c) => c
+                    .query_one("SHOW ssl", &[])
+                    .await
+                    .ok()
+                    .map(|r| r.get::<_, String>(0)),
+                Err(_) => None,
+            };
+            if ssl.as_deref() == Some("on") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: "postgres (TLS)",
+                    address: format!("127.0.0.1:{}", self.port),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Starts PgBouncer (Debian's, from the same image) inside the server's container, in

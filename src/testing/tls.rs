@@ -295,6 +295,7 @@ impl ServerTls {
 
     /// Writes [`files`](Self::files) into `dir` (created, readable by its owner only; the
     /// files too: one of them is the server's key).
+    #[cfg(any(feature = "etcd", feature = "redis"))]
     pub(super) fn write_files(&self, dir: &std::path::Path) -> std::io::Result<()> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
         std::fs::DirBuilder::new().mode(0o700).create(dir)?;
@@ -323,4 +324,5 @@ pub(super) const TLS_CA: &str = "ca.pem";
 pub(super) const TLS_CERT: &str = "server.pem";
 pub(super) const TLS_KEY: &str = "server-key.pem";
 /// Where a container finds the TLS files.
+#[cfg(any(feature = "etcd", feature = "redis"))]
 pub(super) const CONTAINER_TLS_DIR: &str = "/baton-tls";

@@ -8,6 +8,7 @@ mod grace;
 mod listener;
 mod observe;
 mod schema;
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,9 +20,10 @@ use futures::stream::BoxStream;
 use md5::{Digest, Md5};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Connection, NoTls, Row, Socket};
+use tokio_postgres::{Client, Connection, Row, Socket};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use self::conn::Conn;
 use self::grace::Grace;
@@ -50,6 +52,7 @@ pub struct PgOptions {
     retry_for: Duration,
     schema: String,
     restart_grace: Duration,
+    tls: tls::TlsOptions,
 }
 
 impl Default for PgOptions {
@@ -68,7 +71,37 @@ impl PgOptions {
             retry_for: Duration::from_secs(10),
             schema: "baton".to_owned(),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
+            tls: tls::TlsOptions::default(),
         }
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more, PEM-encoded: libpq's `sslrootcert`
+    /// file) for the server's certificate, instead of the system's roots. Needs TLS: the
+    /// URL's `sslmode` is `verify-full`, `verify-ca` or `require`; with any other, and with
+    /// `sslrootcert` in the URL too, the connect is refused ([`Error::InvalidArgument`]).
+    ///
+    /// Checked at connect: a bundle with no certificate, or one that does not parse, is
+    /// [`Error::InvalidArgument`].
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` (a PEM certificate, or a chain with the
+    /// client's certificate first) with its private key `key_pem` (PEM, PKCS#8, PKCS#1 or
+    /// SEC1; not encrypted), for a server whose `pg_hba.conf` asks for one (`clientcert=` or
+    /// `cert` authentication): libpq's `sslcert` and `sslkey`. Needs TLS, as
+    /// [`with_ca_cert`](Self::with_ca_cert).
+    ///
+    /// Checked at connect: a certificate or key that does not parse, or a key that is not the
+    /// certificate's, is [`Error::InvalidArgument`].
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// The schema baton keeps its tables, sequences and functions in (default `baton`),
@@ -133,12 +166,17 @@ struct Target {
     /// Whether request connections set `synchronous_commit = on` (the URL's `options` did
     /// not name it).
     synchronous_commit: bool,
+    /// Plain text, or TLS and how the server's certificate is checked.
+    tls: tls::Setup,
 }
+
+/// A connection's stream: plain, or TLS (tokio-postgres-rustls does not name its type).
+type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
 async fn connect_client(
     target: &Target,
-) -> std::result::Result<(Client, Connection<Socket, NoTlsStream>), tokio_postgres::Error> {
-    target.config.connect(NoTls).await
+) -> std::result::Result<(Client, Connection<Socket, Stream>), tokio_postgres::Error> {
+    target.config.connect(target.tls.connector.clone()).await
 }
 
 /// A request connection: connected, driven on the current runtime, and committing
@@ -411,11 +449,15 @@ impl PgBackend {
                 "the schema name must be a plain lowercase identifier ([a-z_][a-z0-9_]*)",
             ));
         }
-        let config: tokio_postgres::Config = url.parse().map_err(|e| Error::Connect {
+        // libpq's TLS parameters, which tokio-postgres does not know (or not all of them).
+        let (rest, params) = tls::take_params(url);
+        let tls = tls::Setup::new(&params, &options.tls)?;
+        let config: tokio_postgres::Config = rest.parse().map_err(|e| Error::Connect {
             endpoints: vec![redact(url)],
             source: Box::new(e),
         })?;
         let mut config = config;
+        config.ssl_mode(tls.mode);
         config.connect_timeout(options.connect_timeout);
         if config.get_application_name().is_none() {
             config.application_name("baton");
@@ -430,6 +472,7 @@ impl PgBackend {
             endpoint,
             connect_timeout: options.connect_timeout,
             synchronous_commit,
+            tls,
         });
         let endpoints = || vec![redact(url)];
         let mut client =
@@ -437,7 +480,9 @@ impl PgBackend {
                 .await
             {
                 Ok(Ok(client)) => client,
-                Ok(Err(e)) => return Err(connect_error(endpoints(), e)),
+                Ok(Err(e)) => {
+                    return Err(connect_error(endpoints(), e, target.tls.is_plain()));
+                }
                 Err(_) => {
                     return Err(Error::Connect {
                         endpoints: endpoints(),
@@ -763,9 +808,21 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error) -> Error {
+fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error, plain: bool) -> Error {
     if let Some(db) = e.as_db_error() {
         let code = db.code();
+        if plain && code.code().starts_with("28") && db.message().contains("no encryption") {
+            // pg_hba.conf takes this client over TLS only (`hostssl`).
+            return Error::Misconfigured {
+                endpoints,
+                source: format!(
+                    "{}: the server takes this connection over TLS only (add \
+                     sslmode=verify-full, verify-ca or require to the URL)",
+                    db.message()
+                )
+                .into(),
+            };
+        }
         if code.code().starts_with("28") {
             return Error::Auth { source: e.into() };
         }
@@ -781,6 +838,9 @@ fn connect_error(endpoints: Vec<String>, e: tokio_postgres::Error) -> Error {
     } else if std::error::Error::source(&e).is_some_and(|c| c.to_string() == "password missing") {
         // The server asked for a password and none was given.
         return Error::Auth { source: e.into() };
+    }
+    if let Some(refused) = tls::refused(&e, endpoints.clone()) {
+        return refused;
     }
     Error::Connect {
         endpoints,

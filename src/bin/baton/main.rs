@@ -119,16 +119,18 @@ struct Cli {
     /// Password for etcd authentication (with --user). Not passed on to the command.
     #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true, help_heading = GLOBAL)]
     password: Option<String>,
-    /// etcd or Redis over TLS: the CA bundle (PEM) that signed the servers' certificates,
-    /// instead of the system's roots. Turns TLS on for etcd's host:port endpoints (https:// is
-    /// TLS anyway); Redis takes it with rediss:// only.
+    /// etcd, Redis or PostgreSQL over TLS: the CA bundle (PEM) that signed the servers'
+    /// certificates, instead of the system's roots. Turns TLS on for etcd's host:port endpoints
+    /// (https:// is TLS anyway); Redis takes it with rediss:// only, PostgreSQL with
+    /// sslmode=verify-full, verify-ca or require in its URL.
     #[arg(long, env = "BATON_CACERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cacert: Option<PathBuf>,
-    /// etcd or Redis over TLS: the client certificate (PEM) for a server that asks for one
-    /// (etcd's --client-cert-auth, Redis's tls-auth-clients); with --key.
+    /// etcd, Redis or PostgreSQL over TLS: the client certificate (PEM) for a server that asks
+    /// for one (etcd's --client-cert-auth, Redis's tls-auth-clients, PostgreSQL's clientcert=
+    /// or cert authentication); with --key.
     #[arg(long, env = "BATON_CERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     cert: Option<PathBuf>,
-    /// etcd or Redis over TLS: the private key (PEM) of the --cert certificate.
+    /// etcd, Redis or PostgreSQL over TLS: the private key (PEM) of the --cert certificate.
     #[arg(long, env = "BATON_KEY", global = true, help_heading = GLOBAL, value_name = "FILE")]
     key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.
@@ -449,21 +451,15 @@ fn read_tls_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
     })
 }
 
-/// --cacert, --cert and --key: for etcd or Redis, cert and key together, the files readable.
+/// --cacert, --cert and --key: for etcd, Redis or PostgreSQL, cert and key together, the files
+/// readable. (PostgreSQL's URL must ask for TLS: the library says so.)
 fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
     let any = cli.cacert.is_some() || cli.cert.is_some() || cli.key.is_some();
     if any && matches!(endpoints, Endpoints::ZooKeeper(_)) {
         return Err(Failure::new(
             exit::USAGE,
-            "--cacert, --cert and --key are for etcd and Redis (rediss://); baton's ZooKeeper \
-             backend does not take them",
-        ));
-    }
-    if any && matches!(endpoints, Endpoints::Postgres(_)) {
-        return Err(Failure::new(
-            exit::USAGE,
-            "--cacert, --cert and --key are for etcd and Redis (rediss://); baton's PostgreSQL \
-             backend does not speak TLS yet",
+            "--cacert, --cert and --key are for etcd, Redis (rediss://) and PostgreSQL; baton's \
+             ZooKeeper backend does not take them",
         ));
     }
     if any && matches!(endpoints, Endpoints::Redis(url) if !url.starts_with("rediss://")) {
