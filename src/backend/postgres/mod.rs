@@ -432,13 +432,23 @@ impl PgBackend {
     /// `postgresql://`, or a `key=value` connection string), checks its version, and
     /// creates or migrates baton's schema.
     ///
+    /// Over TLS when the URL's `sslmode` is `verify-full` (the certificate chain and the host
+    /// name checked), `verify-ca` or `require` (the chain checked); the CA and a client
+    /// certificate come from libpq's `sslrootcert`, `sslcert` and `sslkey`, or from
+    /// [`PgOptions::with_ca_cert`] and [`PgOptions::with_client_cert`]; without one of those
+    /// modes, plain text (docs/postgres.md, TLS).
+    ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a schema name that is not a plain identifier;
-    /// [`Error::Connect`] for a URL that does not parse, a server that refuses the connection
-    /// or does not answer within the connect timeout; [`Error::Auth`] for a wrong or missing
-    /// password (or a role that may not log in); [`Error::Misconfigured`] for a database that
-    /// does not exist; [`Error::Permission`] for a role that may not create the schema or use
-    /// it; [`Error::UnsupportedVersion`] below PostgreSQL 13.
+    /// [`Error::InvalidArgument`] for a schema name that is not a plain identifier, an unknown
+    /// `sslmode`, TLS options without a TLS `sslmode`, a CA or client certificate that does
+    /// not parse; [`Error::Connect`] for a URL that does not parse, a server that refuses the
+    /// connection or does not answer within the connect timeout; [`Error::Auth`] for a wrong
+    /// or missing password (or a role that may not log in), or a client certificate the
+    /// server refuses; [`Error::Misconfigured`] for a database that does not exist, a server
+    /// certificate baton does not trust, TLS asked of a server without it (or plain text of
+    /// one that takes the client over TLS only), a certificate file that cannot be read;
+    /// [`Error::Permission`] for a role that may not create the schema or use it;
+    /// [`Error::UnsupportedVersion`] below PostgreSQL 13.
     ///
     /// # Cancel safety
     /// Dropping the future closes what it opened; a migration interrupted half-way is rolled
