@@ -80,6 +80,7 @@ use sync_wrapper::SyncFuture;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
+use crate::backend::redis::tls::{self, Probe, TlsConfig};
 use crate::error::{BoxError, Error, Result};
 
 /// Deletes the key only if it still holds our value: never a successor's key.
@@ -117,6 +118,7 @@ pub struct RedlockOptions {
     node_timeout: Duration,
     connect_timeout: Duration,
     prefix: String,
+    tls: TlsConfig,
 }
 
 impl Default for RedlockOptions {
@@ -137,7 +139,35 @@ impl RedlockOptions {
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             prefix: String::new(),
+            tls: TlsConfig::default(),
         }
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more, PEM-encoded: redis-cli's `--cacert`
+    /// file) for every node's certificate, instead of the system's roots. For `rediss://`
+    /// URLs (TLS); a `redis://` URL with TLS options is refused. The nodes' certificates must
+    /// name their URLs' hosts.
+    ///
+    /// Checked at connect: a bundle with no certificate, or one that does not parse, is
+    /// [`Error::InvalidArgument`].
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents the client certificate `cert_pem` (a PEM certificate, or a chain with the
+    /// client's certificate first) with its private key `key_pem` (PEM) to every node that
+    /// asks for one (`tls-auth-clients yes`). For `rediss://` URLs.
+    ///
+    /// Checked at connect: a certificate or key that does not parse, or a key that is not the
+    /// certificate's, is [`Error::InvalidArgument`].
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// How long the keys live on the servers (`PX`), and so the most a lock is held without
@@ -306,16 +336,6 @@ fn jittered(delay: Duration, jitter: Duration) -> Duration {
     low + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
 }
 
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Why one request to one node failed.
 #[derive(Debug)]
 enum Cause {
@@ -393,6 +413,8 @@ struct NodeState {
 struct Node {
     endpoint: String,
     client: redis::Client,
+    /// What a failed connection hides (a refused client certificate), for the connect error.
+    probe: Probe,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
     /// A connection that has answered nothing for this long is replaced.
@@ -680,8 +702,9 @@ impl fmt::Debug for Redlock {
 
 impl Redlock {
     /// Prepares a Redlock over the independent Redis masters at `urls`
-    /// (`redis://[user:password@]host:port[/db]`) and opens one multiplexed connection to each,
-    /// all at once.
+    /// (`redis://[user:password@]host:port[/db]`, or `rediss://` over TLS with
+    /// [`RedlockOptions::with_ca_cert`] and [`RedlockOptions::with_client_cert`], or the
+    /// system's roots without a CA) and opens one multiplexed connection to each, all at once.
     ///
     /// Use at least three nodes (an odd number: four tolerate no more failures than three);
     /// with fewer, a single node failure stops every lock, and a warning is logged. Each node
@@ -694,13 +717,16 @@ impl Redlock {
     /// accepted with a warning.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no URL, a `rediss://` URL (TLS is not supported here
-    /// yet), a server named twice (two URLs with the same
+    /// [`Error::InvalidArgument`] for no URL, TLS options with a `redis://` URL, a CA or
+    /// client certificate that does not parse, a server named twice (two URLs with the same
     /// host and port, or two URLs whose servers answer with the same `run_id`: one server
     /// behind two names), or options that could never hold a lock (a TTL not longer than the
     /// per-node timeout plus the drift allowance, a drift factor outside `[0, 1)`);
     /// [`Error::Connect`] for a malformed URL, or when fewer than a quorum of nodes answered
-    /// within the connect timeout (its source names each failure).
+    /// within the connect timeout (its source names each failure); when that is for a TLS
+    /// refusal, [`Error::Misconfigured`] (a node's certificate not trusted, or issued for
+    /// another host) or [`Error::Auth`] (a node refused the client certificate), as
+    /// [`RedisBackend::connect`](crate::RedisBackend::connect) says them.
     ///
     /// # Cancel safety
     /// Cancel safe: nothing is written to the servers.
@@ -745,6 +771,9 @@ impl Redlock {
         let failures: Vec<(String, Cause)> = opened.into_iter().filter_map(Result::err).collect();
         let inner = Inner { nodes, options };
         if inner.nodes.len() - failures.len() < inner.quorum() {
+            if let Some(refused) = tls_refusal(&inner.nodes, &failures).await {
+                return Err(refused);
+            }
             return Err(Error::Connect {
                 endpoints: inner.nodes.iter().map(|n| n.endpoint.clone()).collect(),
                 source: inner.failures(failures),
@@ -914,16 +943,8 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
     let mut nodes: Vec<Arc<Node>> = Vec::with_capacity(urls.len());
     for url in urls {
         let url = url.as_ref();
-        if url.starts_with("rediss://") {
-            return Err(Error::InvalidArgument(
-                "Redlock does not take rediss:// URLs yet (no CA or client certificate \
-                 options); RedisBackend does",
-            ));
-        }
-        let client = redis::Client::open(url).map_err(|e| Error::Connect {
-            endpoints: vec![redact(url)],
-            source: Box::new(e),
-        })?;
+        // `rediss://` with the options' CA and client certificate, as `RedisBackend`.
+        let (client, probe) = tls::client(url, &options.tls)?;
         let endpoint = client.get_connection_info().addr().to_string();
         if nodes.iter().any(|n| n.endpoint == endpoint) {
             return Err(Error::InvalidArgument(
@@ -933,6 +954,7 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
         nodes.push(Arc::new(Node {
             endpoint,
             client,
+            probe,
             config: config.clone(),
             connect_timeout: options.connect_timeout,
             replace_after: options.ttl,
@@ -941,6 +963,26 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
         }));
     }
     Ok(nodes)
+}
+
+/// A TLS refusal among `failures` (in a cause, or found by a handshake of our own: a client
+/// certificate refused after the handshake looks like a reset to the connection): the error
+/// that says what to change, as `RedisBackend::connect` gives it.
+async fn tls_refusal(nodes: &[Arc<Node>], failures: &[(String, Cause)]) -> Option<Error> {
+    for (endpoint, cause) in failures {
+        if let Some(refused) = tls::Refused::of(cause) {
+            return Some(refused.into_error(endpoint));
+        }
+    }
+    for (endpoint, _) in failures {
+        if let Some(node) = nodes.iter().find(|n| &n.endpoint == endpoint)
+            && node.probe.is_tls()
+            && let Some(refused) = node.probe.after_failure(tls::PROBE_LIMIT).await
+        {
+            return Some(refused.into_error(endpoint));
+        }
+    }
+    None
 }
 
 /// The id of the server process behind `conn` (`run_id` in `INFO server`), if it tells.
@@ -1222,16 +1264,21 @@ impl RedlockGuard {
 mod tests {
     use super::*;
 
-    /// TLS is not supported by Redlock yet: a `rediss://` URL is refused in words before
-    /// anything is sent, not reported as an unreachable node.
+    /// TLS options go with `rediss://` URLs: with a `redis://` one they are refused in words
+    /// before anything is sent, not reported as an unreachable node; so is a CA that is not
+    /// PEM.
     #[test]
-    fn rediss_urls_are_refused_clearly() {
-        let refused = prepare(
-            &["redis://127.0.0.1:1", "rediss://127.0.0.1:2"],
-            &RedlockOptions::new(),
-        );
+    fn tls_options_are_checked_before_anything_is_sent() {
+        let with_ca = RedlockOptions::new().with_ca_cert("not a certificate");
+        let refused = prepare(&["redis://127.0.0.1:1"], &with_ca);
         assert!(
             matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("rediss://")),
+            "{:?}",
+            refused.err()
+        );
+        let refused = prepare(&["rediss://127.0.0.1:2"], &with_ca);
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("PEM")),
             "{:?}",
             refused.err()
         );
@@ -1344,8 +1391,15 @@ mod tests {
 
     #[test]
     fn urls_lose_their_password_in_messages() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        match prepare(&["redis://u:secret@h:notaport/0"], &RedlockOptions::new()) {
+            Err(Error::Connect { endpoints, .. }) => {
+                assert!(
+                    endpoints.iter().all(|e| !e.contains("secret")),
+                    "{endpoints:?}"
+                );
+            }
+            other => panic!("{:?}", other.err()),
+        }
     }
 
     #[test]

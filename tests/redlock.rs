@@ -733,3 +733,58 @@ async fn one_server_behind_two_names_is_refused() {
     let urls = [nodes.node(0).url(), nodes.node(1).url(), third.url()];
     assert!(Redlock::connect(&urls, options()).await.is_ok());
 }
+
+/// Promise: Redlock takes `rediss://` URLs with a CA and a client certificate, as
+/// `RedisBackend` does. Three nodes serving TLS only, each requiring a client certificate: a
+/// lock is taken and its key is on every node; a CA that did not sign the nodes' certificates
+/// is `Misconfigured`, a missing client certificate `Auth`, each saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_lock_is_taken_and_refusals_say_why() {
+    use baton::testing::{RedisTls, TestCa};
+    let tls = RedisTls::generate().expect("certificates");
+    let nodes = futures::future::try_join_all((0..3).map(|_| RedisNode::start_tls(&tls)))
+        .await
+        .expect("three redis servers serving TLS");
+    let urls: Vec<String> = nodes.iter().map(RedisNode::url).collect();
+    assert!(urls.iter().all(|u| u.starts_with("rediss://")), "{urls:?}");
+    let client = tls.client_cert().expect("the fixture's client certificate");
+    let trusted = || {
+        options()
+            .with_ca_cert(tls.ca_pem())
+            .with_client_cert(client.cert_pem(), client.key_pem())
+    };
+    let redlock = Redlock::connect(&urls, trusted())
+        .await
+        .expect("connect over TLS");
+    let guard = redlock.lock("tls").await.expect("lock over TLS");
+    for node in &nodes {
+        let held: Option<String> = node
+            .command("GET", &[&key("tls")])
+            .await
+            .expect("GET over TLS");
+        assert!(held.is_some(), "the key is on {}", node.url());
+    }
+    guard.unlock().await.expect("unlock");
+
+    let other = TestCa::generate("another CA").expect("a CA");
+    let Err(err) = Redlock::connect(
+        &urls,
+        options()
+            .with_ca_cert(other.cert_pem())
+            .with_client_cert(client.cert_pem(), client.key_pem()),
+    )
+    .await
+    else {
+        panic!("connected trusting a CA that signed nothing here");
+    };
+    assert!(matches!(err, Error::Misconfigured { .. }), "{err:?}");
+    assert!(
+        format!("{err} {:?}", std::error::Error::source(&err))
+            .contains("not signed by a trusted CA"),
+        "{err:?}"
+    );
+    let Err(err) = Redlock::connect(&urls, options().with_ca_cert(tls.ca_pem())).await else {
+        panic!("connected without the client certificate the nodes require");
+    };
+    assert!(matches!(err, Error::Auth { .. }), "{err:?}");
+}

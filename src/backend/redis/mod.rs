@@ -4,7 +4,7 @@
 
 mod mailbox;
 mod scripts;
-mod tls;
+pub(crate) mod tls;
 
 use std::collections::VecDeque;
 use std::future::Future;

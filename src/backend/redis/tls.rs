@@ -27,11 +27,11 @@ const WORDING: Wording = Wording {
 
 /// The TLS part of [`RedisOptions`](super::RedisOptions), as given: checked at connect.
 #[derive(Clone, Default)]
-pub(super) struct TlsConfig {
+pub(crate) struct TlsConfig {
     /// PEM: one or more CA certificates.
-    pub(super) ca: Option<Vec<u8>>,
+    pub(crate) ca: Option<Vec<u8>>,
     /// PEM: the client's certificate (chain) and its private key.
-    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for TlsConfig {
@@ -53,7 +53,7 @@ impl TlsConfig {
 /// The `redis` crate's client for `url`, with `tls` for a `rediss://` URL, and the probe that
 /// can tell what a failed connection hides. Checks what can be checked without the server:
 /// the scheme agrees with the options, the PEMs parse, the key is the certificate's.
-pub(super) fn client(url: &str, tls: &TlsConfig) -> Result<(redis::Client, Probe)> {
+pub(crate) fn client(url: &str, tls: &TlsConfig) -> Result<(redis::Client, Probe)> {
     let Some(rest) = url.strip_prefix("rediss://") else {
         if tls.is_set() {
             return Err(Error::InvalidArgument(
@@ -143,7 +143,7 @@ fn host_port(client: &redis::Client) -> Option<(String, u16)> {
 /// does not speak TLS on a `rediss://` URL, or one that speaks only TLS on a `redis://` URL.
 /// Says which, in words; its source is the TLS library's error, where there is one.
 #[derive(Debug)]
-pub(super) struct Refused {
+pub(crate) struct Refused {
     /// What went wrong, for the message.
     what: &'static str,
     /// The server refused our client certificate (rather than we its certificate).
@@ -165,7 +165,7 @@ impl std::error::Error for Refused {
 
 impl Refused {
     /// The TLS failure among `error` and its causes, if any means a refusal.
-    pub(super) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
+    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
         let tls = tls_cause(error)?;
         let (what, client_cert) = describe(&tls, WORDING)?;
         Some(Refused {
@@ -179,7 +179,7 @@ impl Refused {
     /// [`Error::Misconfigured`] for `endpoint` (a certificate we do not trust, TLS on one
     /// side only: the configuration must change, retrying cannot help), with this as its
     /// source.
-    pub(super) fn into_error(self, endpoint: &str) -> Error {
+    pub(crate) fn into_error(self, endpoint: &str) -> Error {
         if self.client_cert {
             Error::Auth {
                 source: Box::new(self),
@@ -205,11 +205,11 @@ pub(super) const UNANSWERED: Duration = Duration::from_millis(300);
 /// The longest a probe waits for a server's answer (a TLS server that accepts the client sends
 /// its session tickets at once, one that refuses it its alert; a plain-text server answers
 /// `PING` at once).
-pub(super) const PROBE_LIMIT: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// Connections of our own to the server, to learn what the `redis` crate's connection hides.
 #[derive(Debug)]
-pub(super) struct Probe {
+pub(crate) struct Probe {
     /// The server's TCP address (none for a Unix socket: nothing to probe).
     address: Option<(String, u16)>,
     /// For a `rediss://` URL: what the handshake trusts and presents.
@@ -238,7 +238,7 @@ impl Probe {
     }
 
     /// Whether the URL is `rediss://`.
-    pub(super) fn is_tls(&self) -> bool {
+    pub(crate) fn is_tls(&self) -> bool {
         self.tls.is_some()
     }
 
@@ -278,7 +278,7 @@ impl Probe {
     ///
     /// For a `redis://` URL, whether the server speaks TLS (it closes a plain-text connection
     /// without a word, and answers a TLS greeting with its certificate).
-    pub(super) async fn after_failure(&self, within: Duration) -> Option<Refused> {
+    pub(crate) async fn after_failure(&self, within: Duration) -> Option<Refused> {
         tokio::time::timeout(within, self.handshake())
             .await
             .ok()
