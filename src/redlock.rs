@@ -80,7 +80,7 @@ use sync_wrapper::SyncFuture;
 use tokio::sync::Notify;
 use tracing::Instrument;
 
-use crate::backend::redis::tls::{self, Probe, TlsConfig};
+use crate::backend::redis::tls::{self, Probe, TlsFiles};
 use crate::error::{BoxError, Error, Result};
 
 /// Deletes the key only if it still holds our value: never a successor's key.
@@ -118,7 +118,7 @@ pub struct RedlockOptions {
     node_timeout: Duration,
     connect_timeout: Duration,
     prefix: String,
-    tls: TlsConfig,
+    tls: TlsFiles,
 }
 
 impl Default for RedlockOptions {
@@ -139,7 +139,7 @@ impl RedlockOptions {
             node_timeout: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(1),
             prefix: String::new(),
-            tls: TlsConfig::default(),
+            tls: TlsFiles::default(),
         }
     }
 

@@ -101,6 +101,27 @@ async fn lock_round_trip(backend: Arc<dyn baton::Backend>, name: &str) {
     session.close().await.expect("close");
 }
 
+/// The fixture's CA and client certificate as files in a directory of their own (`ca.pem`,
+/// `app.pem`, `app-key.pem`), as libpq and the CLI take them.
+fn pem_files(test: &str) -> std::path::PathBuf {
+    let f = fixture();
+    let client = f
+        .tls
+        .client_cert()
+        .expect("the fixture's client certificate");
+    let dir = std::env::temp_dir().join(format!("baton-pg-tls-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let files = [
+        ("ca.pem", f.tls.ca_pem()),
+        ("app.pem", client.cert_pem()),
+        ("app-key.pem", client.key_pem()),
+    ];
+    for (name, pem) in files {
+        std::fs::write(dir.join(name), pem).expect("write");
+    }
+    dir
+}
+
 /// How many of the connections named `application` use TLS, and how many do not.
 async fn connections(application: &str) -> (i64, i64) {
     let row = fixture()
@@ -225,16 +246,7 @@ async fn a_role_that_needs_a_client_certificate_connects_with_one() {
     lock_round_trip(Arc::new(backend), "tls/client-cert").await;
 
     // libpq's file parameters, as a URL copied from psql's would have them.
-    let dir = std::env::temp_dir().join(format!("baton-pg-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let files = [
-        ("ca.pem", f.tls.ca_pem()),
-        ("app.pem", client.cert_pem()),
-        ("app-key.pem", client.key_pem()),
-    ];
-    for (name, pem) in files {
-        std::fs::write(dir.join(name), pem).expect("write");
-    }
+    let dir = pem_files("url");
     let d = dir.display();
     let backend = PgBackend::connect(
         &url(
@@ -279,18 +291,7 @@ async fn connect_takes_the_tls_options_for_postgres() {
 #[cfg(feature = "cli")]
 #[test]
 fn the_cli_takes_cacert_cert_and_key_for_postgres() {
-    let f = fixture();
-    let client = f.tls.client_cert().expect("client certificate");
-    let dir = std::env::temp_dir().join(format!("baton-pg-tls-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let files = [
-        ("ca.pem", f.tls.ca_pem()),
-        ("app.pem", client.cert_pem()),
-        ("app-key.pem", client.key_pem()),
-    ];
-    for (name, pem) in files {
-        std::fs::write(dir.join(name), pem).expect("write");
-    }
+    let dir = pem_files("cli");
     let run = |endpoint: &str| {
         std::process::Command::new(env!("CARGO_BIN_EXE_baton"))
             .args(["--endpoints", endpoint, "--cacert"])

@@ -9,6 +9,32 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
 
+/// The TLS part of a backend's options, as given (checked at connect): the CA certificates
+/// and the client's certificate with its key, PEM. Its `Debug` never shows the key.
+#[derive(Clone, Default)]
+pub(crate) struct TlsFiles {
+    /// PEM: one or more CA certificates.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// PEM: the client's certificate (chain) and its private key.
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("ca", &self.ca.is_some())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
+}
+
+impl TlsFiles {
+    /// Whether a CA or a client certificate was given.
+    pub(crate) fn is_set(&self) -> bool {
+        self.ca.is_some() || self.identity.is_some()
+    }
+}
+
 /// The certificates in `pem`: at least one, all parsed; else `InvalidArgument(invalid)`.
 pub(crate) fn certificates(
     pem: &[u8],

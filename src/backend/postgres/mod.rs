@@ -52,7 +52,7 @@ pub struct PgOptions {
     retry_for: Duration,
     schema: String,
     restart_grace: Duration,
-    tls: tls::TlsOptions,
+    tls: tls::TlsFiles,
 }
 
 impl Default for PgOptions {
@@ -71,7 +71,7 @@ impl PgOptions {
             retry_for: Duration::from_secs(10),
             schema: "baton".to_owned(),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
-            tls: tls::TlsOptions::default(),
+            tls: tls::TlsFiles::default(),
         }
     }
 

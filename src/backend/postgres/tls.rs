@@ -18,27 +18,9 @@ use rustls::{
 use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+pub(super) use crate::backend::tls::TlsFiles;
 use crate::backend::tls::{Wording, certificates, client_identity, describe, tls_cause};
 use crate::error::{Error, Result};
-
-/// The TLS part of [`PgOptions`](super::PgOptions), as given: checked at connect.
-#[derive(Clone, Default)]
-pub(super) struct TlsOptions {
-    /// PEM: one or more CA certificates.
-    pub(super) ca: Option<Vec<u8>>,
-    /// PEM: the client's certificate (chain) and its private key.
-    pub(super) identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for TlsOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the private key.
-        f.debug_struct("TlsOptions")
-            .field("ca", &self.ca.is_some())
-            .field("client_cert", &self.identity.is_some())
-            .finish()
-    }
-}
 
 /// libpq's TLS parameters as a connection string gave them (values decoded).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -208,7 +190,7 @@ const NEED_SSLMODE: &str = "a CA or a client certificate (with_ca_cert, with_cli
 impl Setup {
     /// Checks `params` and `options` together (what can be checked without the server: the
     /// mode, the files, the PEMs, the key against its certificate) and builds the connector.
-    pub(super) fn new(params: &Params, options: &TlsOptions) -> Result<Setup> {
+    pub(super) fn new(params: &Params, options: &TlsFiles) -> Result<Setup> {
         let mode = match params.mode.as_deref() {
             None | Some("disable" | "allow" | "prefer") => Mode::Plain,
             Some("require" | "verify-ca") => Mode::VerifyCa,
@@ -465,11 +447,11 @@ mod tests {
     #[cfg(feature = "testing")]
     #[test]
     fn modes_map_to_plain_text_or_checked_tls() {
-        let mode = |m: Option<&str>| Setup::new(&params(m, None), &TlsOptions::default());
+        let mode = |m: Option<&str>| Setup::new(&params(m, None), &TlsFiles::default());
         for plain in [None, Some("disable"), Some("allow"), Some("prefer")] {
             assert_eq!(mode(plain).map(|s| s.mode).ok(), Some(SslMode::Disable));
         }
-        let ca = TlsOptions {
+        let ca = TlsFiles {
             ca: Some(
                 crate::testing::TestCa::generate("t")
                     .map(|c| c.cert_pem().into_bytes())
@@ -489,7 +471,7 @@ mod tests {
 
     #[test]
     fn tls_options_without_tls_and_twice_given_are_refused() {
-        let ca = TlsOptions {
+        let ca = TlsFiles {
             ca: Some(b"pem".to_vec()),
             identity: None,
         };
@@ -509,11 +491,11 @@ mod tests {
             ..Params::default()
         };
         assert!(matches!(
-            Setup::new(&half, &TlsOptions::default()),
+            Setup::new(&half, &TlsFiles::default()),
             Err(Error::InvalidArgument(m)) if m.contains("together")
         ));
         assert!(matches!(
-            Setup::new(&params(Some("require"), Some("/no/such/ca.pem")), &TlsOptions::default()),
+            Setup::new(&params(Some("require"), Some("/no/such/ca.pem")), &TlsFiles::default()),
             Err(Error::Misconfigured { source, .. }) if source.to_string().contains("sslrootcert=/no/such/ca.pem")
         ));
     }

@@ -69,7 +69,7 @@ pub struct RedisOptions {
     prefix: String,
     recheck: Duration,
     restart_grace: Duration,
-    tls: tls::TlsConfig,
+    tls: tls::TlsFiles,
 }
 
 impl Default for RedisOptions {
@@ -90,7 +90,7 @@ impl RedisOptions {
             prefix: "baton:".to_owned(),
             recheck: Duration::from_secs(30),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
-            tls: tls::TlsConfig::default(),
+            tls: tls::TlsFiles::default(),
         }
     }
 

@@ -1,4 +1,4 @@
-//! TLS for the Redis backend (`rediss://`): the options as given ([`TlsConfig`]), checked and
+//! TLS for the Redis backend (`rediss://`): the options as given ([`TlsFiles`]), checked and
 //! turned into the `redis` crate's client ([`client`]); the failures that retrying cannot fix,
 //! told apart and described ([`Refused`]); and the probes of our own that learn what the
 //! `redis` crate's connection hides ([`Probe`]): a server that speaks plain text on a
@@ -15,6 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub(crate) use crate::backend::tls::TlsFiles;
 use crate::backend::tls::{Tickets, Wording, certificates, client_identity, describe, tls_cause};
 use crate::error::{Error, Result};
 
@@ -25,35 +26,10 @@ const WORDING: Wording = Wording {
     not_tls: NOT_TLS,
 };
 
-/// The TLS part of [`RedisOptions`](super::RedisOptions), as given: checked at connect.
-#[derive(Clone, Default)]
-pub(crate) struct TlsConfig {
-    /// PEM: one or more CA certificates.
-    pub(crate) ca: Option<Vec<u8>>,
-    /// PEM: the client's certificate (chain) and its private key.
-    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
-}
-
-impl std::fmt::Debug for TlsConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the private key; the certificates say nothing worth a log line.
-        f.debug_struct("TlsConfig")
-            .field("ca", &self.ca.is_some())
-            .field("client_cert", &self.identity.is_some())
-            .finish()
-    }
-}
-
-impl TlsConfig {
-    fn is_set(&self) -> bool {
-        self.ca.is_some() || self.identity.is_some()
-    }
-}
-
 /// The `redis` crate's client for `url`, with `tls` for a `rediss://` URL, and the probe that
 /// can tell what a failed connection hides. Checks what can be checked without the server:
 /// the scheme agrees with the options, the PEMs parse, the key is the certificate's.
-pub(crate) fn client(url: &str, tls: &TlsConfig) -> Result<(redis::Client, Probe)> {
+pub(crate) fn client(url: &str, tls: &TlsFiles) -> Result<(redis::Client, Probe)> {
     let Some(rest) = url.strip_prefix("rediss://") else {
         if tls.is_set() {
             return Err(Error::InvalidArgument(
