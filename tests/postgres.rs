@@ -541,6 +541,129 @@ impl Failover {
     }
 }
 
+/// A URL naming every server, with `target_session_attrs=read-write`, reaches the primary
+/// whichever server it names first, and follows a failover without an address that moves:
+/// the holder from before is told its session is lost (its lease is of the old timeline),
+/// and a new session of the same backend, reconnected to the promoted standby, gets the lock
+/// after the restart grace, with a higher token. Without the attribute, a URL that names the
+/// standby first is refused at connect, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_naming_every_server_follows_a_failover() {
+    let f = Failover::start().await;
+    f.caught_up().await;
+    let hosts = format!(
+        "127.0.0.1:{},127.0.0.1:{}",
+        f.standby.port(),
+        f.primary.port()
+    );
+    let Err(err) = PgBackend::connect(
+        &format!("postgres://postgres@{hosts}/postgres"),
+        PgOptions::new(),
+    )
+    .await
+    else {
+        panic!("connected to a read-only standby");
+    };
+    assert!(matches!(err, Error::Misconfigured { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err)
+            .is_some_and(|s| s.to_string().contains("target_session_attrs=read-write")),
+        "{err:?}"
+    );
+
+    let ttl = Duration::from_secs(3);
+    let url = format!("postgres://postgres@{hosts}/postgres?target_session_attrs=read-write");
+    let backend = PgBackend::connect(
+        &url,
+        PgOptions::new()
+            .with_request_timeout(Duration::from_secs(1))
+            .with_restart_grace(ttl),
+    )
+    .await
+    .expect("the primary, named second");
+    let s = session(&backend, ttl).await;
+    let name = test_name("every-server");
+    let held = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let first = held.fencing_token();
+    f.caught_up().await;
+    f.fail_over().await;
+    within(
+        "the holder told its session is lost",
+        Duration::from_secs(15),
+        s.lost(),
+    )
+    .await;
+    let s2 = session(&backend, ttl).await;
+    let next = within(
+        "the lock on the promoted standby, through the same URL",
+        Duration::from_secs(30),
+        async { Mutex::new(&s2, &name).unwrap().lock().await.unwrap() },
+    )
+    .await;
+    assert!(
+        next.fencing_token() > first,
+        "{} after {first}",
+        next.fencing_token()
+    );
+    next.unlock().await.unwrap();
+}
+
+/// A request that reaches a standby before its promotion (the address moved ahead of it) is
+/// refused as read-only, not applied: it is retried on a new connection, and succeeds once
+/// the standby is promoted, instead of failing at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_reaches_a_standby_is_retried_until_its_promotion() {
+    let f = Failover::start().await;
+    let backend = f.front_backend("early_standby", Duration::ZERO).await;
+    f.caught_up().await;
+    f.primary.stop_immediate().await.unwrap();
+    f.front
+        .redirect(&format!("127.0.0.1:{}", f.standby.port()))
+        .unwrap();
+    f.front.heal();
+    let starting = tokio::spawn({
+        let backend = backend.clone();
+        async move { session(&backend, Duration::from_secs(5)).await }
+    });
+    // Promoted once the backend has reached the standby and been refused there: a rolled
+    // back transaction in the standby's statistics (the fixture's own queries roll nothing
+    // back).
+    let admin = f.standby.client().await.unwrap();
+    let rollbacks = "SELECT xact_rollback FROM pg_stat_database WHERE datname = 'postgres'";
+    let before: i64 = admin.query_one(rollbacks, &[]).await.unwrap().get(0);
+    within(
+        "the backend refused by the standby",
+        Duration::from_secs(10),
+        async {
+            loop {
+                let now: i64 = admin.query_one(rollbacks, &[]).await.unwrap().get(0);
+                if now > before {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    f.standby.promote().await.unwrap();
+    let s = within(
+        "the session, once the standby is promoted",
+        Duration::from_secs(15),
+        starting,
+    )
+    .await
+    .expect("the session task");
+    let name = test_name("early-standby");
+    Mutex::new(&s, &name)
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+}
+
 /// A release the standby missed, then a failover: the released entry is back on the new
 /// primary, bound to the lease of a session that still renews (through an address that now
 /// leads to the new primary). A lease is renewed only on the timeline it was granted on, so

@@ -370,6 +370,10 @@ fn classify(op: &'static str, e: tokio_postgres::Error) -> Failure {
         || *code == SqlState::CANNOT_CONNECT_NOW
         || *code == SqlState::LOCK_NOT_AVAILABLE
         || code.code().starts_with("08")
+        // A standby (a reconnect reached one before its promotion, or a primary fenced
+        // read-only): the connection is replaced, and the next may reach the primary (an
+        // address that moves, or a URL naming every server with target_session_attrs).
+        || *code == SqlState::READ_ONLY_SQL_TRANSACTION
         // A statement prepared on this connection whose result type a migration changed:
         // refused before it ran; the connection (and its statements) is replaced.
         || (*code == SqlState::FEATURE_NOT_SUPPORTED
@@ -877,16 +881,29 @@ async fn schema_version(client: &impl tokio_postgres::GenericClient, schema: &st
 /// first connects wait for each other), after checking the server's version.
 async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     let fail = |op| move |e: tokio_postgres::Error| map_db_error(op, e);
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, pg_is_in_recovery()",
+            &[],
+        )
         .await
-        .map_err(fail("server version"))?
-        .get(0);
+        .map_err(fail("server version"))?;
+    let version: i32 = row.get(0);
     if version < MINIMUM_VERSION {
         return Err(Error::UnsupportedVersion {
             server: "PostgreSQL",
             version: version.to_string(),
             minimum: "13",
+        });
+    }
+    // A standby can neither write nor NOTIFY: say so, rather than fail on the first write.
+    if row.get::<_, bool>(1) {
+        return Err(Error::Misconfigured {
+            endpoints: Vec::new(),
+            source: "the server is a standby (in recovery, read-only): baton needs the \
+                     primary. Name it, or name every server of the cluster with \
+                     target_session_attrs=read-write in the URL"
+                .into(),
         });
     }
     let known = i32::try_from(schema::MIGRATIONS).unwrap_or(i32::MAX);
