@@ -793,7 +793,7 @@ async fn main() -> Res<()> {
         ns.iter().copied().filter(|&n| n <= 64).collect()
     };
     if only.as_deref() == Some("postgres") {
-        let md = postgres_section(secs, &redis_ns).await?;
+        let md = postgres_section(secs, &redis_ns, waiters).await?;
         println!("{md}");
         if let Some(out) = out {
             std::fs::write(&out, &md)?;
@@ -943,7 +943,7 @@ async fn main() -> Res<()> {
         None
     };
     let postgres = if part("postgres") {
-        Some(postgres_section(secs, &redis_ns).await?)
+        Some(postgres_section(secs, &redis_ns, waiters).await?)
     } else {
         None
     };
@@ -1118,13 +1118,13 @@ async fn zookeeper_section(_: Duration, _: &[usize], _: usize) -> Res<String> {
 
 /// The `## PostgreSQL` section (common/bench_pg.rs), or a line saying why there is none.
 #[cfg(feature = "postgres")]
-async fn postgres_section(secs: Duration, ns: &[usize]) -> Res<String> {
-    Ok(bench_pg::run(secs, ns).await?.markdown())
+async fn postgres_section(secs: Duration, ns: &[usize], waiters: usize) -> Res<String> {
+    Ok(bench_pg::run(secs, ns, waiters).await?.markdown())
 }
 
 /// Without the `postgres` feature: the section says how to get it.
 #[cfg(not(feature = "postgres"))]
-async fn postgres_section(_: Duration, _: &[usize]) -> Res<String> {
+async fn postgres_section(_: Duration, _: &[usize], _: usize) -> Res<String> {
     Ok("## PostgreSQL\n\nNot measured: this bench was built without the `postgres` feature (`just bench` builds it with `--features testing,etcd,redis,zookeeper,postgres`).\n".to_owned())
 }
 

@@ -190,9 +190,10 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
 
 /// An older schema is migrated on connect: a schema put back to version 1's shape (no
 /// `observed` table, the insert trigger back, no `timeline` function or column, no
-/// `timelines` table, the rows of versions 2 to 4 gone) is brought to version 4 by the next
-/// backend that connects, and locks (with the timeline in their tokens, granted at once on
-/// timeline 1) and observers work on it.
+/// `timelines` table, the rows of versions 2 to 5 gone) is brought to version 5 by the next
+/// backend that connects (its enqueue sweeping expired leases only as the head), and locks
+/// (with the timeline in their tokens, granted at once on timeline 1) and observers work on
+/// it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_schema_is_migrated_on_connect() {
     let node = PgNode::shared();
@@ -226,7 +227,16 @@ async fn an_older_schema_is_migrated_on_connect() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 4);
+    assert_eq!(version, 5);
+    let enqueue: String = raw
+        .query_one(
+            &format!("SELECT pg_get_functiondef('{schema}.enqueue_v4'::regproc)"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(enqueue.contains("Whatever is before the head"), "{enqueue}");
     let session = Session::new(b.clone()).await.unwrap();
     let name = test_name("migrated");
     let mut heads = b.observe_head(&name);

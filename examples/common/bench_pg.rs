@@ -63,11 +63,24 @@ struct PgRun {
     connections: usize,
 }
 
+/// Waiters queued on one lock through one backend, then drained, each releasing once granted.
+struct PgScale {
+    waiters: usize,
+    queue_time: Duration,
+    drain_time: Duration,
+    /// Deletion waits a notification woke, per grant, over the drain.
+    wakeups_per_release: f64,
+    /// Server CPU per grant over the drain, in ms.
+    cpu_ms_per_grant: Option<f64>,
+    fifo: bool,
+}
+
 /// The PostgreSQL section.
 pub(super) struct Report {
     version: String,
     secs: Duration,
     runs: Vec<PgRun>,
+    scale: Option<PgScale>,
 }
 
 /// The server's CPU time so far (its container's cgroup, cgroup v1 or v2), in seconds.
@@ -294,7 +307,51 @@ async fn advisory_contended(
     Ok(finish(name, n, secs, &grants, measured))
 }
 
-pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
+/// `waiters` sessions of one backend queue on one lock behind a holder (in session order),
+/// then the holder releases and each waiter releases once granted.
+async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
+    let backend = PgBackend::connect(&node.url(), PgOptions::new()).await?;
+    let name = "bench/scale";
+    let holder = Session::new(backend.clone()).await?;
+    let guard = Mutex::new(&holder, name)?.lock().await?;
+    let started = Instant::now();
+    let sessions = super::open_sessions(&backend, waiters).await?;
+    let admin = client(node).await?;
+    let admin = &admin;
+    let mut rx = super::queue_in_order(&sessions, name, || async move {
+        let row = admin
+            .query_one(
+                r#"SELECT count(*) FROM baton.entries WHERE key >= 'bench/scale/' COLLATE "C"
+                   AND key < 'bench/scale0' COLLATE "C""#,
+                &[],
+            )
+            .await?;
+        Ok(usize::try_from(row.get::<_, i64>(0))?)
+    })
+    .await?;
+    let queue_time = started.elapsed();
+    let (woken, cpu) = (backend.wakeups(), server_cpu_seconds(node));
+    let drain_start = Instant::now();
+    guard.unlock().await?;
+    let tokens = super::drain(&mut rx, waiters).await?;
+    let drain_time = drain_start.elapsed();
+    let wakeups = backend.wakeups() - woken;
+    let cpu_ms_per_grant = cpu
+        .zip(server_cpu_seconds(node))
+        .map(|(a, b)| (b - a) * 1000.0 / waiters as f64);
+    futures::future::join_all(sessions.iter().map(Session::close)).await;
+    holder.close().await?;
+    Ok(PgScale {
+        waiters,
+        queue_time,
+        drain_time,
+        wakeups_per_release: wakeups as f64 / waiters as f64,
+        cpu_ms_per_grant,
+        fifo: tokens.windows(2).all(|w| w[0] < w[1]),
+    })
+}
+
+pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Report> {
     // The server's defaults for durability: synchronous_commit on (the image turns it off).
     let node = PgNode::start_with(&["-c", "synchronous_commit=on"]).await?;
     let version: String = client(&node)
@@ -310,10 +367,17 @@ pub(super) async fn run(secs: Duration, ns: &[usize]) -> Res<Report> {
         runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
         runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
     }
+    let scale = if waiters > 0 {
+        eprintln!("bench: PostgreSQL, {waiters} waiters");
+        Some(scale(&node, waiters).await?)
+    } else {
+        None
+    };
     Ok(Report {
         version,
         secs,
         runs,
+        scale,
     })
 }
 
@@ -362,6 +426,22 @@ impl Report {
                 ));
             }
             md.push_str(".\n");
+        }
+        if let Some(sc) = &self.scale {
+            md.push_str(&format!(
+                "\n### {} waiters on one lock\n\nOne backend, {} sessions queued in order behind a holder ({:.1} s to queue), then drained: each waiter releases once granted. {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release** (the deletion waits a notification woke), FIFO: {}, server CPU {} ms per grant. Every waiter listens on its predecessor's channel: {} channels on the backend's one LISTEN connection. The time to queue depends on the planner's statistics of `baton.entries`: until autovacuum's ANALYZE catches up with a queue that grew this fast, the read of an entry's predecessor scans and sorts the queue (measured with an ANALYZE every 300 ms while queueing: 9.6 s instead of 52 s; docs/design.md, 2026-11-26).\n",
+                sc.waiters,
+                sc.waiters,
+                sc.queue_time.as_secs_f64(),
+                sc.waiters,
+                sc.drain_time.as_secs_f64(),
+                sc.waiters as f64 / sc.drain_time.as_secs_f64().max(1e-9),
+                sc.wakeups_per_release,
+                if sc.fifo { "yes" } else { "**no**" },
+                sc.cpu_ms_per_grant
+                    .map_or("?".to_owned(), |c| format!("{c:.2}")),
+                sc.waiters,
+            ));
         }
         md
     }

@@ -294,29 +294,55 @@ async fn run(
             dispatch(&strong, None, &Heard::Reconnected);
         }
         first = false;
+        // A command taken from the queue while gathering LISTENs, to run next.
+        let mut next: Option<Command> = None;
         loop {
-            let command = tokio::select! {
-                command = commands.recv() => command,
-                _ = &mut dead => break,
-            };
-            let Some(command) = command else {
-                return;
+            let command = match next.take() {
+                Some(command) => command,
+                None => {
+                    let command = tokio::select! {
+                        command = commands.recv() => command,
+                        _ = &mut dead => break,
+                    };
+                    let Some(command) = command else {
+                        return;
+                    };
+                    command
+                }
             };
             match command {
                 Command::Listen(channel, ack) => {
-                    if !listening.contains(&channel) {
-                        if client
-                            .batch_execute(&listen_sql(&schema, &channel))
-                            .await
-                            .is_err()
-                        {
+                    // Every LISTEN asked for meanwhile, in one transaction (one round trip): a
+                    // waiter that joins behind thousands waits for one, not for thousands.
+                    // An UNLISTEN asked for after them runs after them.
+                    let mut batch = vec![(channel, ack)];
+                    while let Ok(more) = commands.try_recv() {
+                        match more {
+                            Command::Listen(channel, ack) => batch.push((channel, ack)),
+                            other => {
+                                next = Some(other);
+                                break;
+                            }
+                        }
+                    }
+                    let mut seen: HashSet<&String> = HashSet::new();
+                    let new: Vec<&String> = batch
+                        .iter()
+                        .map(|(channel, _)| channel)
+                        .filter(|c| !listening.contains(*c) && seen.insert(*c))
+                        .collect();
+                    if !new.is_empty() {
+                        let sql: String = new.iter().map(|c| listen_sql(&schema, c)).collect();
+                        if client.batch_execute(&sql).await.is_err() {
                             // Heard after the reconnect: LISTENed with the others then.
-                            drop(ack);
+                            drop(batch);
                             break;
                         }
-                        listening.insert(channel);
+                        listening.extend(new.into_iter().cloned());
                     }
-                    let _ = ack.send(());
+                    for (_, ack) in batch {
+                        let _ = ack.send(());
+                    }
                 }
                 Command::Unlisten(channel) => {
                     let Some(strong) = shared.upgrade() else {
@@ -325,7 +351,9 @@ async fn run(
                     // An entry's channel nobody waits on stays listened for a while: the same
                     // keys are waited on again and again (a session's entry in a lock keeps its
                     // key), and each LISTEN or UNLISTEN is a transaction. Once more than
-                    // IDLE_CHANNELS are listened, those nobody waits on go in one UNLISTEN.
+                    // IDLE_CHANNELS listened channels have nobody waiting on them, they go in
+                    // one UNLISTEN (so a deep queue, whose every release leaves one channel
+                    // idle, sends one UNLISTEN per IDLE_CHANNELS releases).
                     // A queue's channel goes at once (its registration makes the triggers
                     // announce that queue's changes).
                     let idle: Vec<String> = {
@@ -336,7 +364,7 @@ async fn run(
                             } else {
                                 vec![channel]
                             }
-                        } else if listening.len() > IDLE_CHANNELS {
+                        } else if listening.len() > subscribers.len() + IDLE_CHANNELS {
                             listening
                                 .iter()
                                 .filter(|c| !is_queue_channel(c) && !subscribers.contains_key(*c))

@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 4;
+pub(super) const MIGRATIONS: usize = 5;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -29,6 +29,7 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
             ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()"),
             enqueue("enqueue_v4", TIMELINE_TOKEN, true)
         ),
+        5 => enqueue_swept_by_the_head(),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -391,8 +392,42 @@ fn enqueue(name: &str, new_token: &str, grace: bool) -> String {
         .replace("{name}", name)
         .replace("{new_token}", new_token)
         .replace("{grace_outs}", outs)
+        .replace("{sweep}", SWEEP)
         .replace("{grace_tail}", tail)
 }
+
+/// Version 5: version 4's enqueue, except that the expired leases of the queue are ended only
+/// by an entry that finds itself the head, and only those of the entries before it (all of
+/// expired leases, or it would not be the head). Every enqueue read the whole queue for them
+/// before (10,000 waiters took 87 s to queue, 0.7 ms an enqueue at 12,000). The grant
+/// decision is the same: every read counts live leases only. `enqueue_v4` is replaced in
+/// place (the same arguments and results): clients of version 4 still running keep their
+/// prepared statement and get the new body.
+fn enqueue_swept_by_the_head() -> String {
+    let with_grace = enqueue("enqueue_v4", TIMELINE_TOKEN, true);
+    with_grace.replace(SWEEP, "").replace(
+        "    IF p_key IS NULL THEN\n",
+        "    IF p_key IS NULL THEN\n\
+         \x20       -- Whatever is before the head is of expired leases: end them, in the\n\
+         \x20       -- transaction that decides the head.\n\
+         \x20       DELETE FROM {s}.leases WHERE id IN (\n\
+         \x20           SELECT e.lease FROM {s}.entries e\n\
+         \x20           WHERE e.key >= (q || '/') COLLATE \"C\" AND e.key < (q || '0') COLLATE \"C\"\n\
+         \x20             AND e.token < e_token)\n\
+         \x20         AND deadline <= clock_timestamp();\n",
+    )
+}
+
+/// Versions 2 to 4: every enqueue ends the expired leases of its whole queue, which costs
+/// each enqueue a read of the queue (0.7 ms at 12,000 entries; version 5 does not).
+const SWEEP: &str = r#"    -- Whoever finds a lease expired ends it, in the transaction that decides the head
+    -- (end_expired's statement, inline: a nested function call costs more than the statement).
+    DELETE FROM {s}.leases WHERE id IN (
+        SELECT e.lease FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
+          AND ls.deadline <= clock_timestamp())
+      AND deadline <= clock_timestamp();
+"#;
 
 /// See [`enqueue`].
 const ENQUEUE: &str = r#"
@@ -419,14 +454,7 @@ BEGIN
             qs := qs || qn;
         END IF;
     END LOOP;
-    -- Whoever finds a lease expired ends it, in the transaction that decides the head
-    -- (end_expired's statement, inline: a nested function call costs more than the statement).
-    DELETE FROM {s}.leases WHERE id IN (
-        SELECT e.lease FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
-        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
-          AND ls.deadline <= clock_timestamp())
-      AND deadline <= clock_timestamp();
-    SELECT e.token, e.lease, e.value INTO e_token, e_lease, e_value
+{sweep}    SELECT e.token, e.lease, e.value INTO e_token, e_lease, e_value
         FROM {s}.entries e WHERE e.key = k;
     IF NOT FOUND THEN
         PERFORM 1 FROM {s}.leases WHERE id = l AND deadline > clock_timestamp() FOR SHARE;
@@ -575,6 +603,19 @@ mod tests {
         assert!(v4.contains(suffix), "{v4}");
         assert!(v2.contains("ORDER BY n.token LIMIT 1), ''))") && !v2.contains(suffix));
         assert!(!v2.contains("{head_suffix}") && !v4.contains("{head_suffix}"));
+        // Version 5 sweeps only as the head; versions 2 to 4 as every enqueue.
+        let v5 = migration(5, "baton").unwrap_or_default();
+        let sweep = render(SWEEP, "baton");
+        assert!(v2.contains(&sweep) && v3.contains(&sweep) && v4.contains(&sweep));
+        assert!(!v5.contains(&sweep), "{v5}");
+        assert!(v5.contains("FUNCTION baton.enqueue_v4("), "{v5}");
+        assert!(
+            v5.contains(
+                "IF p_key IS NULL THEN\n        -- Whatever is before the head is of expired"
+            ),
+            "{v5}"
+        );
+        assert_eq!(v5.matches("DELETE FROM baton.leases").count(), 1, "{v5}");
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
     }
