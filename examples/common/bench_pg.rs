@@ -429,7 +429,7 @@ impl Report {
         }
         if let Some(sc) = &self.scale {
             md.push_str(&format!(
-                "\n### {} waiters on one lock\n\nOne backend, {} sessions queued in order behind a holder ({:.1} s to queue), then drained: each waiter releases once granted. {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release** (the deletion waits a notification woke), FIFO: {}, server CPU {} ms per grant. Every waiter listens on its predecessor's channel: {} channels on the backend's one LISTEN connection. The time to queue depends on the planner's statistics of `baton.entries`: until autovacuum's ANALYZE catches up with a queue that grew this fast, the read of an entry's predecessor scans and sorts the queue (measured with an ANALYZE every 300 ms while queueing: 9.6 s instead of 52 s; docs/design.md, 2026-11-26).\n",
+                "\n### {} waiters on one lock\n\nOne backend, {} sessions queued in order behind a holder ({:.1} s to queue), then drained: each waiter releases once granted. {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release** (the deletion waits a notification woke), FIFO: {}, server CPU {} ms per grant. Every waiter listens on its predecessor's channel: {} channels on the backend's one LISTEN connection. The time to queue depends on the planner's statistics of `baton.entries`: while autovacuum's ANALYZE lags behind a queue that grows this fast, the read of an entry's predecessor scans and sorts the queue, and queueing 10,000 took 52-56 s in such runs (docs/design.md, 2026-11-26).\n",
                 sc.waiters,
                 sc.waiters,
                 sc.queue_time.as_secs_f64(),
