@@ -21,15 +21,18 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
         2 => format!(
             "{V2}{}DROP TRIGGER entries_inserted ON {{s}}.entries;\n\n{}",
             ENTRIES_CHANGED.replace("{head_suffix}", ""),
-            enqueue("enqueue", "nextval('{s}.tokens')", false)
+            enqueue("enqueue", "nextval('{s}.tokens')", false, Sweep::TheQueue)
         ),
-        3 => format!("{V3}{}", enqueue("enqueue", TIMELINE_TOKEN, false)),
+        3 => format!(
+            "{V3}{}",
+            enqueue("enqueue", TIMELINE_TOKEN, false, Sweep::TheQueue)
+        ),
         4 => format!(
             "{V4}{}{}",
             ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()"),
-            enqueue("enqueue_v4", TIMELINE_TOKEN, true)
+            enqueue("enqueue_v4", TIMELINE_TOKEN, true, Sweep::TheQueue)
         ),
-        5 => enqueue_swept_by_the_head(),
+        5 => enqueue("enqueue_v4", TIMELINE_TOKEN, true, Sweep::AsTheHead),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -372,11 +375,26 @@ BEGIN
 END $$;
 "#;
 
-/// The enqueue function `name` of versions 2 to 4: `new_token` makes the new entry's token;
+/// Which expired leases an enqueue ends, in the transaction that decides the head.
+#[derive(Clone, Copy)]
+enum Sweep {
+    /// Versions 2 to 4: those of its whole queue, a read of every entry at every enqueue
+    /// (0.7 ms an enqueue at 12,000 entries; 10,000 waiters took 87 s to queue).
+    TheQueue,
+    /// Version 5: only an entry that finds itself the head ends them, and only those of the
+    /// entries before it (all of expired leases, or it would not be the head). The grant
+    /// decision is the same: every read counts live leases only.
+    AsTheHead,
+}
+
+/// The enqueue function `name` of versions 2 to 5: `new_token` makes the new entry's token;
 /// with `grace`, an entry that is the head also answers the timeline and its age
-/// (`timeline_age`, version 4). Version 4's is a new function beside version 3's rather than a
-/// new result type for it: a client of version 3 still running keeps its prepared statement.
-fn enqueue(name: &str, new_token: &str, grace: bool) -> String {
+/// (`timeline_age`, version 4); `sweep` says which expired leases it ends. Version 4's is a
+/// new function beside version 3's rather than a new result type for it: a client of version
+/// 3 still running keeps its prepared statement. Version 5 replaces version 4's in place (the
+/// same arguments and results): clients of version 4 still running keep their prepared
+/// statement and get the new body.
+fn enqueue(name: &str, new_token: &str, grace: bool, sweep: Sweep) -> String {
     let (outs, tail) = if grace {
         (
             ",\n    OUT tl integer, OUT age_ms bigint",
@@ -392,34 +410,24 @@ fn enqueue(name: &str, new_token: &str, grace: bool) -> String {
         .replace("{name}", name)
         .replace("{new_token}", new_token)
         .replace("{grace_outs}", outs)
-        .replace("{sweep}", SWEEP)
+        .replace(
+            "{sweep}",
+            match sweep {
+                Sweep::TheQueue => SWEEP,
+                Sweep::AsTheHead => "",
+            },
+        )
+        .replace(
+            "{head_sweep}",
+            match sweep {
+                Sweep::TheQueue => "",
+                Sweep::AsTheHead => HEAD_SWEEP,
+            },
+        )
         .replace("{grace_tail}", tail)
 }
 
-/// Version 5: version 4's enqueue, except that the expired leases of the queue are ended only
-/// by an entry that finds itself the head, and only those of the entries before it (all of
-/// expired leases, or it would not be the head). Every enqueue read the whole queue for them
-/// before (10,000 waiters took 87 s to queue, 0.7 ms an enqueue at 12,000). The grant
-/// decision is the same: every read counts live leases only. `enqueue_v4` is replaced in
-/// place (the same arguments and results): clients of version 4 still running keep their
-/// prepared statement and get the new body.
-fn enqueue_swept_by_the_head() -> String {
-    let with_grace = enqueue("enqueue_v4", TIMELINE_TOKEN, true);
-    with_grace.replace(SWEEP, "").replace(
-        "    IF p_key IS NULL THEN\n",
-        "    IF p_key IS NULL THEN\n\
-         \x20       -- Whatever is before the head is of expired leases: end them, in the\n\
-         \x20       -- transaction that decides the head.\n\
-         \x20       DELETE FROM {s}.leases WHERE id IN (\n\
-         \x20           SELECT e.lease FROM {s}.entries e\n\
-         \x20           WHERE e.key >= (q || '/') COLLATE \"C\" AND e.key < (q || '0') COLLATE \"C\"\n\
-         \x20             AND e.token < e_token)\n\
-         \x20         AND deadline <= clock_timestamp();\n",
-    )
-}
-
-/// Versions 2 to 4: every enqueue ends the expired leases of its whole queue, which costs
-/// each enqueue a read of the queue (0.7 ms at 12,000 entries; version 5 does not).
+/// [`Sweep::TheQueue`]'s statement.
 const SWEEP: &str = r#"    -- Whoever finds a lease expired ends it, in the transaction that decides the head
     -- (end_expired's statement, inline: a nested function call costs more than the statement).
     DELETE FROM {s}.leases WHERE id IN (
@@ -427,6 +435,18 @@ const SWEEP: &str = r#"    -- Whoever finds a lease expired ends it, in the tran
         WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
           AND ls.deadline <= clock_timestamp())
       AND deadline <= clock_timestamp();
+"#;
+
+/// [`Sweep::AsTheHead`]'s statement.
+const HEAD_SWEEP: &str = r#"    IF p_key IS NULL THEN
+        -- Whatever is before the head is of expired leases: end them, in the
+        -- transaction that decides the head.
+        DELETE FROM {s}.leases WHERE id IN (
+            SELECT e.lease FROM {s}.entries e
+            WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
+              AND e.token < e_token)
+          AND deadline <= clock_timestamp();
+    END IF;
 "#;
 
 /// See [`enqueue`].
@@ -491,7 +511,7 @@ BEGIN
         WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND e.token < e_token
           AND ls.deadline > clock_timestamp()
         ORDER BY e.token DESC LIMIT 1;
-{grace_tail}    status := 'ok';
+{head_sweep}{grace_tail}    status := 'ok';
 END $$;
 "#;
 
