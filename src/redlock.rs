@@ -970,8 +970,8 @@ fn prepare(urls: &[impl AsRef<str>], options: &RedlockOptions) -> Result<Vec<Arc
 /// that says what to change, as `RedisBackend::connect` gives it.
 async fn tls_refusal(nodes: &[Arc<Node>], failures: &[(String, Cause)]) -> Option<Error> {
     for (endpoint, cause) in failures {
-        if let Some(refused) = tls::Refused::of(cause) {
-            return Some(refused.into_error(endpoint));
+        if let Some(refused) = tls::refused(cause) {
+            return Some(refused.misconfigured(vec![endpoint.clone()]));
         }
     }
     for (endpoint, _) in failures {
@@ -979,7 +979,7 @@ async fn tls_refusal(nodes: &[Arc<Node>], failures: &[(String, Cause)]) -> Optio
             && node.probe.is_tls()
             && let Some(refused) = node.probe.after_failure(tls::PROBE_LIMIT).await
         {
-            return Some(refused.into_error(endpoint));
+            return Some(refused.misconfigured(vec![endpoint.clone()]));
         }
     }
     None

@@ -25,7 +25,7 @@ use crate::error::{BoxError, Error, LostReason, Result};
 
 mod reach;
 mod tls;
-use tls::{HandshakeCheck, TlsConfig, TlsRefused};
+use tls::{HandshakeCheck, TlsConfig, refused_of};
 
 /// Connection options for [`EtcdBackend::connect`].
 ///
@@ -216,7 +216,7 @@ impl std::fmt::Debug for EtcdBackend {
 
 fn etcd_err(op: &'static str, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
-    if let Some(refused) = TlsRefused::of(&e) {
+    if let Some(refused) = refused_of(&e) {
         return refused.into_error(|source| Error::Backend {
             op,
             source,
@@ -305,7 +305,7 @@ mod tonic_code {
             false
         };
         // A refused handshake: the server received none of the request.
-        if super::TlsRefused::of(e).is_some() {
+        if super::refused_of(e).is_some() {
             return true;
         }
         match e {
@@ -324,7 +324,7 @@ mod tonic_code {
     pub(super) fn is_transient(e: &E) -> bool {
         // A certificate refused is refused again: failing at once says what is wrong, where
         // retrying until the timeout would only hide it.
-        if super::TlsRefused::of(e).is_some() {
+        if super::refused_of(e).is_some() {
             return false;
         }
         match e {
@@ -803,7 +803,7 @@ impl ConnectRetry<'_> {
                     return Err(self.misconfigured(Box::new(reach::AuthNotEnabled(e))));
                 }
                 Ok(Err(e)) => {
-                    if let Some(refused) = TlsRefused::of(&e) {
+                    if let Some(refused) = refused_of(&e) {
                         return Err(refused.into_error(|source| self.misconfigured(source)));
                     }
                     return Err(match etcd_err("connect", e) {

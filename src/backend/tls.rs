@@ -10,7 +10,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::error::{Error, Result};
 
 /// The TLS part of a backend's options, as given (checked at connect): the CA certificates
-/// and the client's certificate with its key, PEM. Its `Debug` never shows the key.
+/// and the client's certificate with its key, PEM. Its `Debug` never shows the key. (etcd's
+/// options keep their own, with a server name.)
+#[cfg(any(feature = "redis", feature = "postgres"))]
 #[derive(Clone, Default)]
 pub(crate) struct TlsFiles {
     /// PEM: one or more CA certificates.
@@ -19,6 +21,7 @@ pub(crate) struct TlsFiles {
     pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
 impl std::fmt::Debug for TlsFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsFiles")
@@ -28,6 +31,7 @@ impl std::fmt::Debug for TlsFiles {
     }
 }
 
+#[cfg(feature = "redis")]
 impl TlsFiles {
     /// Whether a CA or a client certificate was given.
     pub(crate) fn is_set(&self) -> bool {
@@ -137,6 +141,83 @@ fn alert_in_text(text: &str) -> Option<rustls::Error> {
         .iter()
         .map(|alert| rustls::Error::AlertReceived(*alert))
         .find(|tls| tls.to_string() == text)
+}
+
+/// A TLS failure that retrying cannot fix: a certificate refused by either side, or TLS on
+/// one side only. Says which, in words; its source is the TLS library's error, where there is
+/// one (the transport layers in between add nothing to it and are not kept).
+#[derive(Debug)]
+pub(crate) struct Refused {
+    /// What went wrong, for the message.
+    what: &'static str,
+    /// The server refused our client certificate (rather than we its certificate).
+    client_cert: bool,
+    tls: Option<rustls::Error>,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
+}
+
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.tls.as_ref().map(|e| e as _)
+    }
+}
+
+impl Refused {
+    /// A refusal that is not the server's verdict on our client certificate: `what`, with
+    /// the TLS library's error if there is one (a plain-text server has none).
+    #[cfg(feature = "redis")]
+    pub(crate) fn new(what: &'static str, tls: Option<rustls::Error>) -> Refused {
+        Refused {
+            what,
+            client_cert: false,
+            tls,
+        }
+    }
+
+    /// The TLS failure among `error` and its causes, if any means a refusal, told in the
+    /// backend's `wording`.
+    pub(crate) fn in_chain(
+        error: &(dyn std::error::Error + 'static),
+        wording: Wording,
+    ) -> Option<Refused> {
+        let tls = tls_cause(error)?;
+        let (what, client_cert) = describe(&tls, wording)?;
+        Some(Refused {
+            what,
+            client_cert,
+            tls: Some(tls),
+        })
+    }
+
+    /// Whether the server refused our client certificate.
+    #[cfg(all(test, any(feature = "etcd", feature = "redis")))]
+    pub(crate) fn is_client_cert(&self) -> bool {
+        self.client_cert
+    }
+
+    /// As an [`Error`]: [`Error::Auth`] for a refused client certificate, else `other` with
+    /// this as its source.
+    pub(crate) fn into_error(self, other: impl FnOnce(crate::error::BoxError) -> Error) -> Error {
+        if self.client_cert {
+            Error::Auth {
+                source: Box::new(self),
+            }
+        } else {
+            other(Box::new(self))
+        }
+    }
+
+    /// [`into_error`](Self::into_error) with [`Error::Misconfigured`] for `endpoints`: a
+    /// certificate we do not trust, TLS on one side only; the configuration must change.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub(crate) fn misconfigured(self, endpoints: Vec<String>) -> Error {
+        self.into_error(|source| Error::Misconfigured { endpoints, source })
+    }
 }
 
 /// The words of [`describe`] that differ between backends.

@@ -1,6 +1,6 @@
 //! TLS for the etcd backend: the options as given ([`TlsConfig`]), checked and turned into
 //! etcd-client's; the failures that retrying cannot fix, told apart and described
-//! ([`TlsRefused`]); and the handshake of our own that learns a server's verdict on the client
+//! ([`Refused`]); and the handshake of our own that learns a server's verdict on the client
 //! certificate when the gRPC connection hides it ([`HandshakeCheck`]).
 
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use rustls::{ClientConfig, RootCertStore};
 use tokio::io::AsyncReadExt;
 
 use crate::backend::reach::host_port;
-use crate::backend::tls::{Tickets, Wording, certificates, client_identity, describe, tls_cause};
+use crate::backend::tls::{Refused, Tickets, Wording, certificates, client_identity, tls_cause};
 use crate::error::{Error, Result};
 
 /// How the TLS errors of etcd's endpoints are told.
@@ -121,64 +121,15 @@ impl TlsConfig {
     }
 }
 
-/// A TLS failure that retrying cannot fix: a certificate refused by either side, or a server
-/// that does not speak TLS. Says which, in words; its source is the TLS library's error (the
-/// transport layers in between add nothing to it and are not kept).
-#[derive(Debug)]
-pub(super) struct TlsRefused {
-    /// What went wrong, for the message.
-    what: &'static str,
-    /// The server refused our client certificate (rather than we its certificate).
-    client_cert: bool,
-    tls: rustls::Error,
-}
-
-impl std::fmt::Display for TlsRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.what)
-    }
-}
-
-impl std::error::Error for TlsRefused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.tls)
-    }
-}
-
-impl TlsRefused {
-    /// The TLS failure in `e`'s causes, if any. etcd-client's errors do not chain to their
-    /// causes: the walk starts inside the gRPC status or the transport error.
-    pub(super) fn of(e: &etcd_client::Error) -> Option<TlsRefused> {
-        use etcd_client::Error as E;
-        match e {
-            E::GRpcStatus(status) => Self::in_chain(status),
-            E::TransportError(transport) => Self::in_chain(transport),
-            E::IoError(io) => Self::in_chain(io),
-            _ => None,
-        }
-    }
-
-    /// The TLS failure among `error` and its causes, if any.
-    fn in_chain(error: &(dyn std::error::Error + 'static)) -> Option<TlsRefused> {
-        let tls = tls_cause(error)?;
-        let (what, client_cert) = describe(&tls, WORDING)?;
-        Some(TlsRefused {
-            what,
-            client_cert,
-            tls,
-        })
-    }
-
-    /// As an [`Error`]: [`Error::Auth`] for a refused client certificate, else `other` with
-    /// this as its source ([`Error::Connect`] while connecting, [`Error::Backend`] later).
-    pub(super) fn into_error(self, other: impl FnOnce(crate::error::BoxError) -> Error) -> Error {
-        if self.client_cert {
-            Error::Auth {
-                source: Box::new(self),
-            }
-        } else {
-            other(Box::new(self))
-        }
+/// The TLS failure in `e`'s causes, if any means a refusal. etcd-client's errors do not chain
+/// to their causes: the walk starts inside the gRPC status or the transport error.
+pub(super) fn refused_of(e: &etcd_client::Error) -> Option<Refused> {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(status) => Refused::in_chain(status, WORDING),
+        E::TransportError(transport) => Refused::in_chain(transport, WORDING),
+        E::IoError(io) => Refused::in_chain(io, WORDING),
+        _ => None,
     }
 }
 
@@ -209,13 +160,13 @@ pub(super) struct HandshakeCheck {
 /// What a [`HandshakeCheck`] found.
 pub(super) enum Finding {
     /// The server refused the handshake (or we its certificate).
-    Refused(TlsRefused),
+    Refused(Refused),
     /// A plain-text endpoint answers in TLS.
     ServesTls(ServesTls),
 }
 
 impl Finding {
-    /// As an [`Error`] ([`TlsRefused::into_error`]; `ServesTls` through `other`).
+    /// As an [`Error`] ([`Refused::into_error`]; `ServesTls` through `other`).
     pub(super) fn into_error(self, other: impl FnOnce(crate::error::BoxError) -> Error) -> Error {
         match self {
             Finding::Refused(refused) => refused.into_error(other),
@@ -285,13 +236,13 @@ impl HandshakeCheck {
         }
         let mut stream = match handshake {
             Ok(stream) => stream,
-            Err(e) => return TlsRefused::in_chain(&e).map(Finding::Refused),
+            Err(e) => return Refused::in_chain(&e, WORDING).map(Finding::Refused),
         };
         let mut byte = [0u8; 1];
         tokio::select! {
             read = stream.read(&mut byte) => read
                 .err()
-                .and_then(|e| TlsRefused::in_chain(&e))
+                .and_then(|e| Refused::in_chain(&e, WORDING))
                 .map(Finding::Refused),
             // Accepted: the server went on to issue tickets.
             () = tickets.0.notified() => None,
@@ -332,7 +283,7 @@ mod tests {
         let text =
             rustls::Error::AlertReceived(rustls::AlertDescription::BadCertificate).to_string();
         let io = std::io::Error::new(std::io::ErrorKind::InvalidData, text);
-        let refused = TlsRefused::in_chain(&io).expect("a refused client certificate");
-        assert!(refused.client_cert);
+        let refused = Refused::in_chain(&io, WORDING).expect("a refused client certificate");
+        assert!(refused.is_client_cert());
     }
 }

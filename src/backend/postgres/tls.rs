@@ -19,7 +19,7 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub(super) use crate::backend::tls::TlsFiles;
-use crate::backend::tls::{Wording, certificates, client_identity, describe, tls_cause};
+use crate::backend::tls::{Refused, Wording, certificates, client_identity};
 use crate::error::{Error, Result};
 
 /// libpq's TLS parameters as a connection string gave them (values decoded).
@@ -372,33 +372,7 @@ pub(super) fn refused(error: &tokio_postgres::Error, endpoints: Vec<String>) -> 
             source: "the server does not offer TLS (ssl = off), and sslmode asks for it".into(),
         });
     }
-    let tls = tls_cause(error)?;
-    let (what, client_cert) = describe(&tls, WORDING)?;
-    let source = Box::new(Refused { what, tls });
-    Some(if client_cert {
-        Error::Auth { source }
-    } else {
-        Error::Misconfigured { endpoints, source }
-    })
-}
-
-/// A refusal: what it means, with the TLS library's error as its source.
-#[derive(Debug)]
-struct Refused {
-    what: &'static str,
-    tls: rustls::Error,
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.what)
-    }
-}
-
-impl std::error::Error for Refused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.tls)
-    }
+    Some(Refused::in_chain(error, WORDING)?.misconfigured(endpoints))
 }
 
 #[cfg(test)]

@@ -389,15 +389,15 @@ async fn explain(
     e: RedisError,
     failed: impl FnOnce(BoxError) -> Error,
 ) -> Error {
-    if let Some(refused) = tls::Refused::of(&e) {
-        return refused.into_error(endpoint);
+    if let Some(refused) = tls::refused(&e) {
+        return refused.misconfigured(vec![endpoint.to_owned()]);
     }
     // A connection made and then broken (not one refused, not a server's answer).
     if e.is_io_error()
         && !e.is_connection_refusal()
         && let Some(refused) = probe.after_failure(tls::PROBE_LIMIT).await
     {
-        return refused.into_error(endpoint);
+        return refused.misconfigured(vec![endpoint.to_owned()]);
     }
     failed(Box::new(e))
 }
@@ -567,7 +567,7 @@ impl RedisBackend {
             client.get_connection_manager_with_config(config),
         );
         let conn = match first_answer(&probe, connecting).await {
-            Err(refused) => return Err(refused.into_error(&endpoint)),
+            Err(refused) => return Err(refused.misconfigured(vec![endpoint.clone()])),
             Ok(Err(elapsed)) => return Err(failed(Box::new(elapsed))),
             Ok(Ok(Ok(conn))) => conn,
             Ok(Ok(Err(e))) if e.kind() == ErrorKind::AuthenticationFailed => {

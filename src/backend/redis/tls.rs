@@ -15,8 +15,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-pub(crate) use crate::backend::tls::TlsFiles;
-use crate::backend::tls::{Tickets, Wording, certificates, client_identity, describe, tls_cause};
+pub(crate) use crate::backend::tls::{Refused, TlsFiles};
+use crate::backend::tls::{Tickets, Wording, certificates, client_identity, tls_cause};
 use crate::error::{Error, Result};
 
 /// How the TLS errors of a Redis server are told.
@@ -115,58 +115,11 @@ fn host_port(client: &redis::Client) -> Option<(String, u16)> {
     }
 }
 
-/// A failure that retrying cannot fix: a certificate refused by either side, a server that
-/// does not speak TLS on a `rediss://` URL, or one that speaks only TLS on a `redis://` URL.
-/// Says which, in words; its source is the TLS library's error, where there is one.
-#[derive(Debug)]
-pub(crate) struct Refused {
-    /// What went wrong, for the message.
-    what: &'static str,
-    /// The server refused our client certificate (rather than we its certificate).
-    client_cert: bool,
-    tls: Option<rustls::Error>,
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.what)
-    }
-}
-
-impl std::error::Error for Refused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.tls.as_ref().map(|e| e as _)
-    }
-}
-
-impl Refused {
-    /// The TLS failure among `error` and its causes, if any means a refusal.
-    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
-        let tls = tls_cause(error)?;
-        let (what, client_cert) = describe(&tls, WORDING)?;
-        Some(Refused {
-            what,
-            client_cert,
-            tls: Some(tls),
-        })
-    }
-
-    /// As an [`Error`]: [`Error::Auth`] for a refused client certificate, else
-    /// [`Error::Misconfigured`] for `endpoint` (a certificate we do not trust, TLS on one
-    /// side only: the configuration must change, retrying cannot help), with this as its
-    /// source.
-    pub(crate) fn into_error(self, endpoint: &str) -> Error {
-        if self.client_cert {
-            Error::Auth {
-                source: Box::new(self),
-            }
-        } else {
-            Error::Misconfigured {
-                endpoints: vec![endpoint.to_owned()],
-                source: Box::new(self),
-            }
-        }
-    }
+/// The TLS failure among `error` and its causes, if any means a refusal: a certificate
+/// refused by either side (a server that does not speak TLS on a `rediss://` URL, or one that
+/// speaks only TLS on a `redis://` URL, the probes find).
+pub(crate) fn refused(error: &(dyn std::error::Error + 'static)) -> Option<Refused> {
+    Refused::in_chain(error, WORDING)
 }
 
 const NOT_TLS: &str =
@@ -231,13 +184,8 @@ impl Probe {
             let mut reply = [0u8; 64];
             let n = tcp.read(&mut reply).await.ok()?;
             let reply = &reply[..n];
-            (matches!(reply.first(), Some(b'+' | b'-')) && reply.ends_with(b"\r\n")).then_some(
-                Refused {
-                    what: NOT_TLS,
-                    client_cert: false,
-                    tls: None,
-                },
-            )
+            (matches!(reply.first(), Some(b'+' | b'-')) && reply.ends_with(b"\r\n"))
+                .then_some(Refused::new(NOT_TLS, None))
         };
         tokio::time::timeout(PROBE_LIMIT, exchange).await.ok()?
     }
@@ -275,20 +223,21 @@ impl Probe {
         if self.tls.is_none() {
             // No roots: a TLS server's certificate is refused, which proves it is one.
             let tls = tls_cause(&handshake.err()?)?;
-            return (!matches!(tls, rustls::Error::InvalidMessage(_))).then_some(Refused {
-                what: "the server answers in TLS: reach it at rediss:// (with the CA that \
-                       signed its certificate: with_ca_cert)",
-                client_cert: false,
-                tls: Some(tls),
+            return (!matches!(tls, rustls::Error::InvalidMessage(_))).then(|| {
+                Refused::new(
+                    "the server answers in TLS: reach it at rediss:// (with the CA that \
+                     signed its certificate: with_ca_cert)",
+                    Some(tls),
+                )
             });
         }
         let mut stream = match handshake {
             Ok(stream) => stream,
-            Err(e) => return Refused::of(&e),
+            Err(e) => return refused(&e),
         };
         let mut byte = [0u8; 1];
         tokio::select! {
-            read = stream.read(&mut byte) => read.err().and_then(|e| Refused::of(&e)),
+            read = stream.read(&mut byte) => read.err().and_then(|e| refused(&e)),
             // Accepted: the server went on to issue tickets.
             () = tickets.0.notified() => None,
         }
@@ -334,21 +283,24 @@ mod tests {
             rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
         );
         let redis = RedisError::from(io);
-        let refused = Refused::of(&redis).expect("a refused client certificate");
-        assert!(refused.client_cert);
-        assert!(matches!(refused.into_error("e"), Error::Auth { .. }));
+        let cert = refused(&redis).expect("a refused client certificate");
+        assert!(cert.is_client_cert());
+        assert!(matches!(
+            cert.misconfigured(vec!["e".to_owned()]),
+            Error::Auth { .. }
+        ));
         let io = std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         );
-        let refused = Refused::of(&RedisError::from(io)).expect("an untrusted certificate");
-        assert!(!refused.client_cert);
-        assert!(refused.to_string().contains("not signed by a trusted CA"));
+        let untrusted = refused(&RedisError::from(io)).expect("an untrusted certificate");
+        assert!(!untrusted.is_client_cert());
+        assert!(untrusted.to_string().contains("not signed by a trusted CA"));
         assert!(matches!(
-            refused.into_error("e"),
+            untrusted.misconfigured(vec!["e".to_owned()]),
             Error::Misconfigured { .. }
         ));
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert!(Refused::of(&RedisError::from(reset)).is_none());
+        assert!(refused(&RedisError::from(reset)).is_none());
     }
 }
