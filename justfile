@@ -15,6 +15,11 @@ examples:
       echo "== example $example"
       cargo run --quiet --all-features --example "$example"
     done
+    # A mistyped option is refused, not ignored (which would run on the in-memory backend).
+    if out=$(cargo run --quiet --all-features --example payment -- --endpoint 127.0.0.1:2379 2>&1); then
+      echo "payment ran with an unknown option: $out"; exit 1
+    fi
+    grep -q "unknown option \`--endpoint\`" <<<"$out" || { echo "payment: $out"; exit 1; }
 
 # Benchmarks against a fixture etcd (beside etcd's own Lock API), a fixture Redis (beside the
 # hand-written SET NX PX pattern and rslock) and a fixture ZooKeeper (beside kazoo and Curator:

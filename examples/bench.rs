@@ -765,6 +765,17 @@ fn plot(path: &str, runs: &[Run], ceiling: f64) -> Res<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Res<()> {
+    common::check_flags(
+        &[
+            "--endpoints",
+            "--seconds",
+            "--scale",
+            "--out",
+            "--n",
+            "--only",
+        ],
+        &["--quick"],
+    )?;
     let arg = common::flag_value;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -781,6 +792,17 @@ async fn main() -> Res<()> {
     };
     // `--only scale` or `--only contended`: one part, for working on it (no files written).
     let only = arg("--only");
+    const PARTS: [&str; 6] = [
+        "scale",
+        "contended",
+        "recipes",
+        "redis",
+        "zookeeper",
+        "postgres",
+    ];
+    if let Some(o) = only.as_deref().filter(|o| !PARTS.contains(o)) {
+        return Err(format!("--only {o}: the parts are {}", PARTS.join(", ")).into());
+    }
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     let out = if only.is_some() || arg("--n").is_some() {
         arg("--out")

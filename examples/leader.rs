@@ -42,6 +42,7 @@ async fn job(instance: &str, token: FencingToken, period: Duration, runs: Option
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    common::check_flags(&["--endpoints", "--name"], &[])?;
     let arg = common::flag_value;
     match arg("--endpoints") {
         Some(endpoints) => {

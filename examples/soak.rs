@@ -30,6 +30,7 @@ struct Lock {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    common::check_flags(&["--seconds", "--endpoints"], &[])?;
     let arg = common::flag_value;
     let seconds: u64 = arg("--seconds").map_or(Ok(60), |s| s.parse())?;
     let run_for = Duration::from_secs(seconds);

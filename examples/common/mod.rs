@@ -21,6 +21,39 @@ pub(crate) struct Setup {
     pub(crate) on: &'static str,
 }
 
+/// Checks the command line against the options an example takes: `valued` are followed by a
+/// value (`--flag value`), `switches` are not. An unknown option, or one without its value, is
+/// an error naming what the example takes (so a typo does not run the default); `--help`
+/// prints them and exits.
+pub(crate) fn check_flags(valued: &[&str], switches: &[&str]) -> Result<(), String> {
+    let takes = || {
+        let valued = valued.iter().map(|f| format!("{f} VALUE"));
+        let all: Vec<String> = valued
+            .chain(switches.iter().map(|s| (*s).to_owned()))
+            .collect();
+        if all.is_empty() {
+            "no options".to_owned()
+        } else {
+            format!("options: {}", all.join(", "))
+        }
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--help" || a == "-h" {
+            println!("{}", takes());
+            std::process::exit(0);
+        }
+        if valued.contains(&a.as_str()) {
+            if args.next().is_none() {
+                return Err(format!("{a} needs a value; {}", takes()));
+            }
+        } else if !switches.contains(&a.as_str()) {
+            return Err(format!("unknown option `{a}`; {}", takes()));
+        }
+    }
+    Ok(())
+}
+
 /// The value after `flag` on the command line (`--flag value`), if given.
 pub(crate) fn flag_value(flag: &str) -> Option<String> {
     let mut args = std::env::args().skip(1);
@@ -40,6 +73,7 @@ impl Setup {
 }
 
 pub(crate) async fn from_args() -> Result<Setup, Box<dyn std::error::Error>> {
+    check_flags(&["--endpoints"], &[])?;
     let endpoints = flag_value("--endpoints");
     let prefix = format!("examples/{}", std::process::id());
     Ok(match endpoints {
