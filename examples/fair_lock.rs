@@ -32,6 +32,12 @@ impl FencedStore {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(arg) = std::env::args().nth(1) {
+        return Err(format!(
+            "unknown option `{arg}`: fair_lock takes none (it runs on the in-memory backend)"
+        )
+        .into());
+    }
     let backend = MemoryBackend::new();
     let store = Arc::new(FencedStore::default());
     let lock = "demo/ledger";

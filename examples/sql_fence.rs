@@ -13,6 +13,7 @@ use common::sql_fence::{FENCED_CLAIM, FENCED_WRITE, SqliteFence};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    common::check_flags(&[], &[])?;
     let path = std::env::temp_dir().join(format!("baton-sql-fence-{}.db", std::process::id()));
     let fence = SqliteFence::open(&path)?;
     println!("the fenced write is one statement:{FENCED_WRITE}\n");

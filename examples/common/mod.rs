@@ -32,7 +32,7 @@ pub(crate) fn check_flags(valued: &[&str], switches: &[&str]) -> Result<(), Stri
             .chain(switches.iter().map(|s| (*s).to_owned()))
             .collect();
         if all.is_empty() {
-            "no options".to_owned()
+            "this example takes no options".to_owned()
         } else {
             format!("options: {}", all.join(", "))
         }
