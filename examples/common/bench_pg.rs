@@ -1,7 +1,9 @@
 //! The PostgreSQL part of the benchmark harness (`just bench`; `--only postgres` runs it
 //! alone): baton's Mutex on one PostgreSQL beside a `pg_advisory_lock` loop (blocking, on a
 //! connection per contender) and a `pg_try_advisory_lock` polling loop (10 ms between tries),
-//! at N = 1, 8, 64; it writes the `## PostgreSQL` section.
+//! at N = 1, 8, 64, and three floors under baton's design (a bare queue, leased rows, leased
+//! rows safe across processes: what the design costs before baton's other guarantees); it
+//! writes the `## PostgreSQL` section.
 //!
 //! A child module of examples/bench.rs: it measures with the harness's own percentiles.
 
@@ -307,6 +309,200 @@ async fn advisory_contended(
     Ok(finish(name, n, secs, &grants, measured))
 }
 
+/// A floor's statements: its tables, the enqueue (`$1`: the contender; answers the new token
+/// and whether an older live row exists) and the release (`$1`: the token; notifies the next
+/// live row's contender in the same statement).
+struct FloorSql {
+    tables: &'static str,
+    enqueue: &'static str,
+    release: &'static str,
+}
+
+/// The floors' names in the table.
+const BARE_NAME: &str = "floor: a bare queue";
+const LEASED_NAME: &str = "floor: a queue of leased rows";
+const SERIALIZED_NAME: &str = "floor: leased rows, safe across processes";
+
+/// A queue and nothing else: a row per waiter, its token from a sequence.
+const BARE: FloorSql = FloorSql {
+    tables: "CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
+                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL);",
+    enqueue: "WITH i AS (INSERT INTO baton_floor.q (who) VALUES ($1) RETURNING token)
+              SELECT i.token, EXISTS (SELECT 1 FROM baton_floor.q p WHERE p.token < i.token)
+              FROM i",
+    release: "WITH d AS (DELETE FROM baton_floor.q WHERE token = $1)
+              SELECT pg_notify('floor' || n.who, '') FROM (SELECT who FROM baton_floor.q
+                  WHERE token > $1 ORDER BY token LIMIT 1) n",
+};
+
+/// The same queue with each row bound to its contender's lease (a deadline on the server's
+/// clock, deleted with its rows): the enqueue needs a live lease, the queue skips rows of
+/// expired leases, and a release deletes only under a live lease.
+const LEASED: FloorSql = FloorSql {
+    tables: "CREATE TABLE baton_floor.leases (id integer PRIMARY KEY,
+                 deadline timestamptz NOT NULL);
+             INSERT INTO baton_floor.leases SELECT g, clock_timestamp() + interval '1 hour'
+                 FROM generate_series(0, 1023) g;
+             CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
+                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL
+                 REFERENCES baton_floor.leases ON DELETE CASCADE);",
+    enqueue: "WITH l AS (SELECT id FROM baton_floor.leases
+                         WHERE id = $1 AND deadline > clock_timestamp()),
+                   i AS (INSERT INTO baton_floor.q (who) SELECT id FROM l RETURNING token)
+              SELECT i.token, EXISTS (SELECT 1 FROM baton_floor.q p
+                  JOIN baton_floor.leases ls ON ls.id = p.who
+                  WHERE p.token < i.token AND ls.deadline > clock_timestamp())
+              FROM i",
+    release: "WITH d AS (DELETE FROM baton_floor.q USING baton_floor.leases ls
+                         WHERE token = $1 AND ls.id = who AND ls.deadline > clock_timestamp())
+              SELECT pg_notify('floor' || n.who, '') FROM (SELECT who FROM baton_floor.q
+                  JOIN baton_floor.leases ls ON ls.id = who
+                  WHERE token > $1 AND ls.deadline > clock_timestamp()
+                  ORDER BY token LIMIT 1) n",
+};
+
+/// The leased queue, safe across processes: the enqueue and the release each one transaction
+/// (a PL/pgSQL function) holding the queue's advisory lock, so that tokens commit in token
+/// order and no release misses a waiter that enqueued meanwhile, whatever connection each
+/// runs on.
+const SERIALIZED: FloorSql = FloorSql {
+    tables: "CREATE TABLE baton_floor.leases (id integer PRIMARY KEY,
+                 deadline timestamptz NOT NULL);
+             INSERT INTO baton_floor.leases SELECT g, clock_timestamp() + interval '1 hour'
+                 FROM generate_series(0, 1023) g;
+             CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
+                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL
+                 REFERENCES baton_floor.leases ON DELETE CASCADE);
+             CREATE FUNCTION baton_floor.enqueue(w integer, OUT t bigint, OUT b boolean)
+             LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_advisory_xact_lock(42);
+                 INSERT INTO baton_floor.q (who) SELECT id FROM baton_floor.leases
+                     WHERE id = w AND deadline > clock_timestamp() RETURNING token INTO t;
+                 IF t IS NULL THEN
+                     RAISE EXCEPTION 'lease % lost', w;
+                 END IF;
+                 b := EXISTS (SELECT 1 FROM baton_floor.q p
+                     JOIN baton_floor.leases ls ON ls.id = p.who
+                     WHERE p.token < t AND ls.deadline > clock_timestamp());
+             END $$;
+             CREATE FUNCTION baton_floor.release(t bigint) RETURNS void LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_advisory_xact_lock(42);
+                 DELETE FROM baton_floor.q USING baton_floor.leases ls
+                     WHERE token = t AND ls.id = who AND ls.deadline > clock_timestamp();
+                 PERFORM pg_notify('floor' || n.who, '') FROM (SELECT who FROM baton_floor.q
+                     JOIN baton_floor.leases ls ON ls.id = who
+                     WHERE token > t AND ls.deadline > clock_timestamp()
+                     ORDER BY token LIMIT 1) n;
+             END $$;",
+    enqueue: "SELECT t, b FROM baton_floor.enqueue($1)",
+    release: "SELECT baton_floor.release($1)",
+};
+
+/// A floor under baton's lock: what a queue lock built as issue #27 asks costs before the
+/// rest of baton's guarantees (`sql`: [`BARE`], [`LEASED`] or [`SERIALIZED`]). Tokens from a
+/// sequence, a row per waiter, one NOTIFY waking exactly the next waiter, on one request
+/// connection shared by the N contenders and one LISTEN connection with a channel per
+/// contender. None of them recognises a retried request, carries the WAL timeline in its
+/// tokens, waits out a restart grace, ends expired leases, or tells observers.
+async fn floor(
+    node: &PgNode,
+    n: usize,
+    secs: Duration,
+    sql: &FloorSql,
+    name: &'static str,
+) -> Res<PgRun> {
+    let admin = client(node).await?;
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS baton_floor CASCADE; CREATE SCHEMA baton_floor;
+             CREATE SEQUENCE baton_floor.tokens AS bigint; {}",
+            sql.tables
+        ))
+        .await?;
+    let url = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres options='-c synchronous_commit=on'",
+        node.port()
+    );
+    // The LISTEN connection: each notification goes to its contender.
+    let (listen, mut connection) = tokio_postgres::connect(&url, NoTls).await?;
+    let mut inboxes = Vec::with_capacity(n);
+    let mut senders = std::collections::HashMap::new();
+    for who in 0..n {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        senders.insert(format!("floor{who}"), tx);
+        inboxes.push(rx);
+    }
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = futures::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(note) = message
+                && let Some(tx) = senders.get(note.channel())
+            {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let channels: String = (0..n).map(|who| format!("LISTEN floor{who};")).collect();
+    listen.batch_execute(&channels).await?;
+    let (c, connection) = tokio_postgres::connect(&url, NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let enqueue = c.prepare(sql.enqueue).await?;
+    let release = c.prepare(sql.release).await?;
+    let c = Arc::new(c);
+    let grants = Arc::new(StdMutex::new(Grants::default()));
+    let cpu_before = server_cpu_seconds(node);
+    let deadline = Instant::now() + secs;
+    let tasks: Vec<_> = inboxes
+        .into_iter()
+        .enumerate()
+        .map(|(who, mut inbox)| {
+            let (c, enqueue, release) = (Arc::clone(&c), enqueue.clone(), release.clone());
+            let grants = Arc::clone(&grants);
+            tokio::spawn(async move {
+                let who_sql = i32::try_from(who)?;
+                let mut cycles = 0u64;
+                loop {
+                    let asked = Instant::now();
+                    let row = c.query_one(&enqueue, &[&who_sql]).await?;
+                    let (token, behind): (i64, bool) = (row.get(0), row.get(1));
+                    if behind {
+                        // Only the release of the row just before this one notifies it.
+                        inbox.recv().await.ok_or("the LISTEN connection ended")?;
+                    }
+                    if Instant::now() >= deadline {
+                        c.query(&release, &[&token]).await?;
+                        return Res::Ok(cycles);
+                    }
+                    grants.lock().unwrap().granted(who, asked);
+                    cycles += 1;
+                    grants.lock().unwrap().released();
+                    c.query(&release, &[&token]).await?;
+                }
+            })
+        })
+        .collect();
+    let mut per_contender = Vec::with_capacity(n);
+    for t in tasks {
+        per_contender.push(t.await??);
+    }
+    let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
+    drop(listen);
+    admin
+        .batch_execute("DROP SCHEMA baton_floor CASCADE")
+        .await?;
+    let measured = Measured {
+        per_contender,
+        cpu,
+        wakeups: None,
+        connections: 2,
+    };
+    Ok(finish(name, n, secs, &grants, measured))
+}
+
 /// `waiters` sessions of one backend queue on one lock behind a holder (in session order),
 /// then the holder releases and each waiter releases once granted.
 async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
@@ -364,6 +560,9 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
         eprintln!("bench: PostgreSQL, N = {n}");
         runs.push(baton_contended(&node, n, secs, &format!("bench/n{n}"), false).await?);
         runs.push(baton_contended(&node, n, secs, &format!("bench/apart-n{n}"), true).await?);
+        runs.push(floor(&node, n, secs, &BARE, BARE_NAME).await?);
+        runs.push(floor(&node, n, secs, &LEASED, LEASED_NAME).await?);
+        runs.push(floor(&node, n, secs, &SERIALIZED, SERIALIZED_NAME).await?);
         runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
         runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
     }
@@ -384,7 +583,7 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions, as in one process; \"a backend per contender\": N backends (two connections each), as N processes would have, each with a LISTEN connection, and PostgreSQL signals every listening connection of the database at each NOTIFY. `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions, as in one process; \"a backend per contender\": N backends (two connections each), as N processes would have, each with a LISTEN connection, and PostgreSQL signals every listening connection of the database at each NOTIFY. \"Floor\" rows are not baton: they measure what a queue lock of this design costs before baton's other guarantees, on the same two connections (one request connection shared by the N contenders, one LISTEN connection; plain statements; a row per waiter, its token from a sequence; the release notifies the next waiter in its own statement): \"a bare queue\" has nothing else (a dead holder blocks it forever); \"a queue of leased rows\" binds each row to a lease with a deadline on the server's clock (the enqueue needs a live lease, the queue skips rows of expired leases, a release deletes only under a live lease), but is correct only because one connection runs its statements one at a time; \"leased rows, safe across processes\" also runs the enqueue and the release each as one transaction (a PL/pgSQL function) holding the queue's advisory lock, the least that keeps tokens committed in token order and loses no wake-up when processes share the queue. baton adds to that last floor: a retried request that may have been applied is recognised (the entry's key, the caller's stamp), the WAL timeline in every token and the restart grace after a failover, expired leases ended by whoever meets them, observers, and a wait that needs no lock in the release (the waiter listens on its predecessor's channel and checks once after subscribing). `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
             self.version,
             self.secs.as_secs_f64(),
             RETRY_SLEEP.as_millis()
@@ -424,6 +623,16 @@ impl Report {
                     "; with a backend per contender, {:.0} %",
                     apart * 100.0 / a.max(1.0)
                 ));
+            }
+            let floors: Vec<String> = [BARE_NAME, LEASED_NAME, SERIALIZED_NAME]
+                .iter()
+                .filter_map(|name| {
+                    let short = name.trim_start_matches("floor: ");
+                    of(name).map(|f| format!("{short} {:.0} %", f * 100.0 / a.max(1.0)))
+                })
+                .collect();
+            if !floors.is_empty() {
+                md.push_str(&format!(". The floors: {}", floors.join(", ")));
             }
             md.push_str(".\n");
         }
