@@ -233,7 +233,7 @@ async fn a_new_lease_reads_only_expired_leases() {
 
 /// An older schema is migrated on connect: a schema put back to version 1's shape (no
 /// `observed` table, the insert trigger back, no `timeline` function or column, no
-/// `timelines` table, the rows of versions 2 to 6 gone) is brought to version 6 by the next
+/// `timelines` table, the rows of versions 2 to 7 gone) is brought to version 7 by the next
 /// backend that connects (its enqueue sweeping expired leases only as the head, its new leases
 /// sweeping through the deadline index), and locks
 /// (with the timeline in their tokens, granted at once on timeline 1) and observers work on
@@ -271,7 +271,7 @@ async fn an_older_schema_is_migrated_on_connect() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 6);
+    assert_eq!(version, 7);
     // The functions as the migrations left them, each with a line only its newest body has.
     for (function, line) in [
         ("enqueue_v4", "Whatever is before the head"),
@@ -288,6 +288,8 @@ async fn an_older_schema_is_migrated_on_connect() {
         assert!(body.contains(line), "{function}: {body}");
     }
     let session = Session::new(b.clone()).await.unwrap();
+    // Version 7 moved the lease ids to the clock's microseconds (above 2001-09-09's).
+    assert!(session.lease_id().get() > 1_000_000_000_000_000);
     let name = test_name("migrated");
     let mut heads = b.observe_head(&name);
     // Timeline 1 (never promoted nor recovered) has no restart grace: granted at once.
@@ -483,6 +485,68 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
         }
     }
     assert!(!s.is_lost());
+}
+
+/// baton's state lost under a holder (`DROP SCHEMA baton CASCADE`; a cluster created anew at
+/// the same address looks the same once a client has connected to it): **not detected**, unlike a
+/// failover or a Redis flush (docs/postgres.md). A client that connects re-creates the schema
+/// and is granted at once, with a token below the holder's (the sequence starts again). What
+/// holds: the holder is told lost at its next renewal (its lease is gone), within a third of
+/// its TTL of the loss plus the renewal's round trip, and before its own deadline. Before
+/// schema version 7 it was never told: the new schema's first lease had the holder's lease id
+/// (both 1), and the holder's renewals renewed the newcomer's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_at_its_renewal() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(6);
+    let old = node.backend().await.unwrap();
+    let holder = session(&old, ttl).await;
+    let mut earlier = FencingToken::new(0);
+    for i in 0..20 {
+        let g = Mutex::new(&holder, format!("wiped/{i}"))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        earlier = g.fencing_token();
+        g.unlock().await.unwrap();
+    }
+    let guard = Mutex::new(&holder, "wiped").unwrap().lock().await.unwrap();
+    assert!(guard.fencing_token() > earlier);
+    let lost = holder.lost();
+    node.client()
+        .await
+        .unwrap()
+        .batch_execute("DROP SCHEMA baton CASCADE")
+        .await
+        .unwrap();
+    let dropped = tokio::time::Instant::now();
+    // A newcomer's connect creates the schema again; nothing in it tells of the holder.
+    let fresh = node.backend().await.unwrap();
+    let newcomer = session(&fresh, ttl).await;
+    let granted = within(
+        "the newcomer, granted at once on the new schema",
+        ttl / 3,
+        Mutex::new(&newcomer, "wiped").unwrap().lock(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        granted.fencing_token() < guard.fencing_token(),
+        "the sequence started again: {} after {}",
+        granted.fencing_token(),
+        guard.fencing_token()
+    );
+    // The holder's next renewal finds no lease: it is told within TTL/3 and a round trip.
+    within(
+        "the holder told lost",
+        ttl / 3 + Duration::from_secs(1),
+        lost,
+    )
+    .await;
+    assert!(dropped.elapsed() < ttl, "told only at its own deadline");
+    granted.unlock().await.unwrap();
+    drop(guard);
 }
 
 /// A failover to an asynchronous standby that missed the primary's last commits (replication

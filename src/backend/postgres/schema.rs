@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 6;
+pub(super) const MIGRATIONS: usize = 7;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -34,6 +34,7 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
         ),
         5 => enqueue("enqueue_v4", TIMELINE_TOKEN, true, Sweep::AsTheHead),
         6 => V6.to_owned(),
+        7 => V7.to_owned(),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -617,6 +618,19 @@ BEGIN
 END $$;
 "#;
 
+/// Version 7: lease ids never repeat across incarnations of the schema (docs/design.md,
+/// 2026-11-26). The sequence started at 1, so a schema dropped and created again (or a server
+/// created anew at the same address) handed the first newcomer the id of a lease that a
+/// running holder still renewed: the holder's renewals renewed the newcomer's lease, and it
+/// was never told that its own had gone. The sequence now starts at the server clock's
+/// microseconds since 1970 when the schema is created or migrated: an incarnation created
+/// later starts above every id an earlier one handed out (one lease a microsecond would be
+/// needed to catch up), unless the server's clock is set back across the two.
+const V7: &str = r#"
+SELECT setval('{s}.lease_ids', greatest(last_value,
+    (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) FROM {s}.lease_ids;
+"#;
+
 /// The SQL of migration `sql` for schema `schema`.
 pub(super) fn render(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
@@ -676,6 +690,13 @@ mod tests {
         assert!(v6.contains("WHERE deadline <= now_ts"), "{v6}");
         assert!(v6.contains("IF (SELECT min(deadline) FROM baton.leases) <= now_ts"));
         assert_eq!(v6.matches("CREATE OR REPLACE FUNCTION").count(), 1, "{v6}");
+        // Version 7 moves the lease ids' sequence to the clock, and changes nothing else.
+        let v7 = migration(7, "baton").unwrap_or_default();
+        assert!(
+            v7.contains("setval('baton.lease_ids', greatest(last_value"),
+            "{v7}"
+        );
+        assert!(!v7.contains("FUNCTION") && !v7.contains("TABLE"), "{v7}");
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
     }
