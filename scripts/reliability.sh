@@ -208,6 +208,7 @@ same, and so is every rule of the checker; its server faults:
 | stopped (fast shutdown), started again with its data | leases and entries survive; connections are opened again, LISTENs renewed and every waiter looks again |
 | crashed (immediate shutdown: no checkpoint, the WAL replayed at start) | no acknowledged commit of baton's is lost: its connections set `synchronous_commit = on` even where the server defaults to `off` (the fixture's does); tokens resume above every token before (the sequence is WAL-logged ahead of use) |
 | every client connection ended (`pg_terminate_backend`) | each backend reconnects; holders keep their locks, waiters their places, and look again after the new LISTEN |
+| restarted without its data (baton's schema dropped, or a cluster created anew at the same address) | not promised, not injected: not detected (a new server cannot tell that it is not baton's first); a newcomer may be granted at once, with a token below the old holder's, and the old holder is told at its next renewal (lease ids do not repeat unless the server's clock is set back, schema version 7); `baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_at_its_renewal` (postgres) |
 | a failover: a standby (streaming through a proxy) promoted in sync, or after missing 0.2–3 s of writes (the proxy closed first), the primary crashed for good, the clients redirected | the standby starts a new WAL timeline: its tokens are above every token before (they start with the timeline), every session is told lost at its next renewal (a lease is renewed only on its own timeline), and nothing is granted for the restart grace (the clients': their TTL), so a holder the standby missed is told before anyone else is granted; checked by the epoch rule, as for Redis. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 5) the checker finds grants within it |
 
 Runs (2 cores, 8 client processes; "faults" counts injected faults). The short runs made
@@ -241,8 +242,9 @@ What it caught:
   released entries came back to their owners, and their tokens were granted again: 12 and 8
   `token-order` violations in two runs, e.g. `.../mutex: token 93 granted twice (c0 and c0)`
   (c0 released 93, asked again 56 ms later, the server crashed 48 ms after that, and c0 was
-  granted 93 once more after the restart). This is also what a failover to an asynchronous
-  replica does. baton's connections now commit synchronously; the same seed: 0 violations;
+  granted 93 once more after the restart). A failover to an asynchronous replica loses
+  commits the same way; the WAL timeline in tokens and the restart grace cover that. baton's
+  connections now commit synchronously; the same seed: 0 violations;
   regression test `a_release_survives_a_crash_of_a_server_without_synchronous_commit`.
 - **`lost()` on a normal release** (this round): on ZooKeeper the runs counted as many
   "lost" events as grants: a `lost()` future taken before `unlock` resolved `EntryDeleted`
