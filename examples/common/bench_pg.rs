@@ -49,6 +49,22 @@ impl Grants {
     }
 }
 
+/// A grant released at once (no hold): the handoff clock starts at the release.
+fn held(grants: &StdMutex<Grants>, who: usize, asked: Instant) {
+    let mut g = grants.lock().unwrap();
+    g.granted(who, asked);
+    g.released();
+}
+
+/// Each contender's cycles, once every contender's task has ended.
+async fn counts(tasks: Vec<tokio::task::JoinHandle<Res<u64>>>) -> Res<Vec<u64>> {
+    let mut per_contender = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        per_contender.push(t.await??);
+    }
+    Ok(per_contender)
+}
+
 struct PgRun {
     impl_name: &'static str,
     n: usize,
@@ -204,18 +220,14 @@ async fn baton_contended(
                         guard.unlock().await?;
                         return Res::Ok(cycles);
                     }
-                    grants.lock().unwrap().granted(who, asked);
+                    held(&grants, who, asked);
                     cycles += 1;
-                    grants.lock().unwrap().released();
                     guard.unlock().await?;
                 }
             })
         })
         .collect();
-    let mut per_contender = Vec::with_capacity(n);
-    for t in tasks {
-        per_contender.push(t.await??);
-    }
+    let per_contender = counts(tasks).await?;
     let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
     let woken = wakeups() - woken_before;
     futures::future::join_all(sessions.iter().map(Session::close)).await;
@@ -279,18 +291,14 @@ async fn advisory_contended(
                         c.query_one(&unlock, &[&key]).await?;
                         return Res::Ok(cycles);
                     }
-                    grants.lock().unwrap().granted(who, asked);
+                    held(&grants, who, asked);
                     cycles += 1;
-                    grants.lock().unwrap().released();
                     c.query_one(&unlock, &[&key]).await?;
                 }
             })
         })
         .collect();
-    let mut per_contender = Vec::with_capacity(n);
-    for t in tasks {
-        per_contender.push(t.await??);
-    }
+    let per_contender = counts(tasks).await?;
     let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
     let name = if polling {
         "pg_try_advisory_lock polling"
@@ -477,18 +485,14 @@ async fn floor(
                         c.query(&release, &[&token]).await?;
                         return Res::Ok(cycles);
                     }
-                    grants.lock().unwrap().granted(who, asked);
+                    held(&grants, who, asked);
                     cycles += 1;
-                    grants.lock().unwrap().released();
                     c.query(&release, &[&token]).await?;
                 }
             })
         })
         .collect();
-    let mut per_contender = Vec::with_capacity(n);
-    for t in tasks {
-        per_contender.push(t.await??);
-    }
+    let per_contender = counts(tasks).await?;
     let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
     drop(listen);
     admin
