@@ -487,6 +487,36 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
     assert!(!s.is_lost());
 }
 
+/// baton's schema dropped under a holder, and nobody connects to create it again: the
+/// holder's next renewal meets no schema, which means no lease, and it is told then (within a
+/// third of its TTL and a round trip), not at its own deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_schema_is_dropped_is_told_at_its_next_renewal() {
+    let node = own_node().await;
+    let ttl = Duration::from_secs(6);
+    let backend = node.backend().await.unwrap();
+    let holder = session(&backend, ttl).await;
+    let guard = Mutex::new(&holder, "dropped")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let lost = holder.lost();
+    node.client()
+        .await
+        .unwrap()
+        .batch_execute("DROP SCHEMA baton CASCADE")
+        .await
+        .unwrap();
+    within(
+        "the holder told lost",
+        ttl / 3 + Duration::from_secs(1),
+        lost,
+    )
+    .await;
+    drop(guard);
+}
+
 /// baton's state lost under a holder (`DROP SCHEMA baton CASCADE`; a cluster created anew at
 /// the same address looks the same once a client has connected to it): **not detected**, unlike a
 /// failover or a Redis flush (docs/postgres.md). A client that connects re-creates the schema

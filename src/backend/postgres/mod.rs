@@ -385,6 +385,17 @@ fn classify(op: &'static str, e: tokio_postgres::Error) -> Failure {
     Failure::Fatal(map_db_error(op, e))
 }
 
+/// Whether `e` says baton's schema, or one of its functions or tables, does not exist: the
+/// schema was dropped (or the server re-created without it), and every lease with it.
+fn schema_gone(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        let code = db.code();
+        *code == SqlState::INVALID_SCHEMA_NAME
+            || *code == SqlState::UNDEFINED_FUNCTION
+            || *code == SqlState::UNDEFINED_TABLE
+    })
+}
+
 /// A server error that retrying cannot fix, as baton's error.
 fn map_db_error(op: &'static str, e: tokio_postgres::Error) -> Error {
     let code = e.as_db_error().map(|db| db.code().clone());
@@ -1009,11 +1020,15 @@ impl Backend for PgBackend {
         let sql = &self.inner.sql.renew;
         let id = lease.get();
         self.read_request("keep_alive", |c| async move {
-            let rows = c.query(sql, &[(&id, Type::INT8)]).await?;
-            Ok(rows
-                .first()
-                .and_then(|r| r.get::<_, Option<i64>>(0))
-                .map(ms))
+            match c.query(sql, &[(&id, Type::INT8)]).await {
+                Ok(rows) => Ok(rows
+                    .first()
+                    .and_then(|r| r.get::<_, Option<i64>>(0))
+                    .map(ms)),
+                // No schema, no lease: told now rather than at the session's deadline.
+                Err(e) if schema_gone(&e) => Ok(None),
+                Err(e) => Err(e),
+            }
         })
         .await
     }
