@@ -487,6 +487,17 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
     assert!(!s.is_lost());
 }
 
+/// Drops baton's schema and everything in it, as a server re-created without its data has
+/// none.
+async fn drop_baton_schema(node: &PgNode) {
+    node.client()
+        .await
+        .unwrap()
+        .batch_execute("DROP SCHEMA baton CASCADE")
+        .await
+        .unwrap();
+}
+
 /// baton's schema dropped under a holder, and nobody connects to create it again: the
 /// holder's next renewal meets no schema, which means no lease, and it is told then (within a
 /// third of its TTL and a round trip), not at its own deadline.
@@ -502,12 +513,7 @@ async fn a_holder_whose_schema_is_dropped_is_told_at_its_next_renewal() {
         .await
         .unwrap();
     let lost = holder.lost();
-    node.client()
-        .await
-        .unwrap()
-        .batch_execute("DROP SCHEMA baton CASCADE")
-        .await
-        .unwrap();
+    drop_baton_schema(&node).await;
     within(
         "the holder told lost",
         ttl / 3 + Duration::from_secs(1),
@@ -518,9 +524,10 @@ async fn a_holder_whose_schema_is_dropped_is_told_at_its_next_renewal() {
 }
 
 /// baton's state lost under a holder (`DROP SCHEMA baton CASCADE`; a cluster created anew at
-/// the same address looks the same once a client has connected to it): **not detected**, unlike a
-/// failover or a Redis flush (docs/postgres.md). A client that connects re-creates the schema
-/// and is granted at once, with a token below the holder's (the sequence starts again). What
+/// the same address looks the same once a client has connected to it): **not detected**,
+/// unlike a failover or a Redis flush (docs/postgres.md). A client that connects re-creates
+/// the schema and is granted at once, with a token below the holder's (the sequence starts
+/// again). What
 /// holds: the holder is told lost at its next renewal (its lease is gone), within a third of
 /// its TTL of the loss plus the renewal's round trip, and before its own deadline. Before
 /// schema version 7 it was never told: the new schema's first lease had the holder's lease id
@@ -544,12 +551,7 @@ async fn baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_
     let guard = Mutex::new(&holder, "wiped").unwrap().lock().await.unwrap();
     assert!(guard.fencing_token() > earlier);
     let lost = holder.lost();
-    node.client()
-        .await
-        .unwrap()
-        .batch_execute("DROP SCHEMA baton CASCADE")
-        .await
-        .unwrap();
+    drop_baton_schema(&node).await;
     let dropped = tokio::time::Instant::now();
     // A newcomer's connect creates the schema again; nothing in it tells of the holder.
     let fresh = node.backend().await.unwrap();
