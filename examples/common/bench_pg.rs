@@ -116,15 +116,17 @@ fn server_cpu_seconds(node: &PgNode) -> Option<f64> {
         .map(|us| us / 1e6)
 }
 
-async fn client(node: &PgNode) -> Res<Client> {
-    let (client, connection) = tokio_postgres::connect(
-        &format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            node.port()
-        ),
-        NoTls,
+/// The benchmark's connection string for `node` (the server itself runs with
+/// `synchronous_commit = on`, see `run`).
+fn conninfo(node: &PgNode) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        node.port()
     )
-    .await?;
+}
+
+async fn client(node: &PgNode) -> Res<Client> {
+    let (client, connection) = tokio_postgres::connect(&conninfo(node), NoTls).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
@@ -317,22 +319,33 @@ async fn advisory_contended(
     Ok(finish(name, n, secs, &grants, measured))
 }
 
-/// A floor's statements: its tables, the enqueue (`$1`: the contender; answers the new token
-/// and whether an older live row exists) and the release (`$1`: the token; notifies the next
-/// live row's contender in the same statement).
+/// A floor: its name in the table, its tables and functions, the enqueue (`$1`: the
+/// contender; answers the new token and whether an older live row exists) and the release
+/// (`$1`: the token; notifies the next live row's contender in the same statement).
 struct FloorSql {
+    name: &'static str,
     tables: &'static str,
+    functions: &'static str,
     enqueue: &'static str,
     release: &'static str,
 }
 
-/// The floors' names in the table.
-const BARE_NAME: &str = "floor: a bare queue";
-const LEASED_NAME: &str = "floor: a queue of leased rows";
-const SERIALIZED_NAME: &str = "floor: leased rows, safe across processes";
+/// The floors, in the table's order.
+const FLOORS: [&FloorSql; 3] = [&BARE, &LEASED, &SERIALIZED];
+
+/// The tables of a queue whose rows are bound to leases (1,024 leases, live for an hour).
+const LEASED_TABLES: &str = "CREATE TABLE baton_floor.leases (id integer PRIMARY KEY,
+                 deadline timestamptz NOT NULL);
+             INSERT INTO baton_floor.leases SELECT g, clock_timestamp() + interval '1 hour'
+                 FROM generate_series(0, 1023) g;
+             CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
+                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL
+                 REFERENCES baton_floor.leases ON DELETE CASCADE);";
 
 /// A queue and nothing else: a row per waiter, its token from a sequence.
 const BARE: FloorSql = FloorSql {
+    name: "floor: a bare queue",
+    functions: "",
     tables: "CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
                  DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL);",
     enqueue: "WITH i AS (INSERT INTO baton_floor.q (who) VALUES ($1) RETURNING token)
@@ -347,13 +360,9 @@ const BARE: FloorSql = FloorSql {
 /// clock, deleted with its rows): the enqueue needs a live lease, the queue skips rows of
 /// expired leases, and a release deletes only under a live lease.
 const LEASED: FloorSql = FloorSql {
-    tables: "CREATE TABLE baton_floor.leases (id integer PRIMARY KEY,
-                 deadline timestamptz NOT NULL);
-             INSERT INTO baton_floor.leases SELECT g, clock_timestamp() + interval '1 hour'
-                 FROM generate_series(0, 1023) g;
-             CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
-                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL
-                 REFERENCES baton_floor.leases ON DELETE CASCADE);",
+    name: "floor: a queue of leased rows",
+    tables: LEASED_TABLES,
+    functions: "",
     enqueue: "WITH l AS (SELECT id FROM baton_floor.leases
                          WHERE id = $1 AND deadline > clock_timestamp()),
                    i AS (INSERT INTO baton_floor.q (who) SELECT id FROM l RETURNING token)
@@ -374,14 +383,9 @@ const LEASED: FloorSql = FloorSql {
 /// order and no release misses a waiter that enqueued meanwhile, whatever connection each
 /// runs on.
 const SERIALIZED: FloorSql = FloorSql {
-    tables: "CREATE TABLE baton_floor.leases (id integer PRIMARY KEY,
-                 deadline timestamptz NOT NULL);
-             INSERT INTO baton_floor.leases SELECT g, clock_timestamp() + interval '1 hour'
-                 FROM generate_series(0, 1023) g;
-             CREATE TABLE baton_floor.q (token bigint PRIMARY KEY
-                 DEFAULT nextval('baton_floor.tokens'), who integer NOT NULL
-                 REFERENCES baton_floor.leases ON DELETE CASCADE);
-             CREATE FUNCTION baton_floor.enqueue(w integer, OUT t bigint, OUT b boolean)
+    name: "floor: leased rows, safe across processes",
+    tables: LEASED_TABLES,
+    functions: "CREATE FUNCTION baton_floor.enqueue(w integer, OUT t bigint, OUT b boolean)
              LANGUAGE plpgsql AS $$
              BEGIN
                  PERFORM pg_advisory_xact_lock(42);
@@ -409,32 +413,22 @@ const SERIALIZED: FloorSql = FloorSql {
 };
 
 /// A floor under baton's lock: what a queue lock built as issue #27 asks costs before the
-/// rest of baton's guarantees (`sql`: [`BARE`], [`LEASED`] or [`SERIALIZED`]). Tokens from a
+/// rest of baton's guarantees (`sql`: one of [`FLOORS`]). Tokens from a
 /// sequence, a row per waiter, one NOTIFY waking exactly the next waiter, on one request
 /// connection shared by the N contenders and one LISTEN connection with a channel per
 /// contender. None of them recognises a retried request, carries the WAL timeline in its
 /// tokens, waits out a restart grace, ends expired leases, or tells observers.
-async fn floor(
-    node: &PgNode,
-    n: usize,
-    secs: Duration,
-    sql: &FloorSql,
-    name: &'static str,
-) -> Res<PgRun> {
+async fn floor(node: &PgNode, n: usize, secs: Duration, sql: &FloorSql) -> Res<PgRun> {
     let admin = client(node).await?;
     admin
         .batch_execute(&format!(
             "DROP SCHEMA IF EXISTS baton_floor CASCADE; CREATE SCHEMA baton_floor;
-             CREATE SEQUENCE baton_floor.tokens AS bigint; {}",
-            sql.tables
+             CREATE SEQUENCE baton_floor.tokens AS bigint; {} {}",
+            sql.tables, sql.functions
         ))
         .await?;
-    let url = format!(
-        "host=127.0.0.1 port={} user=postgres dbname=postgres options='-c synchronous_commit=on'",
-        node.port()
-    );
     // The LISTEN connection: each notification goes to its contender.
-    let (listen, mut connection) = tokio_postgres::connect(&url, NoTls).await?;
+    let (listen, mut connection) = tokio_postgres::connect(&conninfo(node), NoTls).await?;
     let mut inboxes = Vec::with_capacity(n);
     let mut senders = std::collections::HashMap::new();
     for who in 0..n {
@@ -454,10 +448,7 @@ async fn floor(
     });
     let channels: String = (0..n).map(|who| format!("LISTEN floor{who};")).collect();
     listen.batch_execute(&channels).await?;
-    let (c, connection) = tokio_postgres::connect(&url, NoTls).await?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let c = client(node).await?;
     let enqueue = c.prepare(sql.enqueue).await?;
     let release = c.prepare(sql.release).await?;
     let c = Arc::new(c);
@@ -504,7 +495,7 @@ async fn floor(
         wakeups: None,
         connections: 2,
     };
-    Ok(finish(name, n, secs, &grants, measured))
+    Ok(finish(sql.name, n, secs, &grants, measured))
 }
 
 /// `waiters` sessions of one backend queue on one lock behind a holder (in session order),
@@ -564,9 +555,9 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
         eprintln!("bench: PostgreSQL, N = {n}");
         runs.push(baton_contended(&node, n, secs, &format!("bench/n{n}"), false).await?);
         runs.push(baton_contended(&node, n, secs, &format!("bench/apart-n{n}"), true).await?);
-        runs.push(floor(&node, n, secs, &BARE, BARE_NAME).await?);
-        runs.push(floor(&node, n, secs, &LEASED, LEASED_NAME).await?);
-        runs.push(floor(&node, n, secs, &SERIALIZED, SERIALIZED_NAME).await?);
+        for sql in FLOORS {
+            runs.push(floor(&node, n, secs, sql).await?);
+        }
         runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
         runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
     }
@@ -628,11 +619,11 @@ impl Report {
                     apart * 100.0 / a.max(1.0)
                 ));
             }
-            let floors: Vec<String> = [BARE_NAME, LEASED_NAME, SERIALIZED_NAME]
+            let floors: Vec<String> = FLOORS
                 .iter()
-                .filter_map(|name| {
-                    let short = name.trim_start_matches("floor: ");
-                    of(name).map(|f| format!("{short} {:.0} %", f * 100.0 / a.max(1.0)))
+                .filter_map(|sql| {
+                    let short = sql.name.trim_start_matches("floor: ");
+                    of(sql.name).map(|f| format!("{short} {:.0} %", f * 100.0 / a.max(1.0)))
                 })
                 .collect();
             if !floors.is_empty() {
