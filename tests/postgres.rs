@@ -527,11 +527,10 @@ async fn a_holder_whose_schema_is_dropped_is_told_at_its_next_renewal() {
 /// the same address looks the same once a client has connected to it): **not detected**,
 /// unlike a failover or a Redis flush (docs/postgres.md). A client that connects re-creates
 /// the schema and is granted at once, with a token below the holder's (the sequence starts
-/// again). What
-/// holds: the holder is told lost at its next renewal (its lease is gone), within a third of
-/// its TTL of the loss plus the renewal's round trip, and before its own deadline. Before
-/// schema version 7 it was never told: the new schema's first lease had the holder's lease id
-/// (both 1), and the holder's renewals renewed the newcomer's lease.
+/// again). What holds: the holder is told lost at its next renewal (its lease is gone),
+/// within a third of its TTL of the loss plus the renewal's round trip, and before its own
+/// deadline. Before schema version 7 it was never told: the new schema's first lease had the
+/// holder's lease id (both 1), and the holder's renewals renewed the newcomer's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_at_its_renewal() {
     let node = own_node().await;
