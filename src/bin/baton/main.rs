@@ -30,7 +30,8 @@ Exit codes:
   1    unexpected error
   64   bad arguments
   69   the server cannot be reached (refused, no such host, no answer before --connect-timeout
-       or --timeout), or a request failed after retries: try again later
+       or --timeout), or a request failed after retries or its answer was lost: try again
+       later
   74   standard output could not be written
   75   the lock is busy: --timeout elapsed while waiting for it, or --try found it held
   77   authentication failed (user and password, or a client certificate refused)
@@ -289,7 +290,10 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let code = match &e {
             Error::InvalidArgument(_) | Error::LimitMismatch { .. } => exit::USAGE,
-            Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => exit::UNAVAILABLE,
+            Error::Connect { .. }
+            | Error::Backend { .. }
+            | Error::OutcomeUnknown { .. }
+            | Error::Unavailable => exit::UNAVAILABLE,
             Error::Auth { .. } | Error::Permission { .. } => exit::AUTH,
             Error::Misconfigured { .. }
             | Error::UnsupportedVersion { .. }
@@ -1293,6 +1297,18 @@ mod tests {
         assert!(seconds("-1").is_err());
         assert!(seconds("soon").is_err());
         assert!(seconds("inf").is_err());
+    }
+
+    /// A request whose answer was lost (the server stopped answering mid-request) is "cannot
+    /// reach the backend, try again later", as a request that failed is: not "unexpected".
+    #[test]
+    fn a_lost_answer_exits_as_unreachable() {
+        let lost = Error::OutcomeUnknown {
+            op: "enqueue",
+            at: Default::default(),
+            source: "deadline has elapsed".into(),
+        };
+        assert_eq!(Failure::from(lost).code, exit::UNAVAILABLE);
     }
 
     #[test]
