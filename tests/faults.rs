@@ -1326,6 +1326,105 @@ async fn zk_follower_then_leader_paused() {
     );
 }
 
+/// Is the ZooKeeper session `lease` connected to `member`? (`cons` lists each connection's
+/// `sid=0x...`.)
+async fn zk_session_on(member: &ZkNode, lease: baton::LeaseId) -> bool {
+    let cons = member.four_letter("cons").await.unwrap();
+    cons.contains(&format!("sid=0x{:x},", lease.get()))
+}
+
+/// A create that reaches the ensemble after its client gave up on it and took the lock
+/// through another member lands nowhere. A follower cut off from its client (here a proxy
+/// holds back what the client sends; a frozen follower does the same) meets, once it
+/// resumes, the create and then the client's attempt to reconnect to it: the stale
+/// reconnection moves the session back to that follower while the create is on its way to
+/// the leader, so the create passes the session-moved check (ZOOKEEPER-2886). A node left in
+/// the queue would hold the lock for nobody while the session lives, and the session's next
+/// `lock()` would adopt it with a token lower than grants made since. The client tries the
+/// follower again on about half its reconnections, so the scenario runs until one did, a
+/// bounded number of rounds. (Before: the node stayed, and the next waiter waited for it; the
+/// nemesis found the lower token, with a paused follower.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zk_a_create_delivered_late_lands_nowhere() {
+    const ROUNDS: usize = 16;
+    let _one_at_a_time = CLUSTER.lock().await;
+    let ttl = Duration::from_secs(5);
+    let zk = ZkEnsemble::start().await.expect("a three-member ensemble");
+    let leader = zk.wait_for_leader().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let proxy = Proxy::start(&zk.member_connect_string(follower)).await;
+    // The client knows the follower, behind the proxy, and the leader.
+    let two = format!("{},{}", proxy.addr(), zk.member_connect_string(leader));
+    let backend = zk_connect(&two, Duration::from_secs(10)).await;
+    let direct = zk_connect(&zk.member_connect_string(follower), Duration::from_secs(10)).await;
+    let other = session(&direct, ttl).await;
+    let name = name("zk-late-create");
+    let mut tokens = vec![];
+    let mut exercised = 0;
+    for _ in 0..ROUNDS {
+        // A session whose connection is on the follower.
+        let a = loop {
+            let s = session(&backend, ttl).await;
+            if zk_session_on(zk.member(follower), s.lease_id()).await {
+                break s;
+            }
+        };
+        proxy.hold_requests();
+        let mutex = Mutex::new(&a, &name).unwrap();
+        let first = within("a lock", Duration::from_secs(20), mutex.lock())
+            .await
+            .unwrap();
+        tokens.push(first.fencing_token().get());
+        first.unlock().await.unwrap();
+        proxy.heal();
+        // The create, then the attempt to reconnect through the proxy, if the client made one.
+        let delivered = proxy.deliver_held_together().await.unwrap();
+        // A lock through the follower: its requests reach the leader after the late ones.
+        let second = tokio::time::timeout(
+            Duration::from_secs(10),
+            Mutex::new(&other, &name).unwrap().lock(),
+        )
+        .await;
+        let strays: Vec<String> = direct
+            .entries(&name)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.lease() == Some(a.lease_id()))
+            .map(|e| format!("{} (token {})", e.key(), e.token()))
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+        );
+        let second = second
+            .expect("the lock for another session within 10 s")
+            .unwrap();
+        tokens.push(second.fencing_token().get());
+        second.unlock().await.unwrap();
+        let third = within(
+            "the session's next lock",
+            Duration::from_secs(20),
+            mutex.lock(),
+        )
+        .await
+        .unwrap();
+        tokens.push(third.fencing_token().get());
+        third.unlock().await.unwrap();
+        if delivered >= 2 {
+            exercised += 1;
+            if exercised == 4 {
+                break;
+            }
+        }
+    }
+    assert!(exercised > 0, "the client never tried the follower again");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens out of grant order: {tokens:?}"
+    );
+}
+
 /// A holder cut off from ZooKeeper by a proxy is told (`lost()`) before the server expires
 /// its session, so before its successor is granted; its late write is fenced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -640,3 +640,22 @@ async fn a_lost_create_answer_is_found_and_cleaned_up() {
     assert!(!s.is_lost());
     holder.unlock().await.unwrap();
 }
+
+/// A session's fence node (`/_baton-sessions/<session>`, which every entry's create checks)
+/// deleted from outside ends the session at its next renewal, and its nodes go with it:
+/// without its fence, a create whose answer was lost could land after baton looked for it.
+/// (Before the fence existed, a late create landed and blocked the queue.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_fence_is_deleted_ends_and_its_nodes_go() {
+    let backend = backend().await;
+    let name = test_name("fence-deleted");
+    let s = session_on(&backend, Duration::from_secs(3)).await;
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let operator = raw(&ZkNode::shared().connect_string()).await;
+    let fence = format!("/_baton-sessions/{:016x}", s.lease_id().get());
+    operator.delete(&fence, None).await.unwrap();
+    within("the session ends", Duration::from_secs(5), s.lost()).await;
+    let left = backend.entries(&name).await.unwrap();
+    assert!(left.is_empty(), "the session's nodes outlived it: {left:?}");
+    drop(guard);
+}

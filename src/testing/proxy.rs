@@ -16,8 +16,9 @@ use tokio::sync::watch;
 /// applied, its answer lost); `heal` closes the connections of the outage, as TCP eventually
 /// would, and forwards new ones again. `hold_requests` keeps what clients send from the
 /// server; after `heal` the clients' side of those connections is closed (they reconnect and
-/// retry), and [`deliver_held`](Proxy::deliver_held) later sends what was held to the server
-/// on the old connections: requests that arrive after their clients gave up on them.
+/// retry; a client that gave up on such a connection by itself closed it already), and
+/// [`deliver_held`](Proxy::deliver_held) later sends what was held to the server on the old
+/// connections: requests that arrive after their clients gave up on them.
 /// `redirect` sends new connections to another server (a failover behind a fixed address).
 /// It stops when dropped.
 ///
@@ -46,7 +47,7 @@ pub struct Proxy {
 #[derive(Debug)]
 struct Held {
     bytes: watch::Sender<Vec<u8>>,
-    parked: StdMutex<Vec<(Vec<u8>, TcpStream)>>,
+    parked: StdMutex<Vec<(u64, Vec<u8>, TcpStream)>>,
     /// Connections that kept requests back and are not parked (or dropped) yet.
     holding: watch::Sender<usize>,
 }
@@ -100,7 +101,10 @@ impl Proxy {
         });
         let (to, kept) = (Arc::clone(&upstream), Arc::clone(&held));
         tokio::spawn(async move {
+            let mut accepted = 0u64;
             while let Ok((client, _)) = listener.accept().await {
+                accepted += 1;
+                let sequence = accepted;
                 let (rx, held) = (rx.clone(), Arc::clone(&kept));
                 let target = *to.lock().unwrap_or_else(|p| p.into_inner());
                 tokio::spawn(async move {
@@ -123,7 +127,7 @@ impl Proxy {
                         held.parked
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((kept, server));
+                            .push((sequence, kept, server));
                     }
                     // Parked (or dropped): `deliver_held` may take stock.
                     drop(holding);
@@ -200,13 +204,9 @@ impl Proxy {
     /// Not cancel safe: a dropped call may have delivered part of what was held, and the
     /// rest is lost.
     pub async fn deliver_held(&self) -> std::io::Result<usize> {
-        // A healed connection is parked by its own task, which may not have run yet.
-        let mut holding = self.held.holding.subscribe();
-        let _ = holding.wait_for(|n| *n == 0).await;
-        let parked =
-            std::mem::take(&mut *self.held.parked.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut delivered = 0;
-        for (mut bytes, mut server) in parked {
+        let parked = self.parked().await;
+        let delivered = parked.len();
+        for (_, mut bytes, mut server) in parked {
             bytes.extend_from_slice(b"PING\r\n");
             server.write_all(&bytes).await?;
             let mut answers = Vec::new();
@@ -218,9 +218,43 @@ impl Proxy {
                 }
                 answers.extend_from_slice(&buf[..n]);
             }
-            delivered += 1;
         }
         Ok(delivered)
+    }
+
+    /// [`deliver_held`](Self::deliver_held) for any protocol, all at once: writes what each
+    /// parked connection held, oldest connection first, back to back, then returns once each
+    /// server answered something on its old connection or closed it (the requests after the
+    /// first may still be in flight). Returns how many connections delivered something. The
+    /// servers meet the held requests together, as a server frozen with them in its socket
+    /// buffers does when it resumes.
+    ///
+    /// # Errors
+    /// The operating system's error if writing to a server fails.
+    ///
+    /// # Cancel safety
+    /// Not cancel safe, as [`deliver_held`](Self::deliver_held).
+    pub async fn deliver_held_together(&self) -> std::io::Result<usize> {
+        let mut parked = self.parked().await;
+        parked.sort_by_key(|(sequence, _, _)| *sequence);
+        for (_, bytes, server) in &mut parked {
+            server.write_all(bytes).await?;
+        }
+        let mut buf = [0u8; 4096];
+        for (_, _, server) in &mut parked {
+            // An answer, the end, or a reset: the server has read what was sent.
+            let _ = server.read(&mut buf).await;
+        }
+        Ok(parked.len())
+    }
+
+    /// The connections parked by [`heal`](Self::heal) with what they held, once every
+    /// connection that held requests is parked (or dropped).
+    async fn parked(&self) -> Vec<(u64, Vec<u8>, TcpStream)> {
+        // A healed connection is parked by its own task, which may not have run yet.
+        let mut holding = self.held.holding.subscribe();
+        let _ = holding.wait_for(|n| *n == 0).await;
+        std::mem::take(&mut *self.held.parked.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Sends new connections to `upstream` (`ip:port` on the loopback interface) from now
@@ -281,6 +315,12 @@ async fn requests<'a>(
     loop {
         let n = tokio::select! {
             read = from.read(&mut buf) => match read {
+                // A client that gave up on a connection that held its requests: what was held
+                // waits, with the server side, for the heal (the bytes were sent).
+                Ok(0) | Err(_) if !kept.is_empty() => {
+                    let _ = state.wait_for(|s| s.1 != generation).await;
+                    return Some((kept, to));
+                }
                 Ok(0) | Err(_) => return None,
                 Ok(n) => n,
             },

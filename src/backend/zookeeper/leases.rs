@@ -13,6 +13,7 @@
 //! objects any client can name.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 
@@ -26,6 +27,11 @@ pub(super) struct Held {
     pub(super) client: Client,
     pub(super) ttl: Duration,
     deadline: Mutex<Instant>,
+    /// The session's fence node ([`names::fence_path`](super::names::fence_path)).
+    pub(super) fence: String,
+    /// The fence's data version as this process last set or read it: an entry's create
+    /// checks it.
+    fence_version: AtomicI32,
 }
 
 impl Held {
@@ -49,6 +55,15 @@ impl Held {
     pub(super) fn is_over(&self) -> bool {
         self.client.state().is_terminated()
     }
+
+    pub(super) fn fence_version(&self) -> i32 {
+        self.fence_version.load(Ordering::SeqCst)
+    }
+
+    /// Records a version of the fence read or set later than any recorded so far.
+    pub(super) fn fenced_at(&self, version: i32) {
+        self.fence_version.fetch_max(version, Ordering::SeqCst);
+    }
 }
 
 static LEASES: LazyLock<Mutex<HashMap<i64, Arc<Held>>>> = LazyLock::new(Default::default);
@@ -59,13 +74,15 @@ fn leases() -> std::sync::MutexGuard<'static, HashMap<i64, Arc<Held>>> {
 
 /// Registers the session of `client` as a lease and starts its watchdog. `sent`: when the
 /// session was asked for (its first renewal).
-pub(super) fn register(client: Client, sent: Instant) -> Arc<Held> {
+pub(super) fn register(client: Client, sent: Instant, fence_version: i32) -> Arc<Held> {
     let ttl = client.session_timeout();
     let id = client.session_id().0;
     let held = Arc::new(Held {
         client,
         ttl,
         deadline: Mutex::new(sent + ttl),
+        fence: super::names::fence_path(id),
+        fence_version: AtomicI32::new(fence_version),
     });
     leases().insert(id, Arc::clone(&held));
     tokio::spawn(watchdog(id, Arc::downgrade(&held)));

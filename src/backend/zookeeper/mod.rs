@@ -16,7 +16,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, MultiWriteError, Stat,
+    Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, MultiWriteError,
+    MultiWriteResult, Stat,
 };
 
 pub use self::names::ZkLayout;
@@ -225,6 +226,22 @@ fn unknown(op: &'static str, source: BoxError) -> Error {
     }
 }
 
+/// The session's fence node is gone while the session lives: deleted from outside. No entry
+/// can be created safely any more; the lease is over.
+fn fence_gone() -> Error {
+    tracing::warn!("the session's fence node under /_baton-sessions was deleted: ending the lease");
+    Error::SessionLost(LostReason::Revoked)
+}
+
+/// The node just created was not there when its stat was read.
+fn gone_at_birth(path: &str) -> Error {
+    Error::Backend {
+        op: "enqueue",
+        source: format!("{path} was deleted as soon as it was created").into(),
+        at: Default::default(),
+    }
+}
+
 fn gone(entry: &Entry) -> Error {
     Error::EntryGone {
         key: entry.key().to_owned(),
@@ -342,6 +359,47 @@ async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Clien
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(Box::new(e)),
         Err(elapsed) => Err(Box::new(elapsed)),
+    }
+}
+
+/// Creates the fence node of `client`'s session (and, once, the node above it) and returns
+/// its data version: every entry's create checks it (see `ZkBackend::move_fence`).
+async fn make_fence(client: &Client, limit: Duration) -> Result<i32> {
+    let path = names::fence_path(client.session_id().0);
+    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let give_up = Instant::now() + limit;
+    let mut backoff = Duration::from_millis(25);
+    loop {
+        let attempt = async {
+            match client.create(&path, &[], &ephemeral).await {
+                Ok(_) => Ok(Some(0)),
+                // Ours: an earlier attempt whose answer was lost.
+                Err(ZkError::NodeExists) => Ok(client.check_stat(&path).await?.map(|s| s.version)),
+                Err(ZkError::NoNode) => {
+                    match client.create(names::SESSIONS, &[], &persistent()).await {
+                        Ok(_) | Err(ZkError::NodeExists) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let error = match tokio::time::timeout_at(give_up, attempt).await {
+            Ok(Ok(Some(version))) => return Ok(version),
+            Ok(Ok(None)) => continue,
+            Ok(Err(e)) if is_transient(&e) => Box::new(e) as BoxError,
+            Ok(Err(e)) => return Err(zk_err("grant_lease", e)),
+            Err(elapsed) => Box::new(elapsed),
+        };
+        if Instant::now() + backoff >= give_up {
+            return Err(Error::Backend {
+                op: "grant_lease",
+                source: error,
+                at: Default::default(),
+            });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -693,30 +751,86 @@ impl ZkBackend {
         }
     }
 
-    /// Creates the entry node for one enqueue attempt; `Ok(None)` when the answer was lost
+    /// Creates the entry node for one enqueue attempt, in a `multi` that checks the session's
+    /// fence (see [`move_fence`](Self::move_fence)); `Ok(Err(_))` when the answer was lost
     /// (the node may exist).
     async fn create_entry(
         &self,
-        client: &Client,
+        held: &leases::Held,
         queue: &str,
         prefix: &str,
         value: &[u8],
     ) -> Result<Result<Entry, ZkError>> {
+        let client = &held.client;
         let dir = format!("/{queue}");
         let path = format!("{dir}/{prefix}");
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let limit = self.inner.options.request_timeout;
         for _ in 0..PARENT_RETRIES {
-            let created = tokio::time::timeout(limit, client.create(&path, value, &options)).await;
-            match created {
-                Ok(Ok((stat, sequence))) => {
-                    let key = format!("{queue}/{prefix}{sequence}");
-                    observe::record(&format!("/{key}"), stat.version, value);
+            let mut writer = client.new_multi_writer();
+            writer
+                .add_check_version(&held.fence, held.fence_version())
+                .and_then(|()| writer.add_create(&path, value, &options))
+                .map_err(|e| zk_err("enqueue", e))?;
+            let created = tokio::time::timeout(limit, writer.commit()).await;
+            let failed = match created {
+                Ok(Ok(results)) => {
+                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().nth(1)
+                    else {
+                        return Err(Error::Backend {
+                            op: "enqueue",
+                            source: "ZooKeeper answered a create with something else".into(),
+                            at: Default::default(),
+                        });
+                    };
+                    // Some servers answer a create in a `multi` without its stat
+                    // (ZOOKEEPER-4026): read it.
+                    let stat = if stat.is_invalid() {
+                        match tokio::time::timeout(limit, client.check_stat(&path)).await {
+                            Ok(Ok(Some(stat))) => stat,
+                            Ok(Ok(None)) => return Err(gone_at_birth(&path)),
+                            Ok(Err(e)) => return Ok(Err(e)),
+                            Err(_) => return Ok(Err(ZkError::Timeout)),
+                        }
+                    } else {
+                        stat
+                    };
+                    let key = path.trim_start_matches('/').to_owned();
+                    observe::record(&path, stat.version, value);
                     return Ok(Ok(to_entry(key, value.to_vec(), &stat)));
                 }
+                // The fence moved since this process last read it (an answer to moving it was
+                // lost): read it again and create again. Nothing was applied.
+                Ok(Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::BadVersion,
+                })) => match tokio::time::timeout(limit, client.check_stat(&held.fence)).await {
+                    Ok(Ok(Some(stat))) => {
+                        held.fenced_at(stat.version);
+                        continue;
+                    }
+                    Ok(Ok(None)) => return Err(fence_gone()),
+                    Ok(Err(e)) if is_over(&e) => {
+                        return Err(Error::SessionLost(LostReason::Revoked));
+                    }
+                    Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
+                    Ok(Err(e)) => return Err(zk_err("enqueue", e)),
+                    Err(_) => return Ok(Err(ZkError::Timeout)),
+                },
+                Ok(Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoNode,
+                })) => return Err(fence_gone()),
+                Ok(Err(
+                    MultiWriteError::OperationFailed { source, .. }
+                    | MultiWriteError::RequestFailed { source },
+                )) => source,
+                Err(_) => return Ok(Err(ZkError::Timeout)),
+            };
+            match failed {
                 // The queue node is missing (never made, or a container reaped since): make
                 // it and its parents as containers, and create again.
-                Ok(Err(ZkError::NoNode)) => {
+                ZkError::NoNode => {
                     match tokio::time::timeout(limit, client.mkdir(&dir, &container())).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) if is_over(&e) => {
@@ -727,15 +841,14 @@ impl ZkBackend {
                         Err(_) => return Ok(Err(ZkError::Timeout)),
                     }
                 }
-                Ok(Err(ZkError::NoChildrenForEphemerals)) => {
+                ZkError::NoChildrenForEphemerals => {
                     return Err(Error::InvalidArgument(
                         "a queue cannot be nested under an entry (an ephemeral node)",
                     ));
                 }
-                Ok(Err(e)) if is_over(&e) => return Err(Error::SessionLost(LostReason::Revoked)),
-                Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
-                Ok(Err(e)) => return Err(zk_err("enqueue", e)),
-                Err(_) => return Ok(Err(ZkError::Timeout)),
+                e if is_over(&e) => return Err(Error::SessionLost(LostReason::Revoked)),
+                e if is_transient(&e) => return Ok(Err(e)),
+                e => return Err(zk_err("enqueue", e)),
             }
         }
         Err(Error::Backend {
@@ -743,6 +856,26 @@ impl ZkBackend {
             source: "the queue's parent node kept vanishing before the entry was created".into(),
             at: Default::default(),
         })
+    }
+
+    /// Moves `held`'s fence on (a new data version), so that no create sent before this
+    /// returns lands after it: each create checks the version it was sent with. A create can
+    /// reach ZooKeeper long after its client gave up on it: held up on a connection the
+    /// client left (ZOOKEEPER-22), and even let through by a member that a stale reconnection
+    /// made the session's again (ZOOKEEPER-2886). One sent earlier and applied is before the
+    /// move in ZooKeeper's order, so a read on the session after this sees it.
+    async fn move_fence(&self, held: &leases::Held) -> Result<()> {
+        let version = self
+            .lease_attempts("enqueue", || async {
+                match held.client.set_data(&held.fence, &[], None).await {
+                    Ok(stat) => Ok(stat.version),
+                    Err(ZkError::NoNode) => Err(Failure::Stop(fence_gone())),
+                    Err(e) => Err(Failure::Zk(e)),
+                }
+            })
+            .await?;
+        held.fenced_at(version);
+        Ok(())
     }
 
     async fn enqueue_here(
@@ -769,8 +902,13 @@ impl ZkBackend {
         let mut maybe_created = false;
         let (mut mine, mut entries) = loop {
             if maybe_created {
-                // The last create's answer was lost: look for its node before creating again.
-                // Its node may exist whatever this read says.
+                // The last create's answer was lost: fence it off, so that it cannot land
+                // later, then look for its node before creating again.
+                match self.move_fence(&held).await {
+                    Ok(()) => {}
+                    Err(e @ Error::SessionLost(_)) => return Err(e),
+                    Err(e) => return Err(unknown("enqueue", Box::new(e))),
+                }
                 let entries = match self.read_queue("enqueue", Some(&client), queue).await {
                     Ok(entries) => entries,
                     Err(e @ Error::SessionLost(_)) => return Err(e),
@@ -785,7 +923,7 @@ impl ZkBackend {
                     break (e.clone(), entries);
                 }
             }
-            let created = match self.create_entry(&client, queue, &prefix, value).await {
+            let created = match self.create_entry(&held, queue, &prefix, value).await {
                 Ok(created) => created,
                 // The session ended: its nodes went with it.
                 Err(e @ Error::SessionLost(_)) => return Err(e),
@@ -967,7 +1105,11 @@ impl Backend for ZkBackend {
                 .at_endpoint(&self.label())
             })?;
         let id = LeaseId::new(client.session_id().0);
-        let held = leases::register(client, sent);
+        // On failure the client is dropped, and its session closed with it.
+        let fence = make_fence(&client, self.inner.options.connect_timeout)
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))?;
+        let held = leases::register(client, sent, fence);
         tracing::debug!(lease = %id, ttl = ?held.ttl, "ZooKeeper session opened as a lease");
         Ok(Lease::new(id, held.ttl))
     }
@@ -983,15 +1125,24 @@ impl Backend for ZkBackend {
         // A real round trip: its answer proves the server heard from the session after
         // `sent`, so the session lasts at least its timeout from then.
         let sent = Instant::now();
+        // The session's fence is read, not the root: a session whose fence was deleted from
+        // outside can create no entry safely, and is ended.
         let answer = tokio::time::timeout(
             self.inner.options.request_timeout,
-            held.client.check_stat("/"),
+            held.client.check_stat(&held.fence),
         )
         .await;
         match answer {
-            Ok(Ok(_)) => {
+            Ok(Ok(Some(_))) => {
                 held.renewed(sent);
                 Ok(Some(held.ttl))
+            }
+            Ok(Ok(None)) => {
+                tracing::warn!(%lease, "the session's fence node under /_baton-sessions was deleted: ending the lease");
+                // The session closes once no one holds its client.
+                drop(held);
+                leases::close(lease.get(), self.inner.options.request_timeout).await;
+                Ok(None)
             }
             Ok(Err(e)) if is_over(&e) => {
                 leases::forget(lease.get(), &held);
@@ -1059,6 +1210,19 @@ impl Backend for ZkBackend {
             }
         }
         Ok(found)
+    }
+
+    /// Moves the session's fence on first, so that no create of this lease sent before can
+    /// land after the answer: see [`move_fence`](Self::move_fence).
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        if let Some(held) = leases::get(lease.get()).filter(|h| !h.is_over()) {
+            match self.move_fence(&held).await {
+                // A session that ended took its nodes, the late ones too.
+                Ok(()) | Err(Error::SessionLost(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.find_entry(queue, tag).await
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {

@@ -13,6 +13,16 @@ use crate::error::{Error, Result};
 /// the directory of its entries.
 pub(super) const KEYS: &str = "/_baton-keys";
 
+/// The node under which each session keeps its fence: an ephemeral node whose data version
+/// every entry's create checks, and which a session bumps before it looks for a create whose
+/// answer it lost, so that the create cannot land afterwards.
+pub(super) const SESSIONS: &str = "/_baton-sessions";
+
+/// The fence node of session `id`.
+pub(super) fn fence_path(id: i64) -> String {
+    format!("{SESSIONS}/{id:016x}")
+}
+
 /// Whose node names a queue's entries take. Both peers' mutexes sort their nodes by the
 /// sequence number ZooKeeper appends; baton does the same, so a baton [`Mutex`](crate::Mutex)
 /// and a peer's mutex on the same path exclude each other (see `docs/zookeeper.md`).
@@ -203,6 +213,11 @@ pub(super) fn check_name(name: &str) -> Result<()> {
             "`/_baton-keys` holds baton's plain keys, not queues",
         ));
     }
+    if first == &SESSIONS[1..] {
+        return Err(Error::InvalidArgument(
+            "`/_baton-sessions` holds baton's session fences, not queues",
+        ));
+    }
     Ok(())
 }
 
@@ -291,6 +306,8 @@ mod tests {
             "zookeeper",
             "zookeeper/quota",
             "_baton-keys/x",
+            "_baton-sessions",
+            "_baton-sessions/0000000000000001",
         ] {
             assert!(
                 matches!(check_name(bad), Err(Error::InvalidArgument(_))),
