@@ -15,10 +15,6 @@ use crate::error::Result;
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
-#[cfg(feature = "etcd")]
-mod etcd_value;
-#[cfg(feature = "etcd")]
-mod etcd_watch;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

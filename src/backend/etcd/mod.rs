@@ -15,8 +15,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
 
-use super::etcd_value::ValueWatches;
-use super::etcd_watch::{EtcdTransport, Fired, WatchHub};
+use self::value::ValueWatches;
+use self::watch::{EtcdTransport, Fired, WatchHub};
 use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
     QueueMirror, WriteOp, queue_of_bytes,
@@ -25,6 +25,8 @@ use crate::error::{BoxError, Error, LostReason, Result};
 
 mod reach;
 mod tls;
+mod value;
+mod watch;
 use tls::{HandshakeCheck, TlsConfig, refused_of};
 
 /// Connection options for [`EtcdBackend::connect`].
@@ -1183,7 +1185,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
-        // One watch per key for the whole backend (see `etcd_value`); this waiter follows it.
+        // One watch per key for the whole backend (see `value`); this waiter follows it.
         let (_keep, mut values) =
             self.inner
                 .values
