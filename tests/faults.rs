@@ -1552,3 +1552,125 @@ async fn zk_session_expired_while_waiting() {
         None,
     );
 }
+
+/// An enqueue that reaches etcd after its client gave up on it, retried on a new connection
+/// and released, lands nowhere: a key left in the queue would hold the lock for nobody while
+/// the lease lives, and the session's next `lock()` would adopt it (the key is the same)
+/// with a token lower than grants made since. The proxy holds back what the client sends,
+/// closes the client's side (the client reconnects and retries), and delivers the held
+/// request on its old connection after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_an_enqueue_delivered_late_lands_nowhere() {
+    let node = EtcdNode::shared();
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
+    let behind = connect(&[proxy.endpoint()], Duration::from_secs(10)).await;
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let a = session(&behind, Duration::from_secs(10)).await;
+    let b = session(&direct, Duration::from_secs(10)).await;
+    let mut tokens = vec![];
+    for round in 0..3 {
+        // A name per round: what the proxy held in earlier rounds names the earlier ones.
+        let name = name(&format!("etcd-late-enqueue-{round}"));
+        proxy.hold_requests();
+        let mutex = Mutex::new(&a, &name).unwrap();
+        let (first, ()) = tokio::join!(mutex.lock(), async {
+            proxy.held_contains(name.as_bytes()).await;
+            proxy.heal();
+        });
+        let first = first.unwrap();
+        tokens.push(first.fencing_token().get());
+        first.unlock().await.unwrap();
+        assert_eq!(proxy.deliver_held_together().await.unwrap(), 1);
+        let second = tokio::time::timeout(
+            Duration::from_secs(10),
+            Mutex::new(&b, &name).unwrap().lock(),
+        )
+        .await;
+        let strays: Vec<String> = direct
+            .entries(&name)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.lease() == Some(a.lease_id()))
+            .map(|e| format!("{} (token {})", e.key(), e.token()))
+            .collect();
+        assert!(
+            strays.is_empty(),
+            "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+        );
+        let second = second
+            .expect("the lock for another session within 10 s")
+            .unwrap();
+        tokens.push(second.fencing_token().get());
+        second.unlock().await.unwrap();
+    }
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens out of grant order: {tokens:?}"
+    );
+}
+
+/// An enqueue a `lock()` gave up on (etcd out of reach past `retry_for`) reaches etcd after
+/// the lock was taken again and released, and lands nowhere: the cleanup of the failed
+/// `lock()` moved the lease's fence before it looked for the entry. (Before: the late
+/// enqueue put the key back, ahead of the next waiter.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_an_abandoned_enqueue_delivered_late_lands_nowhere() {
+    let node = EtcdNode::shared();
+    let proxy = Proxy::start(&node.endpoints()[0]).await;
+    let options = EtcdOptions::new()
+        .with_request_timeout(Duration::from_millis(300))
+        .with_retry_for(Duration::from_secs(1));
+    let behind = EtcdBackend::connect(&[proxy.endpoint()], options)
+        .await
+        .unwrap();
+    let direct = connect(node.endpoints(), Duration::from_secs(10)).await;
+    let name = name("etcd-abandoned-enqueue");
+    let a = session(&behind, Duration::from_secs(20)).await;
+    let b = session(&direct, Duration::from_secs(20)).await;
+    let mutex = Mutex::new(&a, &name).unwrap();
+
+    // The enqueue is held back, then etcd is cut off: what the client sends after it (the
+    // cancellation of the request, the retries) is lost, and the lock fails.
+    proxy.hold_requests();
+    let (failed, ()) = tokio::join!(mutex.lock(), async {
+        proxy.held_contains(name.as_bytes()).await;
+        proxy.black_hole();
+    });
+    assert!(failed.is_err(), "granted with etcd out of reach");
+    proxy.heal();
+    // The session's next lock waits for the failed one's cleanup (the in-process slot).
+    let again = within(
+        "the lock once etcd is back",
+        Duration::from_secs(20),
+        mutex.lock(),
+    )
+    .await
+    .unwrap();
+    let t1 = again.fencing_token().get();
+    again.unlock().await.unwrap();
+    assert!(proxy.deliver_held_together().await.unwrap() >= 1);
+
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        Mutex::new(&b, &name).unwrap().lock(),
+    )
+    .await;
+    let strays: Vec<String> = direct
+        .entries(&name)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.lease() == Some(a.lease_id()))
+        .map(|e| format!("{} (token {})", e.key(), e.token()))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+    );
+    let second = second
+        .expect("the lock for another session within 10 s")
+        .unwrap();
+    assert!(second.fencing_token().get() > t1);
+    second.unlock().await.unwrap();
+}

@@ -1472,3 +1472,143 @@ async fn through_a_session_pooler_a_waiter_is_woken_by_the_release() {
     let b = PgBackend::connect(&url, PgOptions::new()).await.unwrap();
     a_release_wakes_its_waiter(&b, &b, &test_name("session-pool")).await;
 }
+
+/// The entries of `name` that belong to `session`, described, read by `direct`.
+async fn entries_of(direct: &PgBackend, name: &str, session: &Session) -> Vec<String> {
+    direct
+        .entries(name)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.lease() == Some(session.lease_id()))
+        .map(|e| format!("{} (token {})", e.key(), e.token()))
+        .collect()
+}
+
+/// An enqueue that reaches PostgreSQL after its client gave up on it, retried on a new
+/// connection and released, lands nowhere: an entry left in the queue would hold the lock for
+/// nobody while the lease lives. The proxy holds back what the client sends, closes the
+/// client's side (the client reconnects and retries), and delivers the held request on its old
+/// connection after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_delivered_late_lands_nowhere() {
+    let node = PgNode::shared();
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let behind = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new().with_connect_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let a = session(&behind, Duration::from_secs(20)).await;
+    let b = session(&direct, Duration::from_secs(20)).await;
+    for round in 0..3 {
+        // A name per round: what the proxy held in earlier rounds names the earlier ones.
+        let name = format!("pg-{}/late-enqueue-{round}", std::process::id());
+        let mutex = Mutex::new(&a, &name).unwrap();
+        // Once, so that the LISTEN connection already listens for this name.
+        mutex.lock().await.unwrap().unlock().await.unwrap();
+        proxy.hold_requests();
+        let (first, ()) = tokio::join!(
+            within("a lock", Duration::from_secs(20), mutex.lock()),
+            async {
+                within(
+                    "the enqueue held",
+                    Duration::from_secs(10),
+                    proxy.held_contains(name.as_bytes()),
+                )
+                .await;
+                proxy.heal();
+            }
+        );
+        let first = first.unwrap();
+        let t1 = first.fencing_token().get();
+        first.unlock().await.unwrap();
+        assert!(
+            within(
+                "delivery",
+                Duration::from_secs(10),
+                proxy.deliver_held_together()
+            )
+            .await
+            .unwrap()
+                >= 1
+        );
+        let second = tokio::time::timeout(
+            Duration::from_secs(10),
+            Mutex::new(&b, &name).unwrap().lock(),
+        )
+        .await;
+        let strays = entries_of(&direct, &name, &a).await;
+        assert!(
+            strays.is_empty(),
+            "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+        );
+        let second = second
+            .expect("the lock for another session within 10 s")
+            .unwrap();
+        assert!(second.fencing_token().get() > t1);
+        second.unlock().await.unwrap();
+    }
+}
+
+/// An enqueue a `lock()` gave up on (the server out of reach past `retry_for`) reaches
+/// PostgreSQL after the lock was taken again and released, and lands nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_enqueue_delivered_late_lands_nowhere() {
+    let node = PgNode::shared();
+    let proxy = support::proxy::Proxy::start(&format!("127.0.0.1:{}", node.port())).await;
+    let behind = PgBackend::connect(
+        &format!("postgres://postgres@{}/postgres", proxy.addr()),
+        PgOptions::new()
+            .with_connect_timeout(Duration::from_secs(1))
+            .with_request_timeout(Duration::from_millis(300))
+            .with_retry_for(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let name = format!("pg-{}/abandoned-enqueue", std::process::id());
+    let a = session(&behind, Duration::from_secs(20)).await;
+    let b = session(&direct, Duration::from_secs(20)).await;
+    let mutex = Mutex::new(&a, &name).unwrap();
+    // Once, so that the LISTEN connection already listens for this name.
+    mutex.lock().await.unwrap().unlock().await.unwrap();
+    // The enqueue is held back, then the server is cut off: what the client sends after it is
+    // lost, and the lock fails.
+    proxy.hold_requests();
+    let (failed, ()) = tokio::join!(mutex.lock(), async {
+        let held = proxy.held_contains(name.as_bytes());
+        within("the enqueue held", Duration::from_secs(10), held).await;
+        proxy.black_hole();
+    });
+    assert!(failed.is_err(), "granted with the server out of reach");
+    proxy.heal();
+    // The session's next lock waits for the failed one's cleanup (the in-process slot).
+    let again = within(
+        "the lock once the server is back",
+        Duration::from_secs(20),
+        mutex.lock(),
+    )
+    .await
+    .unwrap();
+    let t1 = again.fencing_token().get();
+    again.unlock().await.unwrap();
+    assert!(proxy.deliver_held_together().await.unwrap() >= 1);
+    let second = tokio::time::timeout(
+        Duration::from_secs(10),
+        Mutex::new(&b, &name).unwrap().lock(),
+    )
+    .await;
+    let strays = entries_of(&direct, &name, &a).await;
+    assert!(
+        strays.is_empty(),
+        "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+    );
+    let second = second
+        .expect("the lock for another session within 10 s")
+        .unwrap();
+    assert!(second.fencing_token().get() > t1);
+    second.unlock().await.unwrap();
+}

@@ -205,6 +205,21 @@ struct Shared {
     watches: WatchHub<EtcdTransport>,
     values: ValueWatches,
     requests: Arc<AtomicU64>,
+    /// The mod revision of each lease's fence ([`fence_key`]) as this process last set or
+    /// read it; a lease absent here has never moved its fence (0: no such key).
+    fences: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
+}
+
+/// How many times an enqueue catches up with its lease's fence before it gives up (each
+/// time means another task of this process moved it meanwhile).
+const FENCE_RACES: usize = 8;
+
+/// Where a lease's fence lives, outside every queue: `_baton-sessions/<lease, 16 hex digits>`,
+/// bound to the lease. Every enqueue compares its mod revision with the one its session
+/// knows; moving it (a put) before looking for an enqueue whose answer was lost stops that
+/// enqueue from applying later.
+fn fence_key(lease: LeaseId) -> String {
+    format!("_baton-sessions/{:016x}", lease.get())
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -494,6 +509,7 @@ impl EtcdBackend {
                 watches: WatchHub::new(transport, Arc::clone(&requests)),
                 values: ValueWatches::default(),
                 requests,
+                fences: Default::default(),
             }),
         })
     }
@@ -647,6 +663,40 @@ impl EtcdBackend {
             async move { c.txn(txn).await }
         })
         .await
+    }
+
+    /// The mod revision of `lease`'s fence as this process knows it.
+    fn fence_seen(&self, lease: LeaseId) -> i64 {
+        let fences = self.inner.fences.lock().unwrap_or_else(|p| p.into_inner());
+        fences.get(&lease.get()).copied().unwrap_or(0)
+    }
+
+    /// Records a mod revision of `lease`'s fence read or set later than any recorded.
+    fn fenced_at(&self, lease: LeaseId, revision: i64) {
+        let mut fences = self.inner.fences.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = fences.entry(lease.get()).or_insert(0);
+        *seen = (*seen).max(revision);
+    }
+
+    /// Moves `lease`'s fence on (puts its key, bound to the lease): no enqueue of the lease
+    /// sent before this returns applies after it, because each compares the fence's mod
+    /// revision it was sent with. A request can reach etcd long after its client gave up on
+    /// it (held up on a connection the client left, or in a frozen member); one sent earlier
+    /// and applied is before the put in etcd's order, so a read after this sees it.
+    async fn move_fence(&self, lease: LeaseId) -> Result<()> {
+        let key = fence_key(lease);
+        let (resp, _) = self
+            .write("enqueue", |mut c| {
+                let key = key.clone();
+                async move {
+                    let options = PutOptions::new().with_lease(lease.get());
+                    c.put(key, "", Some(options)).await
+                }
+            })
+            .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.fenced_at(lease, revision);
+        Ok(())
     }
 
     fn live_compare(entry: &Entry) -> Compare {
@@ -955,7 +1005,11 @@ impl Backend for EtcdBackend {
             })
             .await;
         match result {
-            Ok(_) | Err(Error::SessionLost(_)) => Ok(()),
+            Ok(_) | Err(Error::SessionLost(_)) => {
+                let mut fences = self.inner.fences.lock().unwrap_or_else(|p| p.into_inner());
+                fences.remove(&lease.get());
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }
@@ -968,43 +1022,100 @@ impl Backend for EtcdBackend {
         value: &[u8],
     ) -> Result<Enqueued> {
         let key = format!("{queue}/{tag}");
+        let fence = fence_key(lease);
         // Created now: read the newest entry *before* the put, which is our predecessor (or
-        // none: we are the head), so a waiter can start waiting without another read.
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::get(queue_prefix(queue), Some(newest_first(1))),
-                TxnOp::put(
-                    key.as_str(),
+        // none: we are the head), so a waiter can start waiting without another read. The
+        // put applies only while the lease's fence is where this process last saw it.
+        let txn = |fence_seen: i64| {
+            Txn::new()
+                .when([
+                    Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                    Compare::mod_revision(fence.as_str(), CompareOp::Equal, fence_seen),
+                ])
+                .and_then([
+                    TxnOp::get(queue_prefix(queue), Some(newest_first(1))),
+                    TxnOp::put(
+                        key.as_str(),
+                        value,
+                        Some(PutOptions::new().with_lease(lease.get())),
+                    ),
+                ])
+                .or_else([
+                    TxnOp::get(key.as_str(), None),
+                    TxnOp::get(queue_prefix(queue), Some(oldest_first(1))),
+                    TxnOp::get(fence.as_str(), None),
+                ])
+        };
+        for _ in 0..FENCE_RACES {
+            // Create-if-absent: a retry after an attempt that was applied finds the entry, so
+            // the flag says nothing here. A retry first moves the fence, so that an earlier
+            // attempt still on its way cannot apply after the entry is released.
+            let sent = std::sync::atomic::AtomicBool::new(false);
+            let (resp, _) = self
+                .write("enqueue", |mut c| {
+                    let retry = sent.swap(true, Ordering::SeqCst);
+                    let fence = fence.clone();
+                    let txn = &txn;
+                    async move {
+                        if retry {
+                            let options = PutOptions::new().with_lease(lease.get());
+                            let put = c.put(fence, "", Some(options)).await?;
+                            self.fenced_at(lease, put.header().map_or(0, |h| h.revision()));
+                        }
+                        c.txn(txn(self.fence_seen(lease))).await
+                    }
+                })
+                .await?;
+            let ops = resp.op_responses();
+            if resp.succeeded() {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
+                let predecessor = first_kv(ops.first());
+                let entry = Entry::new(
+                    key,
                     value,
-                    Some(PutOptions::new().with_lease(lease.get())),
-                ),
-            ])
-            .or_else([
-                TxnOp::get(key.as_str(), None),
-                TxnOp::get(queue_prefix(queue), Some(oldest_first(1))),
-            ]);
-        // Create-if-absent: a retry after an attempt that was applied finds the entry, so the
-        // flag says nothing here.
-        let (resp, _) = self.write_txn("enqueue", txn).await?;
-        let ops = resp.op_responses();
-        if resp.succeeded() {
-            let rev = resp.header().map_or(0, |h| h.revision());
-            let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-            let predecessor = first_kv(ops.first());
-            let entry = Entry::new(
-                key,
-                value,
-                Position::new(rev),
-                FencingToken::new(rev),
-                Some(lease),
-            );
-            return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
+                    Position::new(rev),
+                    FencingToken::new(rev),
+                    Some(lease),
+                );
+                return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
+            }
+            // Deleted between the compare and the read cannot happen inside a transaction.
+            if let Some(entry) = first_kv(ops.first()) {
+                let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token() == entry.token());
+                return Ok(Enqueued::new(entry, is_head, None));
+            }
+            // No entry, so the fence had moved: this process's record of it is behind (an
+            // answer to moving it was lost). Catch up and create again: nothing was applied.
+            let fence_now = match ops.get(2) {
+                Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.mod_revision()),
+                _ => return Err(malformed("enqueue")),
+            };
+            match fence_now {
+                Some(revision) => self.fenced_at(lease, revision),
+                // Gone while this process had moved it: deleted from outside (the lease's
+                // end would have failed the put). Set it again, at a revision no earlier
+                // request carries.
+                None => self.move_fence(lease).await?,
+            }
         }
-        // Deleted between the compare and the read cannot happen inside a transaction.
-        let entry = first_kv(ops.first()).ok_or_else(|| malformed("enqueue"))?;
-        let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token() == entry.token());
-        Ok(Enqueued::new(entry, is_head, None))
+        Err(Error::Backend {
+            op: "enqueue",
+            source: "the lease's fence kept moving under the enqueue".into(),
+            at: Default::default(),
+        }
+        .at_endpoint(&self.label()))
+    }
+
+    /// Moves the lease's fence on first, so that no enqueue of this lease sent before can
+    /// apply after the answer: see [`move_fence`](Self::move_fence).
+    async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
+        match self.move_fence(lease).await {
+            // A lease that ended took its entries, and no late put can attach to it.
+            Ok(()) | Err(Error::SessionLost(_)) => {}
+            Err(e) => return Err(e),
+        }
+        self.find_entry(queue, tag).await
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {

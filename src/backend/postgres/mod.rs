@@ -36,6 +36,10 @@ pub use self::fence::PgFence;
 /// The oldest PostgreSQL baton runs on: 13.
 const MINIMUM_VERSION: i32 = 130_000;
 
+/// How many times an enqueue refused because another call of its lease gave up (which
+/// fences off every stamp handed out until then) is sent again with a new stamp.
+const ABANDONED_RETRIES: usize = 8;
+
 /// Options for [`PgBackend::connect`].
 ///
 /// ```
@@ -682,6 +686,7 @@ impl PgBackend {
         }
     }
 
+    /// A new enqueue stamp, above every one handed out before.
     fn next_stamp(&self) -> i64 {
         self.inner.stamps.fetch_add(1, Ordering::Relaxed)
     }
@@ -1050,45 +1055,70 @@ impl Backend for PgBackend {
         value: &[u8],
     ) -> Result<Enqueued> {
         let sql = &self.inner.sql.enqueue;
+        let abandon = &self.inner.sql.abandon;
         let id = lease.get();
-        let stamp = self.next_stamp();
         let key = format!("{queue}/{tag}");
-        let (row, _) = self
-            .request("enqueue", |c| async move {
-                let rows = c
-                    .query(
-                        sql,
-                        &[
-                            (&queue, Type::TEXT),
-                            (&tag, Type::TEXT),
-                            (&id, Type::INT8),
-                            (&value, Type::BYTEA),
-                            (&stamp, Type::INT8),
-                        ],
-                    )
-                    .await?;
-                Ok(rows.into_iter().next())
-            })
-            .await
-            .map_err(|e| e.in_lock(queue))?;
-        let row = row.ok_or_else(|| Error::Backend {
-            op: "enqueue",
-            at: self.at(),
-            source: "no answer row".into(),
-        })?;
-        match row.get::<_, &str>(0) {
-            "ok" => {}
-            "lost" => return Err(Error::SessionLost(LostReason::Revoked)),
-            _ => {
-                return Err(Error::Backend {
-                    op: "enqueue",
-                    at: self.at(),
-                    source: "the request arrived after its caller had given it up; nothing was \
-                             created"
-                        .into(),
-                });
+        let mut refused = 0;
+        let row = loop {
+            // The stamp of the last attempt sent (0: none yet).
+            let sent = AtomicI64::new(0);
+            let (row, _) = self
+                .request("enqueue", |c| {
+                    let earlier = sent.swap(self.next_stamp(), Ordering::SeqCst);
+                    let stamp = sent.load(Ordering::SeqCst);
+                    let key = &key;
+                    async move {
+                        if earlier != 0 {
+                            // An earlier attempt may be on its way still (held up on the
+                            // connection this one replaced): from now on no enqueue of the
+                            // lease stamped at or below it creates anything. If it was
+                            // applied, this attempt finds its entry.
+                            c.query(
+                                abandon,
+                                &[(key, Type::TEXT), (&id, Type::INT8), (&earlier, Type::INT8)],
+                            )
+                            .await?;
+                        }
+                        let rows = c
+                            .query(
+                                sql,
+                                &[
+                                    (&queue, Type::TEXT),
+                                    (&tag, Type::TEXT),
+                                    (&id, Type::INT8),
+                                    (&value, Type::BYTEA),
+                                    (&stamp, Type::INT8),
+                                ],
+                            )
+                            .await?;
+                        Ok(rows.into_iter().next())
+                    }
+                })
+                .await
+                .map_err(|e| e.in_lock(queue))?;
+            let row = row.ok_or_else(|| Error::Backend {
+                op: "enqueue",
+                at: self.at(),
+                source: "no answer row".into(),
+            })?;
+            match row.get::<_, &str>(0) {
+                "ok" => break row,
+                "lost" => return Err(Error::SessionLost(LostReason::Revoked)),
+                // Refused by a give-up of another call of this lease (it fences off every
+                // stamp this process had handed out): nothing was created, and this call has
+                // not given up. Again, with a new stamp.
+                _ if refused < ABANDONED_RETRIES => refused += 1,
+                _ => {
+                    return Err(Error::Backend {
+                        op: "enqueue",
+                        at: self.at(),
+                        source: "refused again and again as given up (other calls of this \
+                                 lease kept giving up theirs); nothing was created"
+                            .into(),
+                    });
+                }
             }
-        }
+        };
         let token: i64 = row.get(1);
         let entry = Entry::new(
             key,
