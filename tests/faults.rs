@@ -1380,28 +1380,7 @@ async fn zk_a_create_delivered_late_lands_nowhere() {
         // The create, then the attempt to reconnect through the proxy, if the client made one.
         let delivered = proxy.deliver_held_together().await.unwrap();
         // A lock through the follower: its requests reach the leader after the late ones.
-        let second = tokio::time::timeout(
-            Duration::from_secs(10),
-            Mutex::new(&other, &name).unwrap().lock(),
-        )
-        .await;
-        let strays: Vec<String> = direct
-            .entries(&name)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|e| e.lease() == Some(a.lease_id()))
-            .map(|e| format!("{} (token {})", e.key(), e.token()))
-            .collect();
-        assert!(
-            strays.is_empty(),
-            "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
-        );
-        let second = second
-            .expect("the lock for another session within 10 s")
-            .unwrap();
-        tokens.push(second.fencing_token().get());
-        second.unlock().await.unwrap();
+        tokens.push(support::late_request_left_nothing(&direct, &name, &a, &other).await);
         let third = within(
             "the session's next lock",
             Duration::from_secs(20),
@@ -1581,28 +1560,7 @@ async fn etcd_an_enqueue_delivered_late_lands_nowhere() {
         tokens.push(first.fencing_token().get());
         first.unlock().await.unwrap();
         assert_eq!(proxy.deliver_held_together().await.unwrap(), 1);
-        let second = tokio::time::timeout(
-            Duration::from_secs(10),
-            Mutex::new(&b, &name).unwrap().lock(),
-        )
-        .await;
-        let strays: Vec<String> = direct
-            .entries(&name)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|e| e.lease() == Some(a.lease_id()))
-            .map(|e| format!("{} (token {})", e.key(), e.token()))
-            .collect();
-        assert!(
-            strays.is_empty(),
-            "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
-        );
-        let second = second
-            .expect("the lock for another session within 10 s")
-            .unwrap();
-        tokens.push(second.fencing_token().get());
-        second.unlock().await.unwrap();
+        tokens.push(support::late_request_left_nothing(&direct, &name, &a, &b).await);
     }
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
@@ -1651,26 +1609,6 @@ async fn etcd_an_abandoned_enqueue_delivered_late_lands_nowhere() {
     again.unlock().await.unwrap();
     assert!(proxy.deliver_held_together().await.unwrap() >= 1);
 
-    let second = tokio::time::timeout(
-        Duration::from_secs(10),
-        Mutex::new(&b, &name).unwrap().lock(),
-    )
-    .await;
-    let strays: Vec<String> = direct
-        .entries(&name)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|e| e.lease() == Some(a.lease_id()))
-        .map(|e| format!("{} (token {})", e.key(), e.token()))
-        .collect();
-    assert!(
-        strays.is_empty(),
-        "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
-    );
-    let second = second
-        .expect("the lock for another session within 10 s")
-        .unwrap();
-    assert!(second.fencing_token().get() > t1);
-    second.unlock().await.unwrap();
+    let t2 = support::late_request_left_nothing(&direct, &name, &a, &b).await;
+    assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
 }

@@ -129,6 +129,40 @@ pub async fn within<T>(what: &str, limit: Duration, fut: impl Future<Output = T>
         .unwrap_or_else(|_| panic!("{what} did not happen within {limit:?}"))
 }
 
+/// After a request of `gave_up`'s session was delivered late (a proxy held it): `name`'s queue
+/// holds nothing of that session, and another session, `next`, takes the lock within 10 s.
+/// Returns `next`'s token.
+pub async fn late_request_left_nothing<B: Backend>(
+    direct: &B,
+    name: &str,
+    gave_up: &Session,
+    next: &Session,
+) -> u64 {
+    let granted = tokio::time::timeout(
+        Duration::from_secs(10),
+        Mutex::new(next, name).unwrap().lock(),
+    )
+    .await;
+    let strays: Vec<String> = direct
+        .entries(name)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.lease() == Some(gave_up.lease_id()))
+        .map(|e| format!("{} (token {})", e.key(), e.token()))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "released, yet the session is in the queue ahead of the next waiter: {strays:?}"
+    );
+    let guard = granted
+        .expect("the lock for another session within 10 s")
+        .unwrap();
+    let token = guard.fencing_token().get();
+    guard.unlock().await.unwrap();
+    token
+}
+
 /// The safety checker every lock-holding test writes through: a register that accepts a
 /// token no lower than the highest it has accepted (a fenced resource), records each
 /// critical section (token, start, end), and counts overlaps and refused stale writes.
