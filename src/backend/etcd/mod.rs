@@ -1108,7 +1108,7 @@ impl Backend for EtcdBackend {
     }
 
     /// Moves the lease's fence on first, so that no enqueue of this lease sent before can
-    /// apply after the answer: see [`move_fence`](Self::move_fence).
+    /// apply after the answer (see `EtcdBackend::move_fence`).
     async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
         match self.move_fence(lease).await {
             // A lease that ended took its entries, and no late put can attach to it.

@@ -1213,7 +1213,7 @@ impl Backend for ZkBackend {
     }
 
     /// Moves the session's fence on first, so that no create of this lease sent before can
-    /// land after the answer: see [`move_fence`](Self::move_fence).
+    /// land after the answer (see `ZkBackend::move_fence`).
     async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
         if let Some(held) = leases::get(lease.get()).filter(|h| !h.is_over()) {
             match self.move_fence(&held).await {
