@@ -684,18 +684,18 @@ impl EtcdBackend {
     /// it (held up on a connection the client left, or in a frozen member); one sent earlier
     /// and applied is before the put in etcd's order, so a read after this sees it.
     async fn move_fence(&self, lease: LeaseId) -> Result<()> {
-        let key = fence_key(lease);
-        let (resp, _) = self
-            .write("enqueue", |mut c| {
-                let key = key.clone();
-                async move {
-                    let options = PutOptions::new().with_lease(lease.get());
-                    c.put(key, "", Some(options)).await
-                }
-            })
-            .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        self.fenced_at(lease, revision);
+        self.write("enqueue", |mut c| async move {
+            self.put_fence(&mut c, lease).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// One attempt of [`move_fence`](Self::move_fence) on `c`, recording the new revision.
+    async fn put_fence(&self, c: &mut Client, lease: LeaseId) -> Result<(), etcd_client::Error> {
+        let options = PutOptions::new().with_lease(lease.get());
+        let put = c.put(fence_key(lease), "", Some(options)).await?;
+        self.fenced_at(lease, put.header().map_or(0, |h| h.revision()));
         Ok(())
     }
 
@@ -1054,13 +1054,10 @@ impl Backend for EtcdBackend {
             let (resp, _) = self
                 .write("enqueue", |mut c| {
                     let retry = sent.swap(true, Ordering::SeqCst);
-                    let fence = fence.clone();
                     let txn = &txn;
                     async move {
                         if retry {
-                            let options = PutOptions::new().with_lease(lease.get());
-                            let put = c.put(fence, "", Some(options)).await?;
-                            self.fenced_at(lease, put.header().map_or(0, |h| h.revision()));
+                            self.put_fence(&mut c, lease).await?;
                         }
                         c.txn(txn(self.fence_seen(lease))).await
                     }
