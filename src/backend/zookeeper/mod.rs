@@ -233,6 +233,19 @@ fn fence_gone() -> Error {
     Error::SessionLost(LostReason::Revoked)
 }
 
+/// What an enqueue attempt ends with when one of its requests failed with `e`, the entry not
+/// known to be created: a session that is over is lost; a transient failure is a lost answer
+/// (`Ok(Err)`: the entry may exist); anything else was refused, and created nothing.
+fn attempt_failed(e: ZkError) -> Result<Result<Entry, ZkError>> {
+    if is_over(&e) {
+        Err(Error::SessionLost(LostReason::Revoked))
+    } else if is_transient(&e) {
+        Ok(Err(e))
+    } else {
+        Err(zk_err("enqueue", e))
+    }
+}
+
 /// The node just created was not there when its stat was read.
 fn gone_at_birth(path: &str) -> Error {
     Error::Backend {
@@ -810,11 +823,7 @@ impl ZkBackend {
                         continue;
                     }
                     Ok(Ok(None)) => return Err(fence_gone()),
-                    Ok(Err(e)) if is_over(&e) => {
-                        return Err(Error::SessionLost(LostReason::Revoked));
-                    }
-                    Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
-                    Ok(Err(e)) => return Err(zk_err("enqueue", e)),
+                    Ok(Err(e)) => return attempt_failed(e),
                     Err(_) => return Ok(Err(ZkError::Timeout)),
                 },
                 Ok(Err(MultiWriteError::OperationFailed {
@@ -833,11 +842,7 @@ impl ZkBackend {
                 ZkError::NoNode => {
                     match tokio::time::timeout(limit, client.mkdir(&dir, &container())).await {
                         Ok(Ok(())) => {}
-                        Ok(Err(e)) if is_over(&e) => {
-                            return Err(Error::SessionLost(LostReason::Revoked));
-                        }
-                        Ok(Err(e)) if is_transient(&e) => return Ok(Err(e)),
-                        Ok(Err(e)) => return Err(zk_err("enqueue", e)),
+                        Ok(Err(e)) => return attempt_failed(e),
                         Err(_) => return Ok(Err(ZkError::Timeout)),
                     }
                 }
@@ -846,9 +851,7 @@ impl ZkBackend {
                         "a queue cannot be nested under an entry (an ephemeral node)",
                     ));
                 }
-                e if is_over(&e) => return Err(Error::SessionLost(LostReason::Revoked)),
-                e if is_transient(&e) => return Ok(Err(e)),
-                e => return Err(zk_err("enqueue", e)),
+                e => return attempt_failed(e),
             }
         }
         Err(Error::Backend {
