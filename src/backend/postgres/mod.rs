@@ -1064,8 +1064,8 @@ impl Backend for PgBackend {
             let sent = AtomicI64::new(0);
             let (row, _) = self
                 .request("enqueue", |c| {
-                    let earlier = sent.swap(self.next_stamp(), Ordering::SeqCst);
-                    let stamp = sent.load(Ordering::SeqCst);
+                    let stamp = self.next_stamp();
+                    let earlier = sent.swap(stamp, Ordering::SeqCst);
                     let key = &key;
                     async move {
                         if earlier != 0 {
