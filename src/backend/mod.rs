@@ -410,8 +410,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// lease, and block the queue for as long as the lease lives.
     ///
     /// The default is [`find_entry`](Backend::find_entry): right for a backend whose
-    /// requests cannot arrive once their caller gave up on them. The Redis and ZooKeeper
-    /// backends override it.
+    /// requests cannot arrive once their caller gave up on them (the in-memory one). Every
+    /// network backend overrides it.
     async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
         let _ = lease;
         self.find_entry(queue, tag).await
