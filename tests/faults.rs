@@ -1550,17 +1550,10 @@ async fn etcd_an_enqueue_delivered_late_lands_nowhere() {
     for round in 0..3 {
         // A name per round: what the proxy held in earlier rounds names the earlier ones.
         let name = name(&format!("etcd-late-enqueue-{round}"));
-        proxy.hold_requests();
-        let mutex = Mutex::new(&a, &name).unwrap();
-        let (first, ()) = tokio::join!(mutex.lock(), async {
-            proxy.held_contains(name.as_bytes()).await;
-            proxy.heal();
-        });
-        let first = first.unwrap();
-        tokens.push(first.fencing_token().get());
-        first.unlock().await.unwrap();
-        assert_eq!(proxy.deliver_held_together().await.unwrap(), 1);
-        tokens.push(support::late_request_left_nothing(&direct, &name, &a, &b).await);
+        let (t1, t2, delivered) =
+            support::retried_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
+        assert_eq!(delivered, 1);
+        tokens.extend([t1, t2]);
     }
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
@@ -1586,29 +1579,5 @@ async fn etcd_an_abandoned_enqueue_delivered_late_lands_nowhere() {
     let name = name("etcd-abandoned-enqueue");
     let a = session(&behind, Duration::from_secs(20)).await;
     let b = session(&direct, Duration::from_secs(20)).await;
-    let mutex = Mutex::new(&a, &name).unwrap();
-
-    // The enqueue is held back, then etcd is cut off: what the client sends after it (the
-    // cancellation of the request, the retries) is lost, and the lock fails.
-    proxy.hold_requests();
-    let (failed, ()) = tokio::join!(mutex.lock(), async {
-        proxy.held_contains(name.as_bytes()).await;
-        proxy.black_hole();
-    });
-    assert!(failed.is_err(), "granted with etcd out of reach");
-    proxy.heal();
-    // The session's next lock waits for the failed one's cleanup (the in-process slot).
-    let again = within(
-        "the lock once etcd is back",
-        Duration::from_secs(20),
-        mutex.lock(),
-    )
-    .await
-    .unwrap();
-    let t1 = again.fencing_token().get();
-    again.unlock().await.unwrap();
-    assert!(proxy.deliver_held_together().await.unwrap() >= 1);
-
-    let t2 = support::late_request_left_nothing(&direct, &name, &a, &b).await;
-    assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
+    support::abandoned_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
 }

@@ -1497,33 +1497,9 @@ async fn an_enqueue_delivered_late_lands_nowhere() {
         let mutex = Mutex::new(&a, &name).unwrap();
         // Once, so that the LISTEN connection already listens for this name.
         mutex.lock().await.unwrap().unlock().await.unwrap();
-        proxy.hold_requests();
-        let (first, ()) = tokio::join!(
-            within("a lock", Duration::from_secs(20), mutex.lock()),
-            async {
-                within(
-                    "the enqueue held",
-                    Duration::from_secs(10),
-                    proxy.held_contains(name.as_bytes()),
-                )
-                .await;
-                proxy.heal();
-            }
-        );
-        let first = first.unwrap();
-        let t1 = first.fencing_token().get();
-        first.unlock().await.unwrap();
-        assert!(
-            within(
-                "delivery",
-                Duration::from_secs(10),
-                proxy.deliver_held_together()
-            )
-            .await
-            .unwrap()
-                >= 1
-        );
-        let t2 = support::late_request_left_nothing(&direct, &name, &a, &b).await;
+        let (t1, t2, delivered) =
+            support::retried_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
+        assert!(delivered >= 1);
         assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
     }
 }
@@ -1550,27 +1526,5 @@ async fn an_abandoned_enqueue_delivered_late_lands_nowhere() {
     let mutex = Mutex::new(&a, &name).unwrap();
     // Once, so that the LISTEN connection already listens for this name.
     mutex.lock().await.unwrap().unlock().await.unwrap();
-    // The enqueue is held back, then the server is cut off: what the client sends after it is
-    // lost, and the lock fails.
-    proxy.hold_requests();
-    let (failed, ()) = tokio::join!(mutex.lock(), async {
-        let held = proxy.held_contains(name.as_bytes());
-        within("the enqueue held", Duration::from_secs(10), held).await;
-        proxy.black_hole();
-    });
-    assert!(failed.is_err(), "granted with the server out of reach");
-    proxy.heal();
-    // The session's next lock waits for the failed one's cleanup (the in-process slot).
-    let again = within(
-        "the lock once the server is back",
-        Duration::from_secs(20),
-        mutex.lock(),
-    )
-    .await
-    .unwrap();
-    let t1 = again.fencing_token().get();
-    again.unlock().await.unwrap();
-    assert!(proxy.deliver_held_together().await.unwrap() >= 1);
-    let t2 = support::late_request_left_nothing(&direct, &name, &a, &b).await;
-    assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
+    support::abandoned_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
 }

@@ -163,6 +163,74 @@ pub async fn late_request_left_nothing<B: Backend>(
     token
 }
 
+/// An enqueue of `a`'s session on `name`, held up on a connection its client gives up on (the
+/// proxy holds what the client sends, then closes the client's side: it reconnects and
+/// retries), delivered on that old connection once the lock was granted and released. Then
+/// [`late_request_left_nothing`]. Returns `a`'s token, `b`'s, and how many connections
+/// delivered something.
+pub async fn retried_enqueue_delivered_late<B: Backend>(
+    proxy: &baton::testing::Proxy,
+    direct: &B,
+    a: &Session,
+    b: &Session,
+    name: &str,
+) -> (u64, u64, usize) {
+    let mutex = Mutex::new(a, name).unwrap();
+    proxy.hold_requests();
+    let (first, ()) = tokio::join!(
+        within("a lock", Duration::from_secs(20), mutex.lock()),
+        async {
+            let held = proxy.held_contains(name.as_bytes());
+            within("the enqueue held", Duration::from_secs(10), held).await;
+            proxy.heal();
+        }
+    );
+    let first = first.unwrap();
+    let t1 = first.fencing_token().get();
+    first.unlock().await.unwrap();
+    let delivery = proxy.deliver_held_together();
+    let delivered = within("delivery", Duration::from_secs(10), delivery)
+        .await
+        .unwrap();
+    let t2 = late_request_left_nothing(direct, name, a, b).await;
+    (t1, t2, delivered)
+}
+
+/// An enqueue of `a`'s session on `name` that its `lock()` gave up on (the proxy holds it,
+/// then cuts the server off until the lock fails), delivered on its old connection once the
+/// session locked and released again (its next lock waits for the failed one's cleanup, in
+/// process). Then [`late_request_left_nothing`], and `b`'s token is above `a`'s.
+pub async fn abandoned_enqueue_delivered_late<B: Backend>(
+    proxy: &baton::testing::Proxy,
+    direct: &B,
+    a: &Session,
+    b: &Session,
+    name: &str,
+) {
+    let mutex = Mutex::new(a, name).unwrap();
+    // What the client sends after the enqueue (the cancellation, the retries) is lost.
+    proxy.hold_requests();
+    let (failed, ()) = tokio::join!(mutex.lock(), async {
+        let held = proxy.held_contains(name.as_bytes());
+        within("the enqueue held", Duration::from_secs(10), held).await;
+        proxy.black_hole();
+    });
+    assert!(failed.is_err(), "granted with the server out of reach");
+    proxy.heal();
+    let again = within(
+        "the lock once the server is back",
+        Duration::from_secs(20),
+        mutex.lock(),
+    )
+    .await
+    .unwrap();
+    let t1 = again.fencing_token().get();
+    again.unlock().await.unwrap();
+    assert!(proxy.deliver_held_together().await.unwrap() >= 1);
+    let t2 = late_request_left_nothing(direct, name, a, b).await;
+    assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
+}
+
 /// The safety checker every lock-holding test writes through: a register that accepts a
 /// token no lower than the highest it has accepted (a fenced resource), records each
 /// critical section (token, start, end), and counts overlaps and refused stale writes.
