@@ -26,6 +26,11 @@ pub enum LostReason {
     /// it ([`MutexGuard::lost`](crate::MutexGuard::lost),
     /// [`Leadership::lost`](crate::Leadership::lost)); the session goes on.
     EntryDeleted,
+    /// The store lost or rolled back state this session's lease was in (restarted without its
+    /// data, restored from a snapshot or an older backup, failed over to a replica that missed
+    /// writes, flushed): a new *store epoch* began, and someone else may be granted what this
+    /// session held once the restart grace has passed (`docs/guarantees.md`).
+    StoreReset,
 }
 
 impl fmt::Display for LostReason {
@@ -35,6 +40,9 @@ impl fmt::Display for LostReason {
             LostReason::Revoked => "lease no longer exists on the server",
             LostReason::Closed => "session was closed",
             LostReason::EntryDeleted => "the entry was deleted while the session lived",
+            LostReason::StoreReset => {
+                "the store lost or rolled back its state (a new store epoch began)"
+            }
         })
     }
 }

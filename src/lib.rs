@@ -79,6 +79,7 @@ mod backend;
 mod barrier;
 mod connect;
 mod election;
+mod epoch;
 mod error;
 mod fence;
 mod guard;
@@ -95,8 +96,8 @@ mod session;
 pub mod testing;
 
 pub use backend::{
-    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, MemoryBackend, Position,
-    WriteOp,
+    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, MemoryBackend,
+    MemorySnapshot, Position, WriteOp,
 };
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
@@ -109,6 +110,7 @@ pub use backend::{ZkBackend, ZkLayout, ZkOptions};
 pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
 pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
+pub use epoch::StoreEpochs;
 pub use error::{BoxError, Error, LostReason, Result, Where};
 /// The etcd client baton is built on, re-exported so that code using
 /// [`EtcdBackend::client`] names the same version.

@@ -120,7 +120,7 @@ pub fn describe() {
         recorder.describe_counter(
             SESSIONS_LOST_TOTAL.into(),
             Some(Unit::Count),
-            "Sessions ended, by reason (expired, revoked: lost; closed: closed or dropped)".into(),
+            "Sessions ended, by reason (expired, revoked, store_reset: lost; closed: closed or dropped)".into(),
         );
         recorder.describe_histogram(
             KEEPALIVE_SECONDS.into(),
@@ -404,15 +404,18 @@ pub(crate) fn session_ended(reason: LostReason) {
     static EXPIRED: [Label; 1] = [Label::from_static_parts("reason", "expired")];
     static REVOKED: [Label; 1] = [Label::from_static_parts("reason", "revoked")];
     static CLOSED: [Label; 1] = [Label::from_static_parts("reason", "closed")];
-    static KEYS: [Key; 3] = [
+    static STORE_RESET: [Label; 1] = [Label::from_static_parts("reason", "store_reset")];
+    static KEYS: [Key; 4] = [
         Key::from_static_parts(SESSIONS_LOST_TOTAL, &EXPIRED),
         Key::from_static_parts(SESSIONS_LOST_TOTAL, &REVOKED),
         Key::from_static_parts(SESSIONS_LOST_TOTAL, &CLOSED),
+        Key::from_static_parts(SESSIONS_LOST_TOTAL, &STORE_RESET),
     ];
     sessions_changed(|active| *active = active.saturating_sub(1));
     increment(match reason {
         LostReason::Expired => &KEYS[0],
         LostReason::Revoked => &KEYS[1],
+        LostReason::StoreReset => &KEYS[3],
         // (A session is never ended by one entry's deletion; that is a guard's loss.)
         LostReason::Closed | LostReason::EntryDeleted => &KEYS[2],
     });

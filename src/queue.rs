@@ -472,6 +472,17 @@ fn take_turn<'a>(
                 }
             }
         };
+        // A store epoch's restart grace holds back every grant, whatever the queue says: a
+        // holder from before the store forgot may still believe it holds.
+        let turned = match turned {
+            Turned::Busy => Turned::Busy,
+            _ if session.backend().grants_nothing_for().is_none() => turned,
+            _ if mode == Mode::Try => Turned::Busy,
+            _ => {
+                wait_out_grace(session, &mut lost).await?;
+                turned
+            }
+        };
         if turned == Turned::Busy {
             // Leave nothing behind before reporting "busy"; on failure the drop guard
             // retries.
@@ -513,6 +524,23 @@ fn take_turn<'a>(
             state: Arc::default(),
         })
     }
+}
+
+/// Waits until the backend grants again after a store epoch's restart grace (see
+/// [`Backend::grants_nothing_for`]); [`Error::SessionLost`] if the session is lost first (a
+/// session from before the epoch is).
+async fn wait_out_grace(
+    session: &Session,
+    lost: &mut (impl Future<Output = LostReason> + Unpin + Send),
+) -> Result<()> {
+    while let Some(left) = session.backend().grants_nothing_for() {
+        tracing::debug!(left_ms = left.as_millis(), "waiting out a restart grace");
+        tokio::select! {
+            () = Box::pin(tokio::time::sleep(left)) => {}
+            reason = &mut *lost => return Err(Error::SessionLost(reason)),
+        }
+    }
+    Ok(())
 }
 
 /// Checks a recipe name: not empty, not ending in `/` (its entries would be `<name>//...`),

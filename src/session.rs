@@ -167,6 +167,12 @@ impl Session {
             cleanups_done: Notify::new(),
             locals: StdMutex::new(Vec::new()),
         });
+        if let Some(epochs) = inner.backend.epochs() {
+            // Told when the store's epoch changes from the one it is in now. A lease granted
+            // while another request found a new epoch may be from before it: it holds nothing
+            // yet, and whatever it takes is granted by a request that compares the epoch.
+            epochs.register(epochs.generation(), &inner.lost);
+        }
         keeper.keep(&inner, asked_at);
         tracing::debug!(lease = %lease.id(), ttl = ?lease.ttl(), "session started");
         Ok(Session { inner })
@@ -194,6 +200,27 @@ impl Session {
     /// lease can expire (the CLI stops its command) watches it.
     pub fn deadline(&self) -> std::time::Instant {
         self.inner.lost.deadline().into_std()
+    }
+
+    /// How much longer nothing is granted on this session's store: the rest of the restart
+    /// grace of a store epoch, `None` when grants are not held back. A store that lost or
+    /// rolled back its state, or that this process had never seen without baton's marker,
+    /// begins an epoch; until the grace (at least the longest session TTL) has passed, every
+    /// `lock()` waits and every `try_*` call answers
+    /// [`Error::RestartGrace`](crate::Error::RestartGrace). An operator who knows a store is
+    /// new marks it first (`baton init`), and its first use waits nothing.
+    ///
+    /// A program may show it to its user before it waits:
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+    /// # let session = baton::Session::new(baton::MemoryBackend::new()).await?;
+    /// if let Some(left) = session.restart_grace() {
+    ///     eprintln!("the lock store forgot its state: no lock is granted for {left:?}");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn restart_grace(&self) -> Option<Duration> {
+        self.inner.backend.grants_nothing_for()
     }
 
     /// Whether the session has been lost (or closed): `true` from the instant its deadline
@@ -371,7 +398,7 @@ pub(crate) struct LostSignal {
 }
 
 impl LostSignal {
-    fn new(lease: LeaseId, deadline: Instant) -> Self {
+    pub(crate) fn new(lease: LeaseId, deadline: Instant) -> Self {
         crate::metrics::session_started();
         LostSignal {
             lease,
@@ -387,6 +414,7 @@ impl LostSignal {
             LostReason::Revoked => 2,
             LostReason::Closed => 3,
             LostReason::EntryDeleted => 4,
+            LostReason::StoreReset => 5,
         }
     }
 
@@ -396,6 +424,7 @@ impl LostSignal {
             1 => Some(LostReason::Expired),
             2 => Some(LostReason::Revoked),
             4 => Some(LostReason::EntryDeleted),
+            5 => Some(LostReason::StoreReset),
             _ => Some(LostReason::Closed),
         }
     }

@@ -547,3 +547,98 @@ async fn backend_errors_name_the_lock() {
     let message = lock.unwrap_err().to_string();
     assert!(message.contains("lock `orders/43`"), "{message}");
 }
+
+/// The store loses its state (as etcd restarted without its data dir) while a lock is held:
+/// a newcomer waits the restart grace, the holder is told first, tokens go on rising (#36).
+#[tokio::test(start_paused = true)]
+async fn a_store_that_lost_its_state_lets_no_holder_from_before_overlap() {
+    let (ttl, grace) = (Duration::from_secs(6), Duration::from_secs(8));
+    let store = MemoryBackend::new().with_restart_grace(grace);
+    let out = support::epochs::a_holder_from_before_never_overlaps(
+        Arc::new(store.clone()),
+        "mem/epochs/lost",
+        ttl,
+        grace,
+        || async { store.lose_state() },
+        || async { Arc::new(store.client()) as Arc<dyn Backend> },
+    )
+    .await;
+    assert_eq!(out.reason, LostReason::StoreReset);
+}
+
+/// The store goes back to a snapshot taken after the holder's session began and before its
+/// lock: the lease comes back, the entry does not. A client that saw the store past the
+/// snapshot notices the revision going back and begins a new epoch; the holder's renewals of
+/// the restored lease do not keep it believing (#36).
+#[tokio::test(start_paused = true)]
+async fn a_store_restored_from_a_snapshot_lets_no_holder_from_before_overlap() {
+    let (ttl, grace) = (Duration::from_secs(6), Duration::from_secs(8));
+    let store = MemoryBackend::new().with_restart_grace(grace);
+    let other = store.client();
+    let holder: Arc<dyn Backend> = Arc::new(store.clone());
+    // The holder's session exists before the snapshot: a restore brings its lease back.
+    let early = Session::with_options(store.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let snapshot = store.snapshot();
+    let out = support::epochs::a_holder_from_before_never_overlaps(
+        holder,
+        "mem/epochs/restored",
+        ttl,
+        grace,
+        || async {
+            // The other client sees the store after the grant, then it goes back.
+            other.entries("mem/epochs/restored").await.unwrap();
+            store.restore(&snapshot);
+        },
+        || async { Arc::new(other.clone()) as Arc<dyn Backend> },
+    )
+    .await;
+    assert_eq!(out.reason, LostReason::StoreReset);
+    assert_eq!(
+        early.is_lost(),
+        true,
+        "a session from before the restore is lost"
+    );
+}
+
+/// What stays undetectable, standing for the row of docs/guarantees.md: a store restored
+/// to a snapshot and reached only by clients that never saw it past that snapshot looks
+/// exactly like a store that never moved. They are granted at once, and tokens repeat; the
+/// holder from before is told at its next renewal. An operator who restores a store begins a
+/// new epoch (`baton init --new-epoch`), which every client then sees.
+#[tokio::test(start_paused = true)]
+async fn a_restore_seen_only_by_clients_that_never_saw_past_it_is_not_detected() {
+    let ttl = Duration::from_secs(6);
+    let store = MemoryBackend::new();
+    let snapshot = store.snapshot();
+    let a = Session::with_options(store.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "mem/epochs/unseen")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    store.restore(&snapshot);
+    let fresh = Session::with_options(store.client(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    assert_eq!(fresh.restart_grace(), None);
+    let granted = Mutex::new(&fresh, "mem/epochs/unseen")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once: nothing tells this client the store went back");
+    assert!(
+        granted.fencing_token() <= guard.fencing_token(),
+        "tokens repeat"
+    );
+    // The holder's own client saw the store past the snapshot: it is told at its next
+    // renewal.
+    let reason = support::within("the holder told", ttl, guard.lost()).await;
+    assert!(matches!(
+        reason,
+        LostReason::StoreReset | LostReason::Revoked
+    ));
+}

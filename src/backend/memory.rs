@@ -15,6 +15,7 @@ use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
     QueueMirror, WriteOp, queue_of,
 };
+use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{Error, LostReason, Result};
 
 /// An in-process backend with the same semantics as etcd: one global revision counter that
@@ -25,6 +26,14 @@ use crate::error::{Error, LostReason, Result};
 /// `#[tokio::test(start_paused = true)]` lease expiry follows the paused clock. It is not
 /// shared between processes.
 ///
+/// A `MemoryBackend` and its clones are one *client* of one store. [`client`](Self::client)
+/// opens another client of the same store (another process, as far as baton can tell), and
+/// [`lose_state`](Self::lose_state), [`snapshot`](Self::snapshot) and
+/// [`restore`](Self::restore) make the store forget, as a server restarted without its data
+/// or restored from a backup does: each client notices it as the network backends do (the
+/// marker gone, or a revision lower than one it saw), which begins a new store epoch
+/// ([`StoreEpochs`]).
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
 /// use baton::{MemoryBackend, Mutex, Session};
@@ -34,14 +43,25 @@ use crate::error::{Error, LostReason, Result};
 /// guard.unlock().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MemoryBackend {
     shared: Arc<Shared>,
+    /// What this client remembers of the store.
+    epochs: Arc<StoreEpochs>,
 }
 
-#[derive(Debug, Default)]
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[derive(Debug)]
 struct Shared {
     state: StdMutex<State>,
+    /// When the store was created: its clock for new epochs' tokens (tokio time, so that a
+    /// simulation replays exactly).
+    created: Instant,
     /// Wakes the reaper when a lease deadline changes.
     deadlines_changed: Arc<Notify>,
     reaper_started: AtomicBool,
@@ -67,6 +87,9 @@ struct LeaseState {
 
 #[derive(Debug)]
 struct State {
+    /// The store's epoch marker (what a network backend keeps in a key) and when its restart
+    /// grace ends; `None` once the state was lost, until a client begins the next epoch.
+    marker: Option<(Epoch, Instant)>,
     revision: u64,
     next_lease: i64,
     kvs: BTreeMap<String, Kv>,
@@ -96,6 +119,7 @@ struct Observer {
 impl Default for State {
     fn default() -> Self {
         State {
+            marker: None,
             revision: 1,
             // Lease ids that look like etcd's (a member id in the high bits).
             next_lease: 0x694d_7a5c_1bf9_c800,
@@ -111,22 +135,55 @@ impl Default for State {
 }
 
 impl State {
+    /// The token of a key created at revision `create`, in the current epoch.
+    fn token(&self, create: u64) -> FencingToken {
+        self.marker
+            .map_or(FencingToken::new(create), |(e, _)| e.token(create))
+    }
+
     fn entry(&self, key: &str) -> Option<Entry> {
         self.kvs.get(key).map(|kv| {
             Entry::new(
                 key,
                 kv.value.clone(),
                 Position::new(kv.create),
-                FencingToken::new(kv.create),
+                self.token(kv.create),
                 kv.lease,
             )
         })
     }
 
     fn is_live(&self, entry: &Entry) -> bool {
-        self.kvs
-            .get(entry.key())
-            .is_some_and(|kv| kv.create == entry.token().get())
+        self.kvs.get(entry.key()).is_some_and(|kv| {
+            self.token(kv.create) == entry.token() && kv.create == entry.position().get()
+        })
+    }
+
+    /// Replaces every key and lease (a store that forgot): waiters and value waiters are
+    /// dropped (their waits fail, and they look again), observers are told what changed.
+    fn replace(&mut self, kvs: BTreeMap<String, Kv>, leases: HashMap<LeaseId, LeaseState>) {
+        let before = std::mem::replace(&mut self.kvs, kvs);
+        for key in before.keys() {
+            if !self.kvs.contains_key(key) {
+                self.batch
+                    .push((key.clone(), QueueChange::Delete(key.as_bytes().to_vec())));
+            }
+        }
+        let keys: Vec<String> = self.kvs.keys().cloned().collect();
+        for key in keys {
+            if let Some(entry) = self.entry(&key) {
+                self.batch.push((key, QueueChange::Put(entry)));
+            }
+        }
+        self.leases = leases;
+        self.by_deadline = self
+            .leases
+            .iter()
+            .map(|(id, l)| (l.deadline, *id))
+            .collect();
+        self.waiters.clear();
+        // Value waiters hear the new value (or its absence) through `publish`.
+        self.publish();
     }
 
     fn queue(&self, queue: &str) -> Vec<Entry> {
@@ -256,9 +313,125 @@ impl State {
 }
 
 impl MemoryBackend {
-    /// A new, empty backend.
+    /// A new, empty store, and a client of it. The store is new, so nothing from before can
+    /// be held: its first epoch begins without a grace, with tokens equal to the revision at
+    /// which each entry was created.
     pub fn new() -> Self {
-        Self::default()
+        let created = Instant::now();
+        let mut state = State::default();
+        state.marker = Some((Epoch::new(crate::epoch::random_u128(), 1, 1), created));
+        let shared = Arc::new(Shared {
+            state: StdMutex::new(state),
+            created,
+            deadlines_changed: Arc::default(),
+            reaper_started: AtomicBool::new(false),
+            unavailable: AtomicBool::new(false),
+            wakeups: AtomicU64::new(0),
+            partitioned: StdMutex::default(),
+        });
+        MemoryBackend {
+            shared,
+            epochs: Arc::new(Self::epochs_with(crate::SessionOptions::DEFAULT_TTL)),
+        }
+    }
+
+    fn epochs_with(grace: Duration) -> StoreEpochs {
+        StoreEpochs::new("the in-memory store", grace)
+    }
+
+    /// Another client of the same store: it shares the store's keys, leases and clock, and
+    /// remembers nothing of the store yet (as another process would not). Its restart grace
+    /// is this client's.
+    #[must_use]
+    pub fn client(&self) -> MemoryBackend {
+        MemoryBackend {
+            shared: Arc::clone(&self.shared),
+            epochs: Arc::new(Self::epochs_with(self.epochs.grace())),
+        }
+    }
+
+    /// This client with restart grace `grace`: after the store forgot, nothing is granted
+    /// until `grace` has passed since the new epoch began. At least the longest session TTL
+    /// of every client (default: 60 s, the default TTL). Call it before the client is used:
+    /// it forgets what the client remembered of the store.
+    #[must_use]
+    pub fn with_restart_grace(mut self, grace: Duration) -> MemoryBackend {
+        self.epochs = Arc::new(Self::epochs_with(grace));
+        self
+    }
+
+    /// Fault injection: the store loses everything (keys, leases, the epoch marker) and its
+    /// revision starts over, as an etcd restarted without its data dir would. Waits in
+    /// progress fail (and look again); observers see every entry go. Lease ids are not
+    /// reused. The next client request begins a new epoch.
+    pub fn lose_state(&self) {
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.replace(BTreeMap::new(), HashMap::new());
+        state.revision = 1;
+        state.marker = None;
+        drop(state);
+        self.shared.deadlines_changed.notify_one();
+    }
+
+    /// A copy of the store as it is now (keys, leases, revision, epoch marker), for
+    /// [`restore`](Self::restore).
+    pub fn snapshot(&self) -> MemorySnapshot {
+        let state = self.lock_state();
+        MemorySnapshot {
+            revision: state.revision,
+            marker: state.marker,
+            kvs: state
+                .kvs
+                .iter()
+                .map(|(k, kv)| (k.clone(), (kv.value.clone(), kv.create, kv.lease)))
+                .collect(),
+            leases: state.leases.iter().map(|(id, l)| (*id, l.ttl)).collect(),
+        }
+    }
+
+    /// Fault injection: the store goes back to `snapshot`, as a server restored from a
+    /// snapshot or a backup does: keys, leases (each with its full TTL from now, as etcd
+    /// renews leases when it recovers), revision and epoch marker as they were. Waits in
+    /// progress fail (and look again); observers see the difference. Lease ids are not
+    /// reused.
+    ///
+    /// A client that saw a revision higher than the snapshot's notices (a new epoch); one
+    /// that never saw past it cannot tell a restore from nothing (`docs/guarantees.md`).
+    pub fn restore(&self, snapshot: &MemorySnapshot) {
+        let now = Instant::now();
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut leases: HashMap<LeaseId, LeaseState> = snapshot
+            .leases
+            .iter()
+            .map(|(id, ttl)| {
+                let lease = LeaseState {
+                    ttl: *ttl,
+                    deadline: now + *ttl,
+                    keys: BTreeSet::new(),
+                };
+                (*id, lease)
+            })
+            .collect();
+        let kvs = snapshot
+            .kvs
+            .iter()
+            .map(|(key, (value, create, lease))| {
+                if let Some(l) = lease.and_then(|l| leases.get_mut(&l)) {
+                    l.keys.insert(key.clone());
+                }
+                let kv = Kv {
+                    value: value.clone(),
+                    create: *create,
+                    lease: *lease,
+                };
+                (key.clone(), kv)
+            })
+            .collect();
+        state.marker = snapshot.marker;
+        state.replace(kvs, leases);
+        state.revision = snapshot.revision;
+        drop(state);
+        self.shared.deadlines_changed.notify_one();
     }
 
     /// Fault injection: while `true`, every operation fails with [`Error::Unavailable`], as if
@@ -306,15 +479,31 @@ impl MemoryBackend {
         state
     }
 
-    fn next_deadline(&self) -> Option<Instant> {
-        self.lock_state().next_deadline()
-    }
-
+    /// The state, for a request: fails while the store is unavailable, and first does what
+    /// a network backend does with each answer: notices a store that forgot (no marker, or
+    /// a revision below one this client saw) and begins a new epoch, and enters the store's
+    /// epoch (with the rest of its grace).
     fn available(&self) -> Result<StdMutexGuard<'_, State>> {
         if self.shared.unavailable.load(Ordering::SeqCst) {
             return Err(Error::Unavailable);
         }
-        Ok(self.lock_state())
+        let mut state = self.lock_state();
+        let now = Instant::now();
+        let went_back = self.epochs.saw(b"memory", &[state.revision]).is_err();
+        if state.marker.is_none() || went_back {
+            let clock = u64::try_from((now - self.shared.created).as_micros())
+                .unwrap_or(u64::MAX)
+                .saturating_add(1);
+            let epoch = self.epochs.next_epoch(state.revision, clock);
+            // Leases from before stay until they expire: their owners stop renewing them
+            // when they notice the new epoch, as on a network store.
+            state.marker = Some((epoch, now + self.epochs.grace()));
+        }
+        if let Some((epoch, grace_end)) = state.marker {
+            let left = grace_end.saturating_duration_since(now);
+            self.epochs.enter(epoch, (!left.is_zero()).then_some(left));
+        }
+        Ok(state)
     }
 
     fn start_reaper(&self) {
@@ -327,7 +516,14 @@ impl MemoryBackend {
             loop {
                 let notified = changed.notified();
                 let Some(shared) = weak.upgrade() else { return };
-                let next = MemoryBackend { shared }.next_deadline();
+                let next = {
+                    let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                    let woken = state.expire(Instant::now());
+                    state.publish();
+                    shared.wakeups.fetch_add(woken, Ordering::SeqCst);
+                    state.next_deadline()
+                };
+                drop(shared);
                 match next {
                     Some(at) => {
                         tokio::select! {
@@ -560,6 +756,10 @@ impl Backend for MemoryBackend {
             .map(|l| l.deadline.saturating_duration_since(now)))
     }
 
+    fn epochs(&self) -> Option<&StoreEpochs> {
+        Some(&self.epochs)
+    }
+
     fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
         /// Before the first poll: nothing subscribed yet. Then: the subscription and the
         /// copy of the queue it keeps current.
@@ -599,6 +799,15 @@ impl Backend for MemoryBackend {
         })
         .boxed()
     }
+}
+
+/// A copy of a [`MemoryBackend`]'s store, from [`MemoryBackend::snapshot`].
+#[derive(Debug, Clone)]
+pub struct MemorySnapshot {
+    revision: u64,
+    marker: Option<(Epoch, Instant)>,
+    kvs: Vec<(String, (Vec<u8>, u64, Option<LeaseId>))>,
+    leases: Vec<(LeaseId, Duration)>,
 }
 
 #[cfg(test)]

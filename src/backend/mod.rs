@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
+use crate::epoch::StoreEpochs;
 use crate::error::Result;
 
 #[cfg(feature = "etcd")]
@@ -393,11 +394,23 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>>;
 
     /// How much longer this backend grants nothing at all, whatever its queues hold, as far as
-    /// this process knows: the rest of a Redis restart grace after its state was lost or
-    /// rolled back. A `try_*` call refused while it lasts says so
-    /// ([`Error::RestartGrace`](crate::Error::RestartGrace)) instead of "held or contended".
-    /// The default: `None` (backends whose state does not go back in time).
+    /// this process knows: the rest of the restart grace of a store epoch that began when
+    /// the store lost or rolled back its state ([`StoreEpochs`](crate::StoreEpochs)). The
+    /// queue engine asks before every grant and waits it out; a `try_*` call refused while
+    /// it lasts says so ([`Error::RestartGrace`](crate::Error::RestartGrace)) instead of
+    /// "held or contended". The default asks [`epochs`](Backend::epochs).
     fn grants_nothing_for(&self) -> Option<Duration> {
+        self.epochs().and_then(StoreEpochs::grace_left)
+    }
+
+    /// What this client remembers of its store's epochs, if the store can lose or roll back
+    /// its state ([`StoreEpochs`](crate::StoreEpochs)). A session registers there when it is
+    /// granted, and is lost at once ([`LostReason::StoreReset`](crate::LostReason)) when a
+    /// new epoch begins. The backend must have entered the store's current epoch before it
+    /// answers a request that decides a grant, and must compare the epoch in that request.
+    ///
+    /// The default: `None`, a store that never forgets (decorators forward it).
+    fn epochs(&self) -> Option<&StoreEpochs> {
         None
     }
 
@@ -642,7 +655,7 @@ pub use self::postgres::{PgBackend, PgFence, PgOptions};
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
 pub use self::zookeeper::{ZkBackend, ZkLayout, ZkOptions};
-pub use memory::MemoryBackend;
+pub use memory::{MemoryBackend, MemorySnapshot};
 
 #[cfg(test)]
 mod tests {

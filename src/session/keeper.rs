@@ -174,6 +174,18 @@ fn due(
         session.lost.mark(LostReason::Expired);
         return None;
     }
+    if session.lost.reason() == Some(LostReason::StoreReset) {
+        // The store forgot the epoch this lease was granted in: renewing it (a lease a
+        // restore brought back) would keep its entries ahead of the new epoch's holders.
+        // Ended instead, best effort; the new epoch's grace covers it if this fails.
+        let (backend, lease) = (Arc::clone(&session.backend), session.lease.id());
+        tokio::spawn(async move {
+            if let Err(e) = backend.revoke_lease(lease).await {
+                tracing::debug!(%lease, error = %e, "revoking a lease from before a store epoch failed");
+            }
+        });
+        return None;
+    }
     kept.next = None;
     let key = schedule(sessions, id, kept);
     let (backend, lease) = (Arc::clone(&session.backend), session.lease.id());

@@ -431,6 +431,10 @@ impl Backend for FaultyBackend {
         self.inner.grants_nothing_for()
     }
 
+    fn epochs(&self) -> Option<&crate::StoreEpochs> {
+        self.inner.epochs()
+    }
+
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
         self.run(Call::Predecessor, self.inner.predecessor(mine))
             .await

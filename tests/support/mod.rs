@@ -468,6 +468,7 @@ pub async fn faulty_session(rig: &Rig) -> (Arc<FaultyBackend>, Session) {
     (faulty, session)
 }
 
+pub mod epochs;
 pub mod fences;
 pub mod harness;
 pub mod proxy;

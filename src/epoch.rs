@@ -1,0 +1,493 @@
+//! Store epochs: what one client remembers of the store it talks to, so that a store that
+//! forgot (restarted without its data, restored from a snapshot or an older backup, failed
+//! over to a replica that missed writes, flushed) never lets a holder from before run beside
+//! a new one, and every token handed out afterwards is above every earlier one.
+//!
+//! The mechanism is written once, here; a backend supplies only what differs:
+//! - **where the epoch is recorded**: a *marker* in the store ([`Epoch::encode`]: its id,
+//!   and how tokens of the epoch are made from the store's own counter), written when the
+//!   epoch begins and compared by every request that decides a grant (etcd: a compare on the
+//!   marker key in the same transaction);
+//! - **the store's identity and position** in its answers ([`StoreEpochs::saw`]: etcd's
+//!   cluster id and revision, ZooKeeper's zxid, PostgreSQL's WAL position), which never go
+//!   backwards while the store keeps its state;
+//! - **the rest of the epoch's restart grace** as the store reports it
+//!   ([`StoreEpochs::grace_for`]).
+//!
+//! On a new epoch ([`StoreEpochs::enter`] with another id, or a position that went back)
+//! every session granted before is told at once ([`LostReason::StoreReset`]), nothing is
+//! granted until the grace has passed (the queue engine asks
+//! [`Backend::grants_nothing_for`](crate::Backend::grants_nothing_for) before every grant),
+//! and the new epoch's tokens start above every token this client has seen
+//! ([`StoreEpochs::next_epoch`]). A client that has never seen a store cannot know what it
+//! lost: a store without a marker begins an epoch with a grace, unless an operator marks it
+//! as new first (`baton init`).
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::backend::FencingToken;
+use crate::error::LostReason;
+use crate::session::LostSignal;
+
+/// One epoch of a store: from the moment a client found the store without baton's state (or
+/// with state that went back in time) until the next such moment.
+///
+/// A token of the epoch is `base + (raw - origin)`, where `raw` is the store's own counter
+/// for the entry (etcd's create revision, ZooKeeper's czxid) and `origin` that counter when
+/// the epoch began: tokens follow the store's order within the epoch, and `base` puts them
+/// above every token of earlier epochs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Epoch {
+    id: u128,
+    base: u64,
+    origin: u64,
+}
+
+/// The first word of an encoded marker, with its format version.
+const MARKER_MAGIC: &str = "baton-epoch/1";
+
+impl Epoch {
+    /// An epoch `id` whose tokens are `base + (raw - origin)`.
+    pub(crate) const fn new(id: u128, base: u64, origin: u64) -> Epoch {
+        Epoch { id, base, origin }
+    }
+
+    /// The epoch's id: random, never reused.
+    pub(crate) const fn id(&self) -> u128 {
+        self.id
+    }
+
+    /// The store's counter when the epoch began.
+    #[cfg(any(feature = "etcd", feature = "zookeeper", test))]
+    pub(crate) const fn origin(&self) -> u64 {
+        self.origin
+    }
+
+    /// The token of an entry whose store counter is `raw`. Entries older than the epoch (a
+    /// foreign client's key from before it) get tokens below `base`.
+    pub(crate) fn token(&self, raw: u64) -> FencingToken {
+        FencingToken::new(
+            self.base
+                .saturating_add(raw)
+                .saturating_sub(self.origin)
+                .max(1),
+        )
+    }
+
+    /// The store counter of a token of this epoch ([`token`](Self::token)'s inverse).
+    pub(crate) fn raw(&self, token: FencingToken) -> u64 {
+        token
+            .get()
+            .saturating_add(self.origin)
+            .saturating_sub(self.base)
+    }
+
+    /// The marker's text, as stored: `baton-epoch/1 <id, 32 hex digits> <base> <origin>`.
+    pub(crate) fn encode(&self) -> String {
+        format!(
+            "{MARKER_MAGIC} {:032x} {} {}",
+            self.id, self.base, self.origin
+        )
+    }
+
+    /// Parses a marker; `None` for anything that is not one (a store that is not baton's).
+    pub(crate) fn decode(raw: &[u8]) -> Option<Epoch> {
+        let text = std::str::from_utf8(raw).ok()?;
+        let mut words = text.split_ascii_whitespace();
+        if words.next()? != MARKER_MAGIC {
+            return None;
+        }
+        let id = u128::from_str_radix(words.next()?, 16).ok()?;
+        let base = words.next()?.parse().ok()?;
+        let origin = words.next()?.parse().ok()?;
+        Some(Epoch::new(id, base, origin))
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The first 8 hex digits name an epoch well enough in a log line.
+        write!(f, "{:08x}", self.id >> 96)
+    }
+}
+
+/// What one client (one backend handle and its clones) remembers of its store, and the
+/// sessions it must tell when the store forgets. See the module documentation.
+pub struct StoreEpochs {
+    /// What the messages call the store (`etcd at 127.0.0.1:2379`).
+    store: Box<str>,
+    grace: Duration,
+    state: Mutex<State>,
+    /// Woken when the grace this client knows of changes (it may end sooner: a new reading).
+    grace_changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// How many epochs this client has entered (0: it has not looked at the store yet).
+    generation: u64,
+    current: Option<Epoch>,
+    /// The store's identity as last seen in an answer, and the highest position seen in
+    /// it, per component (each never goes backwards while the store keeps its state).
+    identity: Option<Box<[u8]>>,
+    positions: Vec<u64>,
+    /// The highest token this client has made or seen: a new epoch's tokens start above it.
+    floor: u64,
+    /// When the grace of the current epoch ends (this process's clock), if it has not.
+    grace_end: Option<Instant>,
+    /// The generation whose grace was announced.
+    announced: u64,
+    /// Sessions granted by this client, with the generation they were granted in.
+    sessions: Vec<(u64, Weak<LostSignal>)>,
+}
+
+impl fmt::Debug for StoreEpochs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state();
+        f.debug_struct("StoreEpochs")
+            .field("store", &self.store)
+            .field("grace", &self.grace)
+            .field("generation", &state.generation)
+            .field("epoch", &state.current.map(|e| e.to_string()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A position that went backwards: the store lost or rolled back state this client saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WentBack {
+    /// What moved back, for the log (`revision 212 -> 14`).
+    pub(crate) what: String,
+}
+
+impl StoreEpochs {
+    /// A client of `store` (for messages) whose grants wait `grace` after a new epoch.
+    pub(crate) fn new(store: impl Into<String>, grace: Duration) -> StoreEpochs {
+        StoreEpochs {
+            store: store.into().into_boxed_str(),
+            grace,
+            state: Mutex::default(),
+            grace_changed: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section below leaves the state consistent: a panic elsewhere while
+        // it was held changes nothing.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The restart grace: how long nothing is granted after a new epoch began.
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
+    /// How many epochs this client has entered (0: none yet). A session records it when it is
+    /// granted; a later generation means the store forgot that session's lease.
+    pub fn generation(&self) -> u64 {
+        self.state().generation
+    }
+
+    /// The epoch in force, as far as this client knows.
+    pub(crate) fn current(&self) -> Option<Epoch> {
+        self.state().current
+    }
+
+    /// The epoch a store's marker names is in force, and its grace has `grace_left` to run
+    /// (`None`: passed). Another epoch than the one this client knew is a new epoch: every
+    /// session granted before is lost. Returns whether it was new to this client.
+    pub(crate) fn enter(&self, epoch: Epoch, grace_left: Option<Duration>) -> bool {
+        let mut state = self.state();
+        let new = state.current.map(|e| e.id) != Some(epoch.id);
+        if new {
+            let first = state.current.is_none() && state.generation == 0;
+            state.current = Some(epoch);
+            state.generation += 1;
+            // A client's first look at the store is not a loss: it had granted nothing.
+            if !first {
+                self.end_sessions(&mut state, "the store is in a new epoch");
+            }
+            state.grace_end = None;
+            tracing::debug!(store = %self.store, %epoch, "entered a store epoch");
+        }
+        self.set_grace(&mut state, grace_left);
+        new
+    }
+
+    /// The rest of the current epoch's grace, as the store just reported it.
+    pub(crate) fn grace_for(&self, grace_left: Option<Duration>) {
+        let mut state = self.state();
+        self.set_grace(&mut state, grace_left);
+    }
+
+    fn set_grace(&self, state: &mut State, left: Option<Duration>) {
+        let end = left.filter(|l| !l.is_zero()).map(|l| Instant::now() + l);
+        if state.grace_end != end {
+            state.grace_end = end;
+            self.grace_changed.notify_waiters();
+        }
+        if let Some(left) = left.filter(|l| !l.is_zero())
+            && state.announced != state.generation
+        {
+            state.announced = state.generation;
+            tracing::warn!(
+                store = %self.store,
+                wait_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+                grace_ms = u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX),
+                "{} is in a new epoch (a store that baton had not seen, or that lost or rolled back its state): nothing is granted for {:.1} s more, until the restart grace has passed, since a holder from before may still believe it holds. An operator who knows the store is new marks it first (`baton init`); the grace must be at least the longest session TTL",
+                self.store,
+                left.as_secs_f64()
+            );
+        }
+    }
+
+    /// Compares the store identity and positions an answer showed with what this client
+    /// has seen. A new identity or a position lower than one seen under the same identity
+    /// means the store forgot: every session granted before is lost at once, and the caller
+    /// begins a new epoch ([`next_epoch`](Self::next_epoch)). The first answer only records.
+    ///
+    /// Only answers that reflect every committed write may be passed (a linearizable read,
+    /// a write): a lagging replica's position is not a rollback.
+    pub(crate) fn saw(&self, identity: &[u8], positions: &[u64]) -> Result<(), WentBack> {
+        let mut state = self.state();
+        let went_back = match &state.identity {
+            None => None,
+            Some(known) if **known != *identity => Some(WentBack {
+                what: "the store's identity changed".to_owned(),
+            }),
+            Some(_) => state
+                .positions
+                .iter()
+                .zip(positions)
+                .enumerate()
+                .find(|(_, (seen, now))| now < seen)
+                .map(|(i, (seen, now))| WentBack {
+                    what: format!("position {i} went from {seen} back to {now}"),
+                }),
+        };
+        if let Some(back) = went_back {
+            // Positions start over from what the store shows now.
+            state.identity = Some(identity.into());
+            state.positions = positions.to_vec();
+            state.generation += 1;
+            state.current = None;
+            self.end_sessions(&mut state, &back.what);
+            // Until the new epoch's marker is read back, nothing is granted.
+            let end = Instant::now() + self.grace;
+            state.grace_end = Some(end);
+            self.grace_changed.notify_waiters();
+            return Err(back);
+        }
+        state.identity = Some(identity.into());
+        if state.positions.len() < positions.len() {
+            state.positions.resize(positions.len(), 0);
+        }
+        for (seen, now) in state.positions.iter_mut().zip(positions) {
+            *seen = (*seen).max(*now);
+        }
+        Ok(())
+    }
+
+    /// An epoch to begin now, at store counter `origin`: a new id, and tokens above every
+    /// token this client has seen and above the clock's microseconds since 1970 (a client
+    /// that never saw the store's earlier epochs relies on the clock: earlier epochs' tokens
+    /// grow by one per store write, far slower than one per microsecond).
+    pub(crate) fn next_epoch(&self, origin: u64, clock_us: u64) -> Epoch {
+        let floor = self.state().floor;
+        Epoch::new(random_u128(), clock_us.max(floor.saturating_add(1)), origin)
+    }
+
+    /// The token of an entry with store counter `raw` in the current epoch, recorded as
+    /// seen; `None` before this client has entered an epoch.
+    pub(crate) fn token(&self, raw: u64) -> Option<FencingToken> {
+        let mut state = self.state();
+        let token = state.current?.token(raw);
+        state.floor = state.floor.max(token.get());
+        Some(token)
+    }
+
+    /// Records a token handed out by the store itself (Redis, PostgreSQL), so that an epoch
+    /// this client begins starts above it.
+    pub(crate) fn saw_token(&self, token: FencingToken) {
+        let mut state = self.state();
+        state.floor = state.floor.max(token.get());
+    }
+
+    /// How much longer nothing is granted, as far as this client knows.
+    pub fn grace_left(&self) -> Option<Duration> {
+        let end = self.state().grace_end?;
+        let left = end.saturating_duration_since(Instant::now());
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Resolves once the grace this client knows of has passed (at once if none). The caller
+    /// then asks the store again, which may say the grace lasts longer.
+    pub(crate) async fn grace_passed(&self) {
+        loop {
+            let changed = self.grace_changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let Some(end) = self.state().grace_end else {
+                return;
+            };
+            if Instant::now() >= end {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(end) => return,
+                () = changed => {}
+            }
+        }
+    }
+
+    /// Watches a session granted in `generation`: if the store is in a later epoch by now,
+    /// or enters one later, the session is lost with [`LostReason::StoreReset`].
+    pub(crate) fn register(&self, generation: u64, lost: &Arc<LostSignal>) {
+        let mut state = self.state();
+        if state.generation != generation {
+            lost.mark(LostReason::StoreReset);
+            return;
+        }
+        state.sessions.retain(|(_, s)| s.strong_count() > 0);
+        state.sessions.push((generation, Arc::downgrade(lost)));
+    }
+
+    fn end_sessions(&self, state: &mut State, why: &str) {
+        let ended = std::mem::take(&mut state.sessions);
+        let mut told = 0usize;
+        for signal in ended.iter().filter_map(|(_, s)| s.upgrade()) {
+            signal.mark(LostReason::StoreReset);
+            told += 1;
+        }
+        if told > 0 {
+            tracing::warn!(store = %self.store, sessions = told, "{why}: every session granted before is lost");
+        }
+    }
+}
+
+/// 128 bits that differ between calls and processes: std's randomly keyed hasher over a
+/// counter and the clock. Uniqueness, not secrecy.
+pub(crate) fn random_u128() -> u128 {
+    (u128::from(random_u64()) << 64) | u128::from(random_u64())
+}
+
+/// 64 bits that differ between calls and processes (see [`random_u128`]).
+pub(crate) fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// The wall clock in microseconds since 1970 (0 if it is set before 1970).
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) fn clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LeaseId;
+
+    #[test]
+    fn markers_round_trip_and_refuse_what_is_not_one() {
+        let e = Epoch::new(0x0123_4567_89ab_cdef_0011_2233_4455_6677, 1_000_000, 42);
+        assert_eq!(Epoch::decode(e.encode().as_bytes()), Some(e));
+        assert_eq!(Epoch::decode(b"baton-epoch/2 00 1 2"), None);
+        assert_eq!(Epoch::decode(b"hello"), None);
+        assert_eq!(Epoch::decode(b"\xff"), None);
+    }
+
+    #[test]
+    fn tokens_follow_the_store_counter_above_the_base() {
+        let e = Epoch::new(1, 1_000, 50);
+        assert_eq!(e.token(50).get(), 1_000);
+        assert_eq!(e.token(51).get(), 1_001);
+        assert_eq!(e.raw(e.token(77)), 77);
+        // An entry from before the epoch (a foreign key) stays below the base.
+        assert!(e.token(10) < e.token(50));
+    }
+
+    #[test]
+    fn a_new_epoch_starts_above_every_token_seen() {
+        let epochs = StoreEpochs::new("test", Duration::from_secs(1));
+        epochs.enter(Epoch::new(1, 5_000, 0), None);
+        assert_eq!(epochs.token(10).map(FencingToken::get), Some(5_010));
+        // The clock says less than what was seen (a clock behind, or a store counter that
+        // grew fast): the floor wins.
+        let next = epochs.next_epoch(3, 100);
+        assert!(next.token(3).get() > 5_010);
+        assert_ne!(next.id(), 1);
+        // The clock says more: the clock wins.
+        assert_eq!(epochs.next_epoch(3, 9_000).token(3).get(), 9_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_epoch_ends_the_sessions_from_before_and_waits_its_grace() {
+        let epochs = StoreEpochs::new("test", Duration::from_secs(10));
+        // The first look: no loss, no grace.
+        assert!(epochs.enter(Epoch::new(1, 1, 1), None));
+        assert_eq!(epochs.grace_left(), None);
+        let signal = Arc::new(LostSignal::new(
+            LeaseId::new(7),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        epochs.register(epochs.generation(), &signal);
+        // The same epoch again changes nothing.
+        assert!(!epochs.enter(Epoch::new(1, 1, 1), None));
+        assert_eq!(signal.check(), None);
+        // Another epoch: the session is told at once, and grants wait the grace.
+        assert!(epochs.enter(Epoch::new(2, 100, 1), Some(Duration::from_secs(10))));
+        assert_eq!(signal.check(), Some(LostReason::StoreReset));
+        assert_eq!(epochs.grace_left(), Some(Duration::from_secs(10)));
+        epochs.grace_passed().await;
+        assert_eq!(epochs.grace_left(), None);
+        // A session granted in an older generation than the current one is lost at once.
+        let late = Arc::new(LostSignal::new(
+            LeaseId::new(8),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        epochs.register(1, &late);
+        assert_eq!(late.check(), Some(LostReason::StoreReset));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_position_that_goes_back_is_a_new_epoch() {
+        let epochs = StoreEpochs::new("test", Duration::from_secs(5));
+        epochs.enter(Epoch::new(1, 1, 1), None);
+        let signal = Arc::new(LostSignal::new(
+            LeaseId::new(7),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        epochs.register(epochs.generation(), &signal);
+        assert_eq!(epochs.saw(b"cluster", &[10, 2]), Ok(()));
+        assert_eq!(epochs.saw(b"cluster", &[12, 2]), Ok(()));
+        assert_eq!(signal.check(), None);
+        // The second component went back: a rollback.
+        let back = epochs.saw(b"cluster", &[13, 1]).expect_err("went back");
+        assert!(back.what.contains("2 back to 1"), "{back:?}");
+        assert_eq!(signal.check(), Some(LostReason::StoreReset));
+        assert_eq!(epochs.current(), None);
+        assert_eq!(epochs.grace_left(), Some(Duration::from_secs(5)));
+        // Another store at the same address: also a new epoch.
+        assert!(epochs.saw(b"other", &[100, 100]).is_err());
+        // From then on the new positions are the reference.
+        assert_eq!(epochs.saw(b"other", &[101, 100]), Ok(()));
+    }
+}
