@@ -29,12 +29,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::FencingToken;
 use crate::error::LostReason;
 use crate::session::LostSignal;
+
+/// How far apart the records of the positions seen are kept (see `State::positions`).
+const POSITION_STEP: Duration = Duration::from_millis(10);
+/// How long records of the positions seen are kept: a request in flight longer than this is
+/// compared with the oldest one kept.
+const POSITIONS_KEPT: Duration = Duration::from_secs(60);
 
 /// One epoch of a store: from the moment a client found the store without baton's state (or
 /// with state that went back in time) until the next such moment.
@@ -51,23 +56,13 @@ pub(crate) struct Epoch {
 }
 
 /// The first word of an encoded marker, with its format version.
+#[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
 const MARKER_MAGIC: &str = "baton-epoch/1";
 
 impl Epoch {
     /// An epoch `id` whose tokens are `base + (raw - origin)`.
     pub(crate) const fn new(id: u128, base: u64, origin: u64) -> Epoch {
         Epoch { id, base, origin }
-    }
-
-    /// The epoch's id: random, never reused.
-    pub(crate) const fn id(&self) -> u128 {
-        self.id
-    }
-
-    /// The store's counter when the epoch began.
-    #[cfg(any(feature = "etcd", feature = "zookeeper", test))]
-    pub(crate) const fn origin(&self) -> u64 {
-        self.origin
     }
 
     /// The token of an entry whose store counter is `raw`. Entries older than the epoch (a
@@ -81,14 +76,7 @@ impl Epoch {
         )
     }
 
-    /// The store counter of a token of this epoch ([`token`](Self::token)'s inverse).
-    pub(crate) fn raw(&self, token: FencingToken) -> u64 {
-        token
-            .get()
-            .saturating_add(self.origin)
-            .saturating_sub(self.base)
-    }
-
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
     /// The marker's text, as stored: `baton-epoch/1 <id, 32 hex digits> <base> <origin>`.
     pub(crate) fn encode(&self) -> String {
         format!(
@@ -97,6 +85,7 @@ impl Epoch {
         )
     }
 
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
     /// Parses a marker; `None` for anything that is not one (a store that is not baton's).
     pub(crate) fn decode(raw: &[u8]) -> Option<Epoch> {
         let text = std::str::from_utf8(raw).ok()?;
@@ -125,8 +114,6 @@ pub struct StoreEpochs {
     store: Box<str>,
     grace: Duration,
     state: Mutex<State>,
-    /// Woken when the grace this client knows of changes (it may end sooner: a new reading).
-    grace_changed: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -135,9 +122,12 @@ struct State {
     generation: u64,
     current: Option<Epoch>,
     /// The store's identity as last seen in an answer, and the highest position seen in
-    /// it, per component (each never goes backwards while the store keeps its state).
+    /// it, per component (each never goes backwards while the store keeps its state), as it
+    /// grew: `(received, highest so far)`, oldest first. An answer is compared only with
+    /// what had been received before its request was sent: answers to requests in flight
+    /// together may arrive in any order.
     identity: Option<Box<[u8]>>,
-    positions: Vec<u64>,
+    positions: std::collections::VecDeque<(Instant, Vec<u64>)>,
     /// The highest token this client has made or seen: a new epoch's tokens start above it.
     floor: u64,
     /// When the grace of the current epoch ends (this process's clock), if it has not.
@@ -174,7 +164,6 @@ impl StoreEpochs {
             store: store.into().into_boxed_str(),
             grace,
             state: Mutex::default(),
-            grace_changed: Notify::new(),
         }
     }
 
@@ -196,6 +185,7 @@ impl StoreEpochs {
     }
 
     /// The epoch in force, as far as this client knows.
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
     pub(crate) fn current(&self) -> Option<Epoch> {
         self.state().current
     }
@@ -221,18 +211,9 @@ impl StoreEpochs {
         new
     }
 
-    /// The rest of the current epoch's grace, as the store just reported it.
-    pub(crate) fn grace_for(&self, grace_left: Option<Duration>) {
-        let mut state = self.state();
-        self.set_grace(&mut state, grace_left);
-    }
-
     fn set_grace(&self, state: &mut State, left: Option<Duration>) {
         let end = left.filter(|l| !l.is_zero()).map(|l| Instant::now() + l);
-        if state.grace_end != end {
-            state.grace_end = end;
-            self.grace_changed.notify_waiters();
-        }
+        state.grace_end = end;
         if let Some(left) = left.filter(|l| !l.is_zero())
             && state.announced != state.generation
         {
@@ -254,43 +235,83 @@ impl StoreEpochs {
     /// begins a new epoch ([`next_epoch`](Self::next_epoch)). The first answer only records.
     ///
     /// Only answers that reflect every committed write may be passed (a linearizable read,
-    /// a write): a lagging replica's position is not a rollback.
-    pub(crate) fn saw(&self, identity: &[u8], positions: &[u64]) -> Result<(), WentBack> {
+    /// a write): a lagging replica's position is not a rollback. `sent` is when the request
+    /// was sent (its first attempt): the answer is compared with the answers received before
+    /// then, which it must not be behind; answers to requests in flight together may come
+    /// in any order.
+    pub(crate) fn saw(
+        &self,
+        identity: &[u8],
+        positions: &[u64],
+        sent: Instant,
+    ) -> Result<(), WentBack> {
         let mut state = self.state();
+        let before = state.positions.partition_point(|(at, _)| *at <= sent);
         let went_back = match &state.identity {
             None => None,
             Some(known) if **known != *identity => Some(WentBack {
                 what: "the store's identity changed".to_owned(),
             }),
-            Some(_) => state
-                .positions
-                .iter()
-                .zip(positions)
-                .enumerate()
-                .find(|(_, (seen, now))| now < seen)
-                .map(|(i, (seen, now))| WentBack {
-                    what: format!("position {i} went from {seen} back to {now}"),
+            Some(_) => before
+                .checked_sub(1)
+                .and_then(|i| state.positions.get(i))
+                .and_then(|(_, seen)| {
+                    seen.iter()
+                        .zip(positions)
+                        .enumerate()
+                        .find(|(_, (seen, now))| now < seen)
+                        .map(|(i, (seen, now))| WentBack {
+                            what: format!("position {i} went from {seen} back to {now}"),
+                        })
                 }),
         };
+        let now = Instant::now();
         if let Some(back) = went_back {
             // Positions start over from what the store shows now.
             state.identity = Some(identity.into());
-            state.positions = positions.to_vec();
+            state.positions.clear();
+            state.positions.push_back((now, positions.to_vec()));
             state.generation += 1;
             state.current = None;
             self.end_sessions(&mut state, &back.what);
             // Until the new epoch's marker is read back, nothing is granted.
             let end = Instant::now() + self.grace;
             state.grace_end = Some(end);
-            self.grace_changed.notify_waiters();
             return Err(back);
         }
         state.identity = Some(identity.into());
-        if state.positions.len() < positions.len() {
-            state.positions.resize(positions.len(), 0);
+        let mut highest = state
+            .positions
+            .back()
+            .map(|(_, p)| p.clone())
+            .unwrap_or_default();
+        if highest.len() < positions.len() {
+            highest.resize(positions.len(), 0);
         }
-        for (seen, now) in state.positions.iter_mut().zip(positions) {
-            *seen = (*seen).max(*now);
+        let mut raised = false;
+        for (seen, p) in highest.iter_mut().zip(positions) {
+            if *p > *seen {
+                *seen = *p;
+                raised = true;
+            }
+        }
+        if raised {
+            // Moved forward in time rather than added while the last is recent: a request
+            // sent before `now` is then compared with an older, lower record (never with an
+            // answer received after it was sent). One record per 10 ms, a minute kept.
+            match state.positions.back_mut() {
+                Some(last) if now.saturating_duration_since(last.0) < POSITION_STEP => {
+                    *last = (now, highest);
+                }
+                _ => state.positions.push_back((now, highest)),
+            }
+            while state
+                .positions
+                .get(1)
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > POSITIONS_KEPT)
+            {
+                state.positions.pop_front();
+            }
         }
         Ok(())
     }
@@ -306,6 +327,7 @@ impl StoreEpochs {
 
     /// The token of an entry with store counter `raw` in the current epoch, recorded as
     /// seen; `None` before this client has entered an epoch.
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
     pub(crate) fn token(&self, raw: u64) -> Option<FencingToken> {
         let mut state = self.state();
         let token = state.current?.token(raw);
@@ -313,38 +335,11 @@ impl StoreEpochs {
         Some(token)
     }
 
-    /// Records a token handed out by the store itself (Redis, PostgreSQL), so that an epoch
-    /// this client begins starts above it.
-    pub(crate) fn saw_token(&self, token: FencingToken) {
-        let mut state = self.state();
-        state.floor = state.floor.max(token.get());
-    }
-
     /// How much longer nothing is granted, as far as this client knows.
     pub fn grace_left(&self) -> Option<Duration> {
         let end = self.state().grace_end?;
         let left = end.saturating_duration_since(Instant::now());
         (!left.is_zero()).then_some(left)
-    }
-
-    /// Resolves once the grace this client knows of has passed (at once if none). The caller
-    /// then asks the store again, which may say the grace lasts longer.
-    pub(crate) async fn grace_passed(&self) {
-        loop {
-            let changed = self.grace_changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let Some(end) = self.state().grace_end else {
-                return;
-            };
-            if Instant::now() >= end {
-                return;
-            }
-            tokio::select! {
-                () = tokio::time::sleep_until(end) => return,
-                () = changed => {}
-            }
-        }
     }
 
     /// Watches a session granted in `generation`: if the store is in a later epoch by now,
@@ -419,7 +414,6 @@ mod tests {
         let e = Epoch::new(1, 1_000, 50);
         assert_eq!(e.token(50).get(), 1_000);
         assert_eq!(e.token(51).get(), 1_001);
-        assert_eq!(e.raw(e.token(77)), 77);
         // An entry from before the epoch (a foreign key) stays below the base.
         assert!(e.token(10) < e.token(50));
     }
@@ -433,7 +427,7 @@ mod tests {
         // grew fast): the floor wins.
         let next = epochs.next_epoch(3, 100);
         assert!(next.token(3).get() > 5_010);
-        assert_ne!(next.id(), 1);
+        assert_ne!(next, Epoch::new(1, next.base, next.origin));
         // The clock says more: the clock wins.
         assert_eq!(epochs.next_epoch(3, 9_000).token(3).get(), 9_000);
     }
@@ -456,7 +450,7 @@ mod tests {
         assert!(epochs.enter(Epoch::new(2, 100, 1), Some(Duration::from_secs(10))));
         assert_eq!(signal.check(), Some(LostReason::StoreReset));
         assert_eq!(epochs.grace_left(), Some(Duration::from_secs(10)));
-        epochs.grace_passed().await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
         assert_eq!(epochs.grace_left(), None);
         // A session granted in an older generation than the current one is lost at once.
         let late = Arc::new(LostSignal::new(
@@ -476,18 +470,28 @@ mod tests {
             Instant::now() + Duration::from_secs(60),
         ));
         epochs.register(epochs.generation(), &signal);
-        assert_eq!(epochs.saw(b"cluster", &[10, 2]), Ok(()));
-        assert_eq!(epochs.saw(b"cluster", &[12, 2]), Ok(()));
+        let now = Instant::now;
+        assert_eq!(epochs.saw(b"cluster", &[10, 2], now()), Ok(()));
+        let early = now();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(epochs.saw(b"cluster", &[12, 2], now()), Ok(()));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        // An answer to a request sent before 12 was received may say 11: not a rollback.
+        assert_eq!(epochs.saw(b"cluster", &[11, 2], early), Ok(()));
         assert_eq!(signal.check(), None);
         // The second component went back: a rollback.
-        let back = epochs.saw(b"cluster", &[13, 1]).expect_err("went back");
+        let back = epochs
+            .saw(b"cluster", &[13, 1], now())
+            .expect_err("went back");
         assert!(back.what.contains("2 back to 1"), "{back:?}");
         assert_eq!(signal.check(), Some(LostReason::StoreReset));
         assert_eq!(epochs.current(), None);
         assert_eq!(epochs.grace_left(), Some(Duration::from_secs(5)));
         // Another store at the same address: also a new epoch.
-        assert!(epochs.saw(b"other", &[100, 100]).is_err());
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(epochs.saw(b"other", &[100, 100], now()).is_err());
         // From then on the new positions are the reference.
-        assert_eq!(epochs.saw(b"other", &[101, 100]), Ok(()));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(epochs.saw(b"other", &[101, 100], now()), Ok(()));
     }
 }

@@ -318,8 +318,10 @@ impl MemoryBackend {
     /// which each entry was created.
     pub fn new() -> Self {
         let created = Instant::now();
-        let mut state = State::default();
-        state.marker = Some((Epoch::new(crate::epoch::random_u128(), 1, 1), created));
+        let state = State {
+            marker: Some((Epoch::new(crate::epoch::random_u128(), 1, 1), created)),
+            ..State::default()
+        };
         let shared = Arc::new(Shared {
             state: StdMutex::new(state),
             created,
@@ -489,7 +491,8 @@ impl MemoryBackend {
         }
         let mut state = self.lock_state();
         let now = Instant::now();
-        let went_back = self.epochs.saw(b"memory", &[state.revision]).is_err();
+        // One lock, one order: every answer is read after the one before it.
+        let went_back = self.epochs.saw(b"memory", &[state.revision], now).is_err();
         if state.marker.is_none() || went_back {
             let clock = u64::try_from((now - self.shared.created).as_micros())
                 .unwrap_or(u64::MAX)
@@ -801,12 +804,15 @@ impl Backend for MemoryBackend {
     }
 }
 
+/// A key as a snapshot keeps it: value, create revision, lease.
+type SavedKv = (Vec<u8>, u64, Option<LeaseId>);
+
 /// A copy of a [`MemoryBackend`]'s store, from [`MemoryBackend::snapshot`].
 #[derive(Debug, Clone)]
 pub struct MemorySnapshot {
     revision: u64,
     marker: Option<(Epoch, Instant)>,
-    kvs: Vec<(String, (Vec<u8>, u64, Option<LeaseId>))>,
+    kvs: Vec<(String, SavedKv)>,
     leases: Vec<(LeaseId, Duration)>,
 }
 

@@ -78,6 +78,9 @@ struct MemberSpec {
     /// TLS for clients: whether client certificates are required. The files are in the
     /// directory given to [`args`](Self::args).
     tls: Option<bool>,
+    /// A directory of the host holding the member's data (bound into its container), so
+    /// that a test can wipe it or restore a snapshot into it.
+    host_data: Option<PathBuf>,
 }
 
 impl MemberSpec {
@@ -88,6 +91,7 @@ impl MemberSpec {
             peer_port: free_port()?,
             extra: Vec::new(),
             tls: None,
+            host_data: None,
         })
     }
 
@@ -184,12 +188,22 @@ async fn start_container_tls(
             })
             .collect()
     });
-    ETCD.start_container_with_files(
-        spec.args(initial, "/tmp/etcd-data", CONTAINER_TLS_DIR),
+    let mount = spec.host_data.as_ref().map(|dir| {
+        (
+            dir.to_string_lossy().into_owned(),
+            CONTAINER_DATA_DIR.to_owned(),
+        )
+    });
+    ETCD.start_container_mounted(
+        spec.args(initial, CONTAINER_DATA_DIR, CONTAINER_TLS_DIR),
         files,
+        mount,
     )
     .await
 }
+
+/// Where a member's container keeps its data.
+const CONTAINER_DATA_DIR: &str = "/tmp/etcd-data";
 
 /// An etcd started as a child process (the opt-in fallback when Docker is unavailable).
 #[derive(Debug)]
@@ -299,6 +313,8 @@ enum Running {
 #[derive(Debug)]
 pub struct EtcdNode {
     endpoints: Vec<String>,
+    /// How the member was started (`None`: external), for a restore into its data dir.
+    spec: Option<MemberSpec>,
     running: Running,
     /// What [`backend`](Self::backend) connects with (TLS for a TLS node).
     options: EtcdOptions,
@@ -330,6 +346,7 @@ impl EtcdNode {
             }
             return Ok(EtcdNode {
                 endpoints: endpoints.split(',').map(str::to_owned).collect(),
+                spec: None,
                 running: Running::External,
                 options: EtcdOptions::new(),
                 tls: None,
@@ -358,6 +375,37 @@ impl EtcdNode {
         EtcdNode::start_spec(spec, Some(tls)).await
     }
 
+    /// Starts a single-member etcd in a container whose data dir is a directory of the host,
+    /// so that a test can make it forget: [`stop`](Self::stop), then
+    /// [`wipe_data`](Self::wipe_data) (a member restarted without its data dir) or
+    /// [`restore_snapshot`](Self::restore_snapshot) (`etcdctl snapshot restore`), then
+    /// [`start_again`](Self::start_again). Needs Docker, and `etcdctl` on `PATH` for a
+    /// restore.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the directory cannot be made or the container does not start.
+    pub async fn start_with_host_data() -> Result<EtcdNode, FixtureError> {
+        let mut spec = MemberSpec::new("n0")?;
+        let dir = std::env::temp_dir().join(format!(
+            "baton-etcd-data-{}-{}",
+            std::process::id(),
+            spec.client_port
+        ));
+        std::fs::create_dir_all(&dir)?;
+        spec.host_data = Some(dir);
+        let initial = initial_cluster(std::slice::from_ref(&spec));
+        let container = start_container(&spec, &initial).await?;
+        let node = EtcdNode {
+            endpoints: vec![spec.endpoint()],
+            spec: Some(spec),
+            running: Running::Container(Box::new(container)),
+            options: EtcdOptions::new(),
+            tls: None,
+        };
+        node.init_store().await?;
+        Ok(node)
+    }
+
     async fn start_spec(spec: MemberSpec, tls: Option<&EtcdTls>) -> Result<EtcdNode, FixtureError> {
         let initial = initial_cluster(std::slice::from_ref(&spec));
         let running = match start_container_tls(&spec, &initial, tls).await {
@@ -371,12 +419,97 @@ impl EtcdNode {
                 .await?
             }
         };
-        Ok(EtcdNode {
+        let node = EtcdNode {
             endpoints: vec![spec.endpoint()],
+            spec: Some(spec),
             running,
             options: tls.map_or_else(EtcdOptions::new, EtcdTls::client_options),
             tls: tls.cloned(),
-        })
+        };
+        node.init_store().await?;
+        Ok(node)
+    }
+
+    /// Marks the new store as baton's (`baton init`): its first use waits no restart grace.
+    async fn init_store(&self) -> Result<(), FixtureError> {
+        let backend = self.backend().await.map_err(|e| FixtureError::Process {
+            server: ETCD.name,
+            reason: format!("marking the new etcd as baton's: {e}"),
+        })?;
+        backend
+            .init_store()
+            .await
+            .map_err(|e| FixtureError::Process {
+                server: ETCD.name,
+                reason: format!("marking the new etcd as baton's: {e}"),
+            })?;
+        Ok(())
+    }
+
+    /// The host directory of a node started with
+    /// [`start_with_host_data`](Self::start_with_host_data).
+    fn host_data(&self, what: &'static str) -> Result<(&MemberSpec, &Path), FixtureError> {
+        self.spec
+            .as_ref()
+            .and_then(|spec| Some((spec, spec.host_data.as_deref()?)))
+            .ok_or(FixtureError::Unsupported {
+                op: what,
+                reason: "the node was not started with start_with_host_data",
+            })
+    }
+
+    /// Removes the stopped node's data dir: [`start_again`](Self::start_again) then starts
+    /// a member with nothing, with the same name and URLs (so the same cluster id), as an
+    /// operator who lost a disk would.
+    ///
+    /// # Errors
+    /// [`FixtureError::Unsupported`] for a node not started with
+    /// [`start_with_host_data`](Self::start_with_host_data); the file system's error.
+    pub fn wipe_data(&self) -> Result<(), FixtureError> {
+        let (_, dir) = self.host_data("wipe_data")?;
+        std::fs::remove_dir_all(dir)?;
+        std::fs::create_dir_all(dir)?;
+        Ok(())
+    }
+
+    /// Saves a snapshot of the running node's data to `path` (`etcdctl snapshot save`).
+    ///
+    /// # Errors
+    /// [`FixtureError::Spawn`] or [`FixtureError::Process`] if `etcdctl` cannot be run or
+    /// fails.
+    pub async fn save_snapshot(&self, path: &Path) -> Result<(), FixtureError> {
+        let endpoint = self.endpoints.join(",");
+        let path = path.to_string_lossy().into_owned();
+        etcdctl(&["--endpoints", &endpoint, "snapshot", "save", &path]).await
+    }
+
+    /// Replaces the stopped node's data with `snapshot`, as `etcdctl snapshot restore` does
+    /// for an operator recovering from a backup (same name and URLs, so the same cluster
+    /// id): [`start_again`](Self::start_again) then serves the store as it was.
+    ///
+    /// # Errors
+    /// As [`wipe_data`](Self::wipe_data) and [`save_snapshot`](Self::save_snapshot).
+    pub async fn restore_snapshot(&self, snapshot: &Path) -> Result<(), FixtureError> {
+        let (spec, dir) = self.host_data("restore_snapshot")?;
+        std::fs::remove_dir_all(dir)?;
+        let peer = format!("http://127.0.0.1:{}", spec.peer_port);
+        let initial = initial_cluster(std::slice::from_ref(spec));
+        etcdctl(&[
+            "snapshot",
+            "restore",
+            &snapshot.to_string_lossy(),
+            "--name",
+            &spec.name,
+            "--data-dir",
+            &dir.to_string_lossy(),
+            "--initial-cluster",
+            &initial,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster-token",
+            "baton-test",
+        ])
+        .await
     }
 
     /// One node shared by every test of this process, started on first use on a runtime of
@@ -512,6 +645,37 @@ impl EtcdNode {
     }
 }
 
+impl Drop for EtcdNode {
+    fn drop(&mut self) {
+        if let Some(dir) = self.spec.as_ref().and_then(|s| s.host_data.as_deref()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Runs the host's `etcdctl` (API 3) with `args`.
+async fn etcdctl(args: &[&str]) -> Result<(), FixtureError> {
+    let out = Command::new("etcdctl")
+        .args(args)
+        .env("ETCDCTL_API", "3")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|source| FixtureError::Spawn {
+            server: "etcdctl",
+            source,
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(ETCD.process_error(format!(
+            "etcdctl {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
 /// Waits until `endpoint` serves a linearizable read (it knows a leader and has a quorum), for
 /// at most 30 s.
 async fn wait_serving(endpoint: &str, options: EtcdOptions) -> Result<(), FixtureError> {
@@ -562,7 +726,17 @@ impl EtcdCluster {
         let started =
             futures::future::join_all(specs.iter().map(|s| start_container(s, &initial))).await;
         let members = started.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(EtcdCluster { specs, members })
+        let cluster = EtcdCluster { specs, members };
+        // A new store: marked as baton's, so that its first use waits no restart grace.
+        let marked = match cluster.backend().await {
+            Ok(backend) => backend.init_store().await.map(drop),
+            Err(e) => Err(e),
+        };
+        marked.map_err(|e| FixtureError::Process {
+            server: ETCD.name,
+            reason: format!("marking the new etcd cluster as baton's: {e}"),
+        })?;
+        Ok(cluster)
     }
 
     /// Client endpoints of all members.

@@ -401,6 +401,18 @@ impl Server {
         args: Vec<String>,
         files: Vec<(String, Vec<u8>)>,
     ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
+        self.start_container_mounted(args, files, None).await
+    }
+
+    /// [`start_container_with_files`](Self::start_container_with_files), with a directory of
+    /// the host bound at a path of the container (`(host, container)`): data a test can wipe
+    /// or replace while the container is stopped.
+    pub(crate) async fn start_container_mounted(
+        &self,
+        args: Vec<String>,
+        files: Vec<(String, Vec<u8>)>,
+        mount: Option<(String, String)>,
+    ) -> Result<ContainerAsync<GenericImage>, FixtureError> {
         self.ensure_image().await?;
         let (name, tag) = self.image();
         let mut request = GenericImage::new(name, tag)
@@ -413,6 +425,9 @@ impl Server {
             .with_startup_timeout(Duration::from_secs(60));
         for (path, contents) in files {
             request = request.with_copy_to(path, CopyDataSource::Data(contents));
+        }
+        if let Some((host, container)) = mount {
+            request = request.with_mount(testcontainers::core::Mount::bind_mount(host, container));
         }
         let container = request
             .start()

@@ -71,7 +71,11 @@ where
         Err(Error::RestartGrace { .. }) => {}
         other => panic!("try_lock during the grace: {other:?}"),
     }
-    let lock = tokio::spawn(async move { mutex.lock().await });
+    // The grant's instant is taken where it happens, not where the test looks.
+    let lock = tokio::spawn(async move {
+        let guard = mutex.lock().await;
+        (guard, Instant::now())
+    });
 
     let reason = super::within("the holder from before is told", grace + ttl * 2, lost).await;
     let told = Instant::now();
@@ -82,11 +86,10 @@ where
         ),
         "{reason:?}"
     );
-    let granted = super::within("the newcomer is granted", grace * 3 + ttl * 2, lock)
+    let (granted, granted_at) = super::within("the newcomer is granted", grace * 3 + ttl * 2, lock)
         .await
-        .expect("the newcomer's task")
-        .expect("the newcomer's lock");
-    let granted_at = Instant::now();
+        .expect("the newcomer's task");
+    let granted = granted.expect("the newcomer's lock");
     assert!(
         told <= granted_at,
         "the newcomer was granted before the holder was told"

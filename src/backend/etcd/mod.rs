@@ -21,8 +21,10 @@ use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
     QueueMirror, WriteOp, queue_of_bytes,
 };
+use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
 
+mod epoch;
 mod reach;
 mod tls;
 mod value;
@@ -70,6 +72,7 @@ pub struct EtcdOptions {
     connect_timeout: Duration,
     request_timeout: Duration,
     retry_for: Duration,
+    restart_grace: Duration,
     user: Option<(String, String)>,
     tls: TlsConfig,
 }
@@ -80,6 +83,7 @@ impl std::fmt::Debug for EtcdOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("retry_for", &self.retry_for)
+            .field("restart_grace", &self.restart_grace)
             // Never print the password, nor the client's private key.
             .field("user", &self.user.as_ref().map(|(u, _)| u))
             .field("ca_cert", &self.tls.ca.is_some())
@@ -96,13 +100,14 @@ impl Default for EtcdOptions {
 }
 
 impl EtcdOptions {
-    /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, no
-    /// authentication.
+    /// Defaults: connect timeout 5 s, request timeout 5 s, retries for up to 10 s, restart
+    /// grace 60 s (the default session TTL), no authentication.
     pub fn new() -> Self {
         EtcdOptions {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(10),
+            restart_grace: crate::SessionOptions::DEFAULT_TTL,
             user: None,
             tls: TlsConfig::default(),
         }
@@ -128,6 +133,22 @@ impl EtcdOptions {
     /// lease deadline passes ends the session anyway.
     pub fn with_retry_for(mut self, duration: Duration) -> Self {
         self.retry_for = duration;
+        self
+    }
+
+    /// How long nothing is granted after etcd lost or rolled back its state (a member
+    /// restarted without its data dir, `etcdctl snapshot restore`), and after the first use of
+    /// an etcd that baton has never marked: a holder from before may still believe it holds
+    /// until its lease would have expired. The client that finds the store so begins a new
+    /// *store epoch* ([`StoreEpochs`]), whose grace etcd itself times (a key bound to a lease
+    /// of this length); every client waits it out.
+    ///
+    /// ## Warning
+    /// At least the longest session TTL of every client of this etcd: a shorter grace lets
+    /// a new holder overlap one from before. An operator who knows an etcd is new marks it
+    /// first (`baton init`), and its first use waits nothing.
+    pub fn with_restart_grace(mut self, grace: Duration) -> Self {
+        self.restart_grace = grace;
         self
     }
 
@@ -208,6 +229,8 @@ struct Shared {
     /// The mod revision of each lease's fence ([`fence_key`]) as this process last set or
     /// read it; a lease absent here has never moved its fence (0: no such key).
     fences: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
+    /// What this client remembers of the store's epochs.
+    epochs: StoreEpochs,
 }
 
 /// How many times an enqueue catches up with its lease's fence before it gives up (each
@@ -501,7 +524,11 @@ impl EtcdBackend {
         check_version(status.version())?;
         let requests = Arc::new(AtomicU64::new(0));
         let transport = EtcdTransport(client.clone());
-        Ok(EtcdBackend {
+        let epochs = StoreEpochs::new(
+            format!("etcd at {}", endpoints.join(",")),
+            options.restart_grace,
+        );
+        let backend = EtcdBackend {
             inner: Arc::new(Shared {
                 client,
                 options,
@@ -510,8 +537,29 @@ impl EtcdBackend {
                 values: ValueWatches::default(),
                 requests,
                 fences: Default::default(),
+                epochs,
             }),
-        })
+        };
+        // The store's epoch is looked at by the first request that needs it, so that an
+        // operator's `init_store` can come first.
+        Ok(backend)
+    }
+
+    /// Marks this etcd as baton's, as `baton init` does: if it has no epoch marker, its first
+    /// store epoch begins now **without a restart grace**. Returns whether it began one
+    /// (`false`: the store was marked already, and nothing changed).
+    ///
+    /// Call it only for an etcd you know is new, or whose every baton client has stopped:
+    /// the grace it skips is what keeps a newcomer from being granted while a holder from
+    /// before (of a store that lost its data) still believes it holds.
+    ///
+    /// # Errors
+    /// The backend's errors.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the marker is written in one transaction, or not at all.
+    pub async fn init_store(&self) -> Result<bool> {
+        Ok(self.establish_as("init_store", false, true).await?.1)
     }
 
     /// Requests sent to etcd so far by this backend and its clones: unary requests
@@ -642,8 +690,17 @@ impl EtcdBackend {
         }
     }
 
-    /// Runs the read-only transaction `txn` with the backend's retries.
+    /// Runs the read-only transaction `txn` with the backend's retries, and takes in the
+    /// store's position from its answer (a store that went back begins a new epoch).
     pub(crate) async fn read_txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        let sent = Instant::now();
+        let resp = self.read_txn_raw(op, txn).await?;
+        self.saw_header(resp.header(), false, sent).await?;
+        Ok(resp)
+    }
+
+    /// [`read_txn`](Self::read_txn) without looking at the store's position.
+    async fn read_txn_raw(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
         self.call(op, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
@@ -652,12 +709,21 @@ impl EtcdBackend {
     }
 
     /// Runs the writing transaction `txn` with the backend's retries; see
-    /// [`write`](Self::write) for the flag that comes with the answer.
+    /// [`write`](Self::write) for the flag that comes with the answer. Takes in the store's
+    /// position from the answer, as [`read_txn`](Self::read_txn) does.
     pub(crate) async fn write_txn(
         &self,
         op: &'static str,
         txn: Txn,
     ) -> Result<(TxnResponse, bool)> {
+        let sent = Instant::now();
+        let (resp, maybe_applied) = self.write_txn_raw(op, txn).await?;
+        self.saw_header(resp.header(), true, sent).await?;
+        Ok((resp, maybe_applied))
+    }
+
+    /// [`write_txn`](Self::write_txn) without looking at the store's position.
+    async fn write_txn_raw(&self, op: &'static str, txn: Txn) -> Result<(TxnResponse, bool)> {
         self.write(op, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
@@ -700,19 +766,45 @@ impl EtcdBackend {
     }
 
     fn live_compare(entry: &Entry) -> Compare {
-        Compare::create_revision(entry.key_bytes(), CompareOp::Equal, revision(entry.token()))
+        Compare::create_revision(entry.key_bytes(), CompareOp::Equal, revision(entry))
+    }
+
+    /// A transaction that runs `ops` only if `entry`'s key still has its create revision and
+    /// the store is still in the epoch `entry` was read in; [`Error::SessionLost`] with
+    /// [`LostReason::StoreReset`] if the store is in another epoch now (every session from
+    /// before is lost with it).
+    async fn live_txn(
+        &self,
+        op: &'static str,
+        entry: &Entry,
+        ops: Vec<TxnOp>,
+        write: bool,
+    ) -> Result<(TxnResponse, bool)> {
+        let epoch = self.epoch().await?;
+        let txn = Txn::new()
+            .when([Self::live_compare(entry), Self::in_epoch(&epoch)])
+            .and_then(ops)
+            .or_else([Self::read_marker()]);
+        let (resp, maybe_applied) = if write {
+            self.write_txn(op, txn).await?
+        } else {
+            (self.read_txn(op, txn).await?, false)
+        };
+        if !resp.succeeded() && self.marker_moved(&resp, 0, &epoch).await? {
+            return Err(Error::SessionLost(LostReason::StoreReset));
+        }
+        Ok((resp, maybe_applied))
     }
 
     /// A read-only transaction that runs `ops` only if `entry`'s key still has its create
-    /// revision.
+    /// revision (see [`live_txn`](Self::live_txn)).
     async fn if_live(
         &self,
         op: &'static str,
         entry: &Entry,
         ops: Vec<TxnOp>,
     ) -> Result<TxnResponse> {
-        let txn = Txn::new().when([Self::live_compare(entry)]).and_then(ops);
-        self.read_txn(op, txn).await
+        Ok(self.live_txn(op, entry, ops, false).await?.0)
     }
 
     /// Applies the writes `ops` only if `entry`'s key still has its create revision; tells
@@ -725,8 +817,7 @@ impl EtcdBackend {
         entry: &Entry,
         ops: Vec<TxnOp>,
     ) -> Result<bool> {
-        let txn = Txn::new().when([Self::live_compare(entry)]).and_then(ops);
-        let (resp, maybe_applied) = self.write_txn(op, txn).await?;
+        let (resp, maybe_applied) = self.live_txn(op, entry, ops, true).await?;
         if resp.succeeded() {
             Ok(true)
         } else if maybe_applied {
@@ -890,21 +981,41 @@ enum Kind {
     Write,
 }
 
-fn revision(token: FencingToken) -> i64 {
-    i64::try_from(token.get()).unwrap_or(i64::MAX)
+/// An entry's create revision: its position (its token carries the store epoch above it).
+fn revision(entry: &Entry) -> i64 {
+    i64::try_from(entry.position().get()).unwrap_or(i64::MAX)
 }
 
-fn to_entry(kv: &KeyValue) -> Entry {
-    let create = u64::try_from(kv.create_revision()).unwrap_or(0);
-    // The exact key: foreign clients may write keys that are not UTF-8, and a wait or a
-    // compare on a lossy copy of such a key would name a key that does not exist.
-    Entry::new(
-        kv.key(),
-        kv.value(),
-        Position::new(create),
-        FencingToken::new(create),
-        (kv.lease() != 0).then_some(LeaseId::new(kv.lease())),
-    )
+impl EtcdBackend {
+    /// The entry `kv` is: its position the create revision, its token the create revision in
+    /// the store's current epoch.
+    fn to_entry(&self, kv: &KeyValue) -> Entry {
+        let create = u64::try_from(kv.create_revision()).unwrap_or(0);
+        // The exact key: foreign clients may write keys that are not UTF-8, and a wait or a
+        // compare on a lossy copy of such a key would name a key that does not exist.
+        Entry::new(
+            kv.key(),
+            kv.value(),
+            Position::new(create),
+            self.token(create),
+            (kv.lease() != 0).then_some(LeaseId::new(kv.lease())),
+        )
+    }
+
+    /// The token of create revision `create` in the current epoch.
+    fn token(&self, create: u64) -> FencingToken {
+        self.inner
+            .epochs
+            .token(create)
+            .unwrap_or(FencingToken::new(create))
+    }
+
+    fn first_kv(&self, resp: Option<&TxnOpResponse>) -> Option<Entry> {
+        match resp {
+            Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| self.to_entry(kv)),
+            _ => None,
+        }
+    }
 }
 
 fn queue_prefix(queue: &str) -> String {
@@ -934,13 +1045,6 @@ fn by_creation(order: SortOrder, limit: i64) -> GetOptions {
         .with_limit(limit)
 }
 
-fn first_kv(resp: Option<&TxnOpResponse>) -> Option<Entry> {
-    match resp {
-        Some(TxnOpResponse::Get(get)) => get.kvs().first().map(to_entry),
-        _ => None,
-    }
-}
-
 fn malformed(op: &'static str) -> Error {
     Error::Backend {
         op,
@@ -957,6 +1061,9 @@ impl Backend for EtcdBackend {
                 "lease TTL must be greater than zero",
             ));
         }
+        // A new session learns of a store that forgot (and of its grace) before it is
+        // granted anything.
+        self.confirm_epoch("grant_lease").await?;
         // etcd counts whole seconds: round up so that the lease is never shorter than asked.
         let secs =
             i64::try_from(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).unwrap_or(i64::MAX);
@@ -989,7 +1096,13 @@ impl Backend for EtcdBackend {
             })
             .await;
         match result {
-            Ok(ttl) if ttl > 0 => Ok(Some(Duration::from_secs(ttl.unsigned_abs()))),
+            Ok(ttl) if ttl > 0 => {
+                // A lease that a restore brought back renews like any other: only the epoch
+                // marker, read after the renewal was sent, tells that the store went back
+                // (its sessions are then lost, this one with them).
+                self.confirm_epoch("keep_alive").await?;
+                Ok(Some(Duration::from_secs(ttl.unsigned_abs())))
+            }
             // etcd answers TTL <= 0 for a lease it no longer has.
             Ok(_) | Err(Error::SessionLost(_)) => Ok(None),
             Err(e) => Err(e),
@@ -1026,11 +1139,14 @@ impl Backend for EtcdBackend {
         // Created now: read the newest entry *before* the put, which is our predecessor (or
         // none: we are the head), so a waiter can start waiting without another read. The
         // put applies only while the lease's fence is where this process last saw it.
-        let txn = |fence_seen: i64| {
+        // ... and only in the store epoch this client is in: a store that forgot grants
+        // nothing to a request from before (see `epoch.rs`).
+        let txn = |fence_seen: i64, epoch: &Epoch| {
             Txn::new()
                 .when([
                     Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
                     Compare::mod_revision(fence.as_str(), CompareOp::Equal, fence_seen),
+                    Self::in_epoch(epoch),
                 ])
                 .and_then([
                     TxnOp::get(queue_prefix(queue), Some(newest_first(1))),
@@ -1044,42 +1160,47 @@ impl Backend for EtcdBackend {
                     TxnOp::get(key.as_str(), None),
                     TxnOp::get(queue_prefix(queue), Some(oldest_first(1))),
                     TxnOp::get(fence.as_str(), None),
+                    Self::read_marker(),
                 ])
         };
         for _ in 0..FENCE_RACES {
+            let epoch = self.epoch().await?;
             // Create-if-absent: a retry after an attempt that was applied finds the entry, so
             // the flag says nothing here. A retry first moves the fence, so that an earlier
             // attempt still on its way cannot apply after the entry is released.
             let sent = std::sync::atomic::AtomicBool::new(false);
+            let sent_at = Instant::now();
             let (resp, _) = self
                 .write("enqueue", |mut c| {
                     let retry = sent.swap(true, Ordering::SeqCst);
-                    let txn = &txn;
+                    let (txn, epoch) = (&txn, &epoch);
                     async move {
                         if retry {
                             self.put_fence(&mut c, lease).await?;
                         }
-                        c.txn(txn(self.fence_seen(lease))).await
+                        c.txn(txn(self.fence_seen(lease), epoch)).await
                     }
                 })
                 .await?;
+            self.saw_header(resp.header(), true, sent_at).await?;
             let ops = resp.op_responses();
             if resp.succeeded() {
                 let rev = resp.header().map_or(0, |h| h.revision());
                 let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-                let predecessor = first_kv(ops.first());
-                let entry = Entry::new(
-                    key,
-                    value,
-                    Position::new(rev),
-                    FencingToken::new(rev),
-                    Some(lease),
-                );
+                let predecessor = self.first_kv(ops.first());
+                let entry =
+                    Entry::new(key, value, Position::new(rev), self.token(rev), Some(lease));
                 return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
             }
+            // The store is in another epoch: this session is from before it.
+            if self.marker_moved(&resp, 3, &epoch).await? {
+                return Err(Error::SessionLost(LostReason::StoreReset));
+            }
             // Deleted between the compare and the read cannot happen inside a transaction.
-            if let Some(entry) = first_kv(ops.first()) {
-                let is_head = first_kv(ops.get(1)).is_some_and(|h| h.token() == entry.token());
+            if let Some(entry) = self.first_kv(ops.first()) {
+                let is_head = self
+                    .first_kv(ops.get(1))
+                    .is_some_and(|h| h.token() == entry.token());
                 return Ok(Enqueued::new(entry, is_head, None));
             }
             // No entry, so the fence had moved: this process's record of it is behind (an
@@ -1117,17 +1238,20 @@ impl Backend for EtcdBackend {
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
         let key = format!("{queue}/{tag}");
+        let sent = Instant::now();
         let resp = self
             .call("find_entry", |mut c| {
                 let key = key.clone();
                 async move { c.get(key, None).await }
             })
             .await?;
-        Ok(resp.kvs().first().map(to_entry))
+        self.saw_header(resp.header(), false, sent).await?;
+        self.epoch().await?;
+        Ok(resp.kvs().first().map(|kv| self.to_entry(kv)))
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
-        let before = newest_first(1).with_max_create_revision(revision(mine.token()) - 1);
+        let before = newest_first(1).with_max_create_revision(revision(mine) - 1);
         let resp = self
             .if_live(
                 "predecessor",
@@ -1140,7 +1264,7 @@ impl Backend for EtcdBackend {
                 key: mine.key().to_owned(),
             });
         }
-        Ok(first_kv(resp.op_responses().first()))
+        Ok(self.first_kv(resp.op_responses().first()))
     }
 
     async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
@@ -1167,21 +1291,36 @@ impl Backend for EtcdBackend {
         let prefix = prefix_of(mine);
         // Keys and revisions are all it looks at: no values (an election's can be large).
         let newest_two = newest_first(2)
-            .with_max_create_revision(revision(mine.token()))
+            .with_max_create_revision(revision(mine))
             .with_keys_only()
             .with_serializable();
+        // The epoch marker in the same read (a transaction of serializable reads is served
+        // serializably): a state of another epoch than this client's says nothing.
+        let Some(epoch) = self.inner.epochs.current() else {
+            return Ok(false);
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(prefix, Some(newest_two)),
+            TxnOp::get(epoch::MARKER, Some(GetOptions::new().with_serializable())),
+        ]);
         // One attempt: a failed hint is "not known", and the authoritative read that
         // follows it has the retries.
         let resp = self
             .call_within("was_head", Duration::ZERO, |mut c| {
-                let (prefix, options) = (prefix.clone(), newest_two.clone());
-                async move { c.get(prefix, Some(options)).await }
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
             })
             .await?;
-        Ok(match resp.kvs() {
-            [only] => {
-                only.create_revision() == revision(mine.token()) && only.key() == mine.key_bytes()
-            }
+        let kvs = |i: usize| match resp.op_responses().get(i) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        };
+        let marker = kvs(1);
+        if marker.first().map(KeyValue::value) != Some(epoch.encode().as_bytes()) {
+            return Ok(false);
+        }
+        Ok(match &kvs(0)[..] {
+            [only] => only.create_revision() == revision(mine) && only.key() == mine.key_bytes(),
             _ => false,
         })
     }
@@ -1195,7 +1334,7 @@ impl Backend for EtcdBackend {
             let registration = self
                 .inner
                 .watches
-                .register(entry.key_bytes(), revision(entry.token()));
+                .register(entry.key_bytes(), revision(entry));
             let Ok(coverage) = registration.ready.await else {
                 tracing::debug!(key = %entry.key(), ?backoff, "watch not established; retrying");
                 Box::pin(tokio::time::sleep(backoff)).await;
@@ -1207,7 +1346,7 @@ impl Backend for EtcdBackend {
             // where the predecessor's key name is watched from one cycle to the next.
             // (The read is boxed: this future is parked on `fired` for as long as the wait
             // lasts, and should not carry a request's size all that time.)
-            let covered = coverage.since.is_some_and(|w| revision(entry.token()) > w);
+            let covered = coverage.since.is_some_and(|w| revision(entry) > w);
             if !covered
                 && !Box::pin(self.if_live("wait_gone", entry, vec![]))
                     .await?
@@ -1326,6 +1465,10 @@ impl Backend for EtcdBackend {
         Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
     }
 
+    fn epochs(&self) -> Option<&StoreEpochs> {
+        Some(&self.inner.epochs)
+    }
+
     fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
         let observer = Observer {
             backend: self.clone(),
@@ -1428,7 +1571,7 @@ impl Observer {
             let Some(kv) = ev.kv() else { continue };
             next = next.max(kv.mod_revision() + 1);
             self.mirror.apply(match ev.event_type() {
-                EventType::Put => QueueChange::Put(to_entry(kv)),
+                EventType::Put => QueueChange::Put(self.backend.to_entry(kv)),
                 EventType::Delete => QueueChange::Delete(kv.key().to_vec()),
             });
             // Report once a revision is complete: the events of one transaction (a lease
@@ -1462,7 +1605,12 @@ impl Observer {
                 return Err(e);
             }
         };
-        self.mirror.reset(resp.kvs().iter().map(to_entry).collect());
+        self.mirror.reset(
+            resp.kvs()
+                .iter()
+                .map(|kv| self.backend.to_entry(kv))
+                .collect(),
+        );
         if self.snapshotted {
             self.pending.push_back(Ok(HeadEvent::Skipped));
             self.mirror.forget_reported();
@@ -1488,7 +1636,7 @@ impl EtcdBackend {
         key: Option<&str>,
     ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let before = newest_first(limit).with_max_create_revision(revision(mine.token()) - 1);
+        let before = newest_first(limit).with_max_create_revision(revision(mine) - 1);
         let mut ops = vec![TxnOp::get(queue_prefix(queue), Some(before))];
         ops.extend(key.map(|key| TxnOp::get(key, None)));
         let resp = self.if_live(op, mine, ops).await?;
@@ -1502,18 +1650,21 @@ impl EtcdBackend {
             _ => Vec::new(),
         };
         let value = kvs(1).first().map(|kv| kv.value().to_vec());
-        Ok((kvs(0).iter().map(to_entry).collect(), value))
+        Ok((kvs(0).iter().map(|kv| self.to_entry(kv)).collect(), value))
     }
 
     async fn entries_limited(&self, queue: &str, limit: i64) -> Result<Vec<Entry>> {
         let prefix = queue_prefix(queue);
+        let sent = Instant::now();
         let resp = self
             .call("entries", |mut c| {
                 let prefix = prefix.clone();
                 async move { c.get(prefix, Some(oldest_first(limit))).await }
             })
             .await?;
-        Ok(resp.kvs().iter().map(to_entry).collect())
+        self.saw_header(resp.header(), false, sent).await?;
+        self.epoch().await?;
+        Ok(resp.kvs().iter().map(|kv| self.to_entry(kv)).collect())
     }
 }
 
