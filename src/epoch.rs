@@ -130,6 +130,9 @@ struct State {
     positions: std::collections::VecDeque<(Instant, Vec<u64>)>,
     /// The highest token this client has made or seen: a new epoch's tokens start above it.
     floor: u64,
+    /// Set when the store went back: every epoch whose tokens start at or below this began
+    /// before (a marker a restore brought back), and may not be entered, only replaced.
+    stale_below: Option<u64>,
     /// When the grace of the current epoch ends (this process's clock), if it has not.
     grace_end: Option<Instant>,
     /// The generation whose grace was announced.
@@ -196,6 +199,7 @@ impl StoreEpochs {
     pub(crate) fn enter(&self, epoch: Epoch, grace_left: Option<Duration>) -> bool {
         let mut state = self.state();
         let new = state.current.map(|e| e.id) != Some(epoch.id);
+        state.stale_below = None;
         if new {
             let first = state.current.is_none() && state.generation == 0;
             state.current = Some(epoch);
@@ -272,7 +276,8 @@ impl StoreEpochs {
             state.positions.clear();
             state.positions.push_back((now, positions.to_vec()));
             state.generation += 1;
-            state.current = None;
+            let stale = state.current.take().map_or(0, |e| e.base);
+            state.stale_below = Some(state.floor.max(stale));
             self.end_sessions(&mut state, &back.what);
             // Until the new epoch's marker is read back, nothing is granted.
             let end = Instant::now() + self.grace;
@@ -314,6 +319,17 @@ impl StoreEpochs {
             }
         }
         Ok(())
+    }
+
+    /// Whether a marker naming `epoch` may be entered: not one from before the store went
+    /// back (a restore brings the marker of its time back with it, and a marker written
+    /// since by a client that saw the loss first is newer). Otherwise the caller begins a new
+    /// epoch in its place.
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    pub(crate) fn may_enter(&self, epoch: &Epoch) -> bool {
+        self.state()
+            .stale_below
+            .is_none_or(|below| epoch.base > below)
     }
 
     /// An epoch to begin now, at store counter `origin`: a new id, and tokens above every

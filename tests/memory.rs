@@ -642,3 +642,36 @@ async fn a_restore_seen_only_by_clients_that_never_saw_past_it_is_not_detected()
         LostReason::StoreReset | LostReason::Revoked
     ));
 }
+
+/// A client that sees the store's loss only after a newcomer began the next epoch enters that
+/// epoch (its marker is newer than anything the client saw) instead of beginning another,
+/// which would end the newcomer's sessions and start the grace again.
+#[tokio::test(start_paused = true)]
+async fn a_client_that_notices_a_loss_late_enters_the_newer_epoch() {
+    let grace = Duration::from_secs(5);
+    let store = MemoryBackend::new().with_restart_grace(grace);
+    let old = store.client();
+    let s = Session::new(old.clone()).await.unwrap();
+    let g = Mutex::new(&s, "mem/epochs/late")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let before = g.fencing_token();
+    store.lose_state();
+    let newcomer = Session::new(store.client()).await.unwrap();
+    assert!(newcomer.restart_grace().is_some());
+    // The old client looks: its session is lost, the newcomer's is not, and the grace is the
+    // newcomer's epoch's (not a new one).
+    old.entries("mem/epochs/late").await.unwrap();
+    assert_eq!(s.lost().await, LostReason::StoreReset);
+    assert!(!newcomer.is_lost(), "the newcomer's epoch was kept");
+    let left = old.grants_nothing_for().expect("the grace");
+    assert!(left <= grace);
+    let granted = Mutex::new(&newcomer, "mem/epochs/late")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    assert!(granted.fencing_token() > before);
+}

@@ -492,11 +492,16 @@ impl MemoryBackend {
         let mut state = self.lock_state();
         let now = Instant::now();
         // One lock, one order: every answer is read after the one before it.
-        let went_back = self.epochs.saw(b"memory", &[state.revision], now).is_err();
-        if state.marker.is_none() || went_back {
+        let _ = self.epochs.saw(b"memory", &[state.revision], now);
+        let stale = state
+            .marker
+            .is_none_or(|(epoch, _)| !self.epochs.may_enter(&epoch));
+        if stale {
+            // The store's clock, as a network store's clients use the wall clock: later
+            // epochs start far above the first one's tokens (its revisions).
             let clock = u64::try_from((now - self.shared.created).as_micros())
                 .unwrap_or(u64::MAX)
-                .saturating_add(1);
+                .saturating_add(CLOCK_START);
             let epoch = self.epochs.next_epoch(state.revision, clock);
             // Leases from before stay until they expire: their owners stop renewing them
             // when they notice the new epoch, as on a network store.
@@ -803,6 +808,10 @@ impl Backend for MemoryBackend {
         .boxed()
     }
 }
+
+/// The clock new epochs' tokens start from (microseconds) when the store is created: far
+/// above the revisions of its first epoch, whose tokens are the revisions.
+const CLOCK_START: u64 = 1_000_000_000;
 
 /// A key as a snapshot keeps it: value, create revision, lease.
 type SavedKv = (Vec<u8>, u64, Option<LeaseId>);

@@ -43,7 +43,7 @@ impl EtcdBackend {
     pub(super) async fn epoch(&self) -> Result<Epoch> {
         match self.inner.epochs.current() {
             Some(epoch) => Ok(epoch),
-            None => self.establish("epoch", false).await,
+            None => self.establish("epoch").await,
         }
     }
 
@@ -76,7 +76,7 @@ impl EtcdBackend {
             return Ok(false);
         }
         tracing::debug!("the epoch marker moved; entering the store's epoch");
-        self.establish("epoch", false).await?;
+        self.establish("epoch").await?;
         Ok(true)
     }
 
@@ -103,43 +103,37 @@ impl EtcdBackend {
             .saw(&h.cluster_id().to_be_bytes(), positions, sent)
         {
             tracing::warn!(store = %self.label(), "etcd went back in time ({}): beginning a new epoch", back.what);
-            self.establish("epoch", true).await?;
+            self.establish("epoch").await?;
         }
         Ok(())
     }
 
     /// Reads the marker and enters its epoch, or begins one: when there is no marker (a new
-    /// store, or one that lost its data), when it is not baton's, or when `stale` (this
-    /// client saw the store go back: the marker it finds is from before).
+    /// store, or one that lost its data), when it is not baton's, or when it is from before
+    /// the store went back (this client saw it go back: [`StoreEpochs::may_enter`]).
     ///
     /// `init`: the caller asserts that no holder from before can exist (`baton init`): an
     /// epoch it begins has no grace.
     ///
     /// `op` names the operation in errors (the caller's, when it is the reason for the look).
-    pub(super) async fn establish(&self, op: &'static str, stale: bool) -> Result<Epoch> {
-        Ok(self.establish_as(op, stale, false).await?.0)
+    pub(super) async fn establish(&self, op: &'static str) -> Result<Epoch> {
+        Ok(self.establish_as(op, false).await?.0)
     }
 
     /// [`establish`](Self::establish), and whether this client began the epoch.
-    pub(super) async fn establish_as(
-        &self,
-        op: &'static str,
-        mut stale: bool,
-        init: bool,
-    ) -> Result<(Epoch, bool)> {
+    pub(super) async fn establish_as(&self, op: &'static str, init: bool) -> Result<(Epoch, bool)> {
         for _ in 0..MARKER_RACES {
             let sent = Instant::now();
             let look = Txn::new().and_then([TxnOp::get(MARKER, None), TxnOp::get(GRACE, None)]);
             let resp = self.read_txn_raw(op, look).await?;
             let header_revision = resp.header().map_or(0, |h| h.revision());
             if let Some(h) = resp.header() {
-                // Recorded, not acted on: this look decides anyway.
+                // Recorded: a look that finds the store gone back treats its marker as stale.
                 let positions = [u64::try_from(h.revision()).unwrap_or(0)];
-                stale |= self
+                let _ = self
                     .inner
                     .epochs
-                    .saw(&h.cluster_id().to_be_bytes(), &positions, sent)
-                    .is_err();
+                    .saw(&h.cluster_id().to_be_bytes(), &positions, sent);
             }
             let kv = |i: usize| match resp.op_responses().get(i) {
                 Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
@@ -147,7 +141,7 @@ impl EtcdBackend {
             };
             let (marker, grace) = (kv(0), kv(1));
             let found = marker.as_ref().and_then(|kv| Epoch::decode(kv.value()));
-            if let Some(epoch) = found.filter(|_| !stale) {
+            if let Some(epoch) = found.filter(|e| self.inner.epochs.may_enter(e)) {
                 let left = match grace {
                     Some(kv) if kv.lease() != 0 => self.grace_lease_left(op, kv.lease()).await?,
                     _ => None,
@@ -171,7 +165,6 @@ impl EtcdBackend {
                 return Ok((epoch, true));
             }
             // Another client changed the marker meanwhile: its epoch is the store's now.
-            stale = false;
         }
         Err(Error::Backend {
             op,
@@ -245,7 +238,7 @@ impl EtcdBackend {
     pub(super) async fn confirm_epoch(&self, op: &'static str) -> Result<()> {
         let Some(epoch) = self.inner.epochs.current() else {
             // Its first look (or a look after the store went back) reads the marker anyway.
-            return self.establish(op, false).await.map(drop);
+            return self.establish(op).await.map(drop);
         };
         let sent = Instant::now();
         let resp = self
@@ -255,7 +248,7 @@ impl EtcdBackend {
         let marker = resp.kvs().first().map(|kv| kv.value().to_vec());
         if marker.as_deref() != Some(epoch.encode().as_bytes()) {
             tracing::debug!("the epoch marker moved; entering the store's epoch");
-            self.establish(op, false).await?;
+            self.establish(op).await?;
         }
         Ok(())
     }

@@ -559,7 +559,7 @@ impl EtcdBackend {
     /// # Cancel safety
     /// Cancel safe: the marker is written in one transaction, or not at all.
     pub async fn init_store(&self) -> Result<bool> {
-        Ok(self.establish_as("init_store", false, true).await?.1)
+        Ok(self.establish_as("init_store", true).await?.1)
     }
 
     /// Requests sent to etcd so far by this backend and its clones: unary requests
