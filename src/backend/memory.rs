@@ -485,7 +485,7 @@ impl MemoryBackend {
     /// a network backend does with each answer: notices a store that forgot (no marker, or
     /// a revision below one this client saw) and begins a new epoch, and enters the store's
     /// epoch (with the rest of its grace).
-    fn available(&self) -> Result<StdMutexGuard<'_, State>> {
+    fn available(&self) -> Result<Answering<'_>> {
         if self.shared.unavailable.load(Ordering::SeqCst) {
             return Err(Error::Unavailable);
         }
@@ -511,7 +511,10 @@ impl MemoryBackend {
             let left = grace_end.saturating_duration_since(now);
             self.epochs.enter(epoch, (!left.is_zero()).then_some(left));
         }
-        Ok(state)
+        Ok(Answering {
+            state,
+            epochs: &self.epochs,
+        })
     }
 
     fn start_reaper(&self) {
@@ -806,6 +809,34 @@ impl Backend for MemoryBackend {
             }
         })
         .boxed()
+    }
+}
+
+/// The store's state while it answers one request; the client takes in the store's position
+/// (its revision) as the answer leaves, as a network client reads it from the answer.
+struct Answering<'a> {
+    state: StdMutexGuard<'a, State>,
+    epochs: &'a StoreEpochs,
+}
+
+impl std::ops::Deref for Answering<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Answering<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .epochs
+            .saw(b"memory", &[self.state.revision], Instant::now());
     }
 }
 
