@@ -326,10 +326,16 @@ impl StoreEpochs {
     /// since by a client that saw the loss first is newer). Otherwise the caller begins a new
     /// epoch in its place.
     #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    ///
+    /// An epoch older than the one this client is in (its tokens start lower) may not be
+    /// entered either: the store went back to before it, or the answer that names it was
+    /// sent before it ended.
     pub(crate) fn may_enter(&self, epoch: &Epoch) -> bool {
-        self.state()
-            .stale_below
-            .is_none_or(|below| epoch.base > below)
+        let state = self.state();
+        state.stale_below.is_none_or(|below| epoch.base > below)
+            && state
+                .current
+                .is_none_or(|c| c.id == epoch.id || epoch.base > c.base)
     }
 
     /// An epoch to begin now, at store counter `origin`: a new id, and tokens above every

@@ -25,6 +25,7 @@ use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp,
     queue_of_bytes,
 };
+use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
 
 /// The oldest Redis baton runs on: 5.0 (streams, and scripts that read the clock before they
@@ -224,11 +225,9 @@ struct Shared {
     endpoint: String,
     mailbox: Mailbox,
     requests: AtomicU64,
-    /// The start (`since`, server ms) of the last restart grace reported: each epoch's grace
-    /// is reported once per backend.
-    grace_told: std::sync::atomic::AtomicI64,
-    /// The end (server ms) of the last restart grace seen in an answer.
-    grace_end: std::sync::atomic::AtomicI64,
+    /// What this client remembers of the server's epochs (the core's rules: a new one ends
+    /// every session from before, and holds grants back for its grace).
+    epochs: StoreEpochs,
     /// The highest counter value (token, lease id, epoch) this backend has seen: sent with
     /// the requests that take new values, so that the server never hands out a lower one
     /// (and knows its state went back in time if its counter is below it).
@@ -492,10 +491,6 @@ fn unknown(op: &'static str) -> Error {
     }
 }
 
-/// The key of the stand-in entries that hold the queues of a new epoch during its restart
-/// grace (under the prefix; never a real entry: real entries are not keyed under it).
-const GRACE_KEY: &str = "restart-grace";
-
 /// The restart grace still to wait, from the `since` and `now` a script answered with.
 fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<u64> {
     let since = since.and_then(number)?;
@@ -611,6 +606,7 @@ impl RedisBackend {
                 Error::Backend { source, .. } => failed(source),
                 other => other,
             })?;
+        let epochs = StoreEpochs::new(format!("Redis at {endpoint}"), options.restart_grace);
         Ok(RedisBackend {
             inner: Arc::new(Shared {
                 conn,
@@ -619,8 +615,7 @@ impl RedisBackend {
                 endpoint,
                 mailbox,
                 requests: AtomicU64::new(0),
-                grace_told: std::sync::atomic::AtomicI64::new(i64::MIN),
-                grace_end: std::sync::atomic::AtomicI64::new(i64::MIN),
+                epochs,
                 floor,
                 stamps: AtomicU64::new(0),
                 clock,
@@ -828,35 +823,9 @@ impl RedisBackend {
         if let Some(now) = now.as_ref().and_then(number) {
             self.inner.clock.told(now);
         }
-        Ok((
-            self.with_grace(ahead, limit, since.as_ref(), now.as_ref()),
-            value,
-        ))
-    }
-
-    /// `n` stand-ins for the entries from before the epoch that may still hold its queues (see
-    /// [`RedisOptions::with_restart_grace`]), gone once the grace ends (`end`, server ms): a
-    /// contender waits for them like for any entry ahead.
-    fn grace_entries(&self, n: usize, end: i64) -> impl Iterator<Item = Entry> + '_ {
-        (0..n).map(move |i| {
-            Entry::new(
-                format!("{}{GRACE_KEY}/{i}", self.inner.options.prefix),
-                end.to_string(),
-                // Below every real token (those are at least the server clock in µs).
-                Position::new(1),
-                FencingToken::new(1),
-                None,
-            )
-        })
-    }
-
-    fn is_grace_entry(&self, entry: &Entry) -> bool {
-        entry.lease().is_none()
-            && entry.token() == FencingToken::new(1)
-            && entry
-                .key()
-                .strip_prefix(self.inner.options.prefix.as_str())
-                .is_some_and(|k| k.starts_with(GRACE_KEY))
+        self.epoch_answered(since.as_ref(), now.as_ref());
+        let _ = limit;
+        Ok((ahead, value))
     }
 
     /// The server's clock, in ms.
@@ -871,48 +840,24 @@ impl RedisBackend {
         Ok(secs * 1000 + micros / 1000)
     }
 
-    /// Waits until the server's clock passes `end` (ms): the end of a restart grace.
-    async fn wait_grace(&self, end: i64) -> Result<()> {
-        loop {
-            let left = end - self.server_ms().await?;
-            if left <= 0 {
-                return Ok(());
-            }
-            let left = Duration::from_millis(left.unsigned_abs());
-            tokio::time::sleep(left.min(self.inner.options.recheck)).await;
+    /// Takes in the epoch a script ran in (`since`: when it began, server ms; `now`: the
+    /// server's clock): a new one ends every session from before at once, and holds grants
+    /// back for the rest of its grace. An answer to a request sent before the epoch changed
+    /// names the older one: ignored.
+    fn epoch_answered(&self, since: Option<&Value>, now: Option<&Value>) {
+        let Some(start) = since.and_then(number) else {
+            return;
+        };
+        let start = u64::try_from(start).unwrap_or(0);
+        // Redis makes its own tokens (above every earlier one, see lib.lua): the epoch is
+        // named by when it began, which only grows.
+        let epoch = Epoch::new(u128::from(start), start, 0);
+        if self.inner.epochs.may_enter(&epoch) {
+            let left = grace_left(self.inner.options.restart_grace, since, now);
+            self.inner
+                .epochs
+                .enter(epoch, left.map(Duration::from_millis));
         }
-    }
-
-    /// Pads `ahead` to `limit` with stand-ins while the server's restart grace lasts.
-    fn with_grace(
-        &self,
-        mut ahead: Vec<Entry>,
-        limit: usize,
-        since: Option<&Value>,
-        now: Option<&Value>,
-    ) -> Vec<Entry> {
-        if ahead.len() < limit
-            && let Some(left) = grace_left(self.inner.options.restart_grace, since, now)
-        {
-            let end = now.and_then(number).unwrap_or(0) + i64::try_from(left).unwrap_or(0);
-            self.inner.grace_end.fetch_max(end, Ordering::Relaxed);
-            let start = since.and_then(number).unwrap_or(0);
-            if self.inner.grace_told.swap(start, Ordering::Relaxed) != start {
-                tracing::warn!(
-                    wait_ms = left,
-                    grace_ms = u64::try_from(self.inner.options.restart_grace.as_millis()).unwrap_or(u64::MAX),
-                    endpoint = %self.inner.endpoint,
-                    "Redis lost or rolled back baton's state (a new or restarted server, a failover or a flush): nothing is granted for {:.1} s more, until the restart grace has passed, since a holder from before may still believe it holds; the grace is RedisOptions::with_restart_grace (CLI: --restart-grace) and must be at least the longest session TTL",
-                    Duration::from_millis(left).as_secs_f64()
-                );
-            }
-            // As many as the caller counts, up to the most any caller does (a semaphore's limit;
-            // a read that wants "all" entries would otherwise allocate billions): a caller
-            // that gets as many as it asked for takes it that more may be ahead.
-            let missing = (limit - ahead.len()).min(crate::Semaphore::MAX_PERMITS as usize);
-            ahead.extend(self.grace_entries(missing, end));
-        }
-        ahead
     }
 
     /// Runs a script that takes `lease` and answers a number of milliseconds (a TTL), or nil
@@ -1032,11 +977,20 @@ impl Backend for RedisBackend {
         }
         // A retried grant may leave an extra lease behind; it holds nothing and expires.
         let args = Args::new(self).arg(ms.to_string()).arg(self.floor());
-        let (id, _) = self
+        let (answer, _) = self
             .eval("grant_lease", Kind::Write, &SCRIPTS.grant, args)
             .await?;
-        let id = number(&id).ok_or_else(|| malformed("grant_lease"))?;
+        let Value::Array(answer) = answer else {
+            return Err(malformed("grant_lease"));
+        };
+        let id = answer
+            .first()
+            .and_then(number)
+            .ok_or_else(|| malformed("grant_lease"))?;
         self.seen(u64::try_from(id).unwrap_or(0));
+        // The session registers in the epoch its lease was granted in: this client takes it
+        // in first.
+        self.epoch_answered(answer.get(1), answer.get(2));
         Ok(Lease::new(LeaseId::new(id), Duration::from_millis(ms)))
     }
 
@@ -1102,14 +1056,7 @@ impl Backend for RedisBackend {
         if let Some(now) = answer.get(4).and_then(number) {
             self.inner.clock.told(now);
         }
-        let predecessor = self
-            .with_grace(
-                predecessor.into_iter().collect(),
-                1,
-                answer.get(3),
-                answer.get(4),
-            )
-            .pop();
+        self.epoch_answered(answer.get(3), answer.get(4));
         Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
     }
 
@@ -1121,10 +1068,8 @@ impl Backend for RedisBackend {
         )
     }
 
-    fn grants_nothing_for(&self) -> Option<Duration> {
-        let end = self.inner.grace_end.load(Ordering::Relaxed);
-        let left = end.checked_sub(self.inner.clock.now())?;
-        (left > 0).then(|| Duration::from_millis(left.unsigned_abs()))
+    fn epochs(&self) -> Option<&StoreEpochs> {
+        Some(&self.inner.epochs)
     }
 
     async fn abandon(&self, queue: &str, tag: &str, lease: LeaseId) -> Result<Option<Entry>> {
@@ -1163,13 +1108,6 @@ impl Backend for RedisBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        if self.is_grace_entry(entry) {
-            let end = std::str::from_utf8(entry.value())
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| malformed("wait_gone"))?;
-            return self.wait_grace(end).await;
-        }
         let topic = mailbox::gone_topic(entry.token().get(), entry.key_bytes());
         let waiter = self.inner.mailbox.waits().join(topic);
         loop {

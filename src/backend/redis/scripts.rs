@@ -34,7 +34,9 @@ pub(super) struct Scripts {
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    // ARGV: ttl (ms), floor. -> lease id. Ends a few expired leases first (crashed owners').
+    // ARGV: ttl (ms), floor. -> {lease id, since, now}: the lease, and the epoch it belongs
+    // to (since: when it began; now: the server's clock, ms). Ends a few expired leases first
+    // (crashed owners').
     grant: script(
         r"
 epoch(ARGV[3])
@@ -42,7 +44,7 @@ reap_expired(16)
 local id = num(next_seq(ARGV[3]))
 redis.call('ZADD', P .. 'leases', num(NOW_MS + tonumber(ARGV[2])), id)
 redis.call('HSET', P .. 'ttl', id, ARGV[2])
-return id
+return { id, SINCE, num(NOW_MS) }
 ",
     ),
     // ARGV: lease. -> ttl (ms) after the renewal, or nil if the lease is gone.
