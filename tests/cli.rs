@@ -1703,6 +1703,40 @@ async fn cut_off_the_group_is_gone_before_the_next_grant() {
     assert!(stderr.contains("before the lease can expire"), "{stderr}");
 }
 
+/// Issue #38 (1): cut off from etcd, a command that handles the SIGTERM baton sends before
+/// the lease can expire and has a background job: baton exits 79 (the lock was lost; the
+/// command's own 143 would read as a failed command), and promptly once the group is gone,
+/// not after a release etcd cannot answer. (Before: exit 143, 2.2 s after the shell ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_a_command_that_handles_sigterm_exits_79_at_once() {
+    let proxy = support::proxy::Proxy::start(&EtcdNode::shared().endpoints()[0]).await;
+    let name = name("cut-off-trap");
+    let mut holder = Running::spawn(&[
+        "--endpoints",
+        &proxy.endpoint(),
+        "lock",
+        &name,
+        "--ttl",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo term; exit 143' TERM; sleep 100 & echo started; wait",
+    ]);
+    assert_eq!(holder.line().await, "started");
+    proxy.black_hole();
+    // The shell says it got SIGTERM as its last act; its job dies of the same signal.
+    assert_eq!(holder.line().await, "term");
+    let ended = std::time::Instant::now();
+    let (code, stderr) = holder.exit_code().await;
+    let took = ended.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "exited {took:?} after the group: {stderr}"
+    );
+    assert_eq!(code, 79, "{stderr}");
+}
+
 /// The watchdog needs no shell: with no `sh` on `PATH`, `kill -9` of baton still takes the
 /// whole group. (Before: the watchdog was `sh`; without it a background job survived.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

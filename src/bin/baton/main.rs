@@ -18,7 +18,7 @@ use baton::{
     LostReason, Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
 };
 use clap::{Parser, Subcommand};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use nix::sys::signal::Signal;
 use supervise::{Group, Spec};
 use tokio::signal::unix::{SignalKind, signal};
@@ -38,8 +38,9 @@ Exit codes:
   78   the server does not match the configuration: https:// to a server without TLS (or
        the reverse), its certificate not trusted, --user for a server without authentication,
        a server too old or set up wrongly, another --layout: fix the configuration
-  79   the lock or leadership was lost (its key deleted, or its session lost); the command,
-       if any, was stopped
+  79   the lock or leadership was lost (its key deleted, or its session lost), or renewals
+       failed until its lease was about to expire; the command, if any, was stopped (79
+       whatever the command returned)
   126  the command is not executable (checked before the lock is taken)
   127  the command was not found (checked before the lock is taken)
   141  standard output was closed (a broken pipe); the lock was released";
@@ -1003,6 +1004,25 @@ impl Hold {
             }
         };
         group.finish();
+        // Stopped because renewals failed (or lost in the same instant): the lock is lost or
+        // about to be, whatever the command returned (a command that handles SIGTERM exits
+        // with a code of its own), and a release would only wait on a server that does not
+        // answer. Exit 79 now; the lease ends by itself.
+        let lost_now = (&mut lost).now_or_never();
+        if warned || lost_now.is_some() {
+            let why = lost_now.map_or_else(
+                || "renewals failed until the lease was about to expire".to_owned(),
+                |reason| reason.to_string(),
+            );
+            return Err(Failure::new(
+                exit::LOST,
+                format!(
+                    "{} lost: {why}; the command was stopped ({})",
+                    self.what,
+                    describe(status)
+                ),
+            ));
+        }
         let code = exit_code(status);
         // The command's exit code is baton's, whatever the release meets.
         match tokio::time::timeout(Duration::from_secs(2), held.release()).await {
