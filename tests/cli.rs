@@ -751,6 +751,22 @@ fn group_alive(pgid: i32) -> bool {
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_ok()
 }
 
+/// Whether any process of group `pgid` still runs. A zombie does not: it is dead, waiting
+/// only for its parent to reap it (which a stopped baton does not).
+fn group_running(pgid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return group_alive(pgid);
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .any(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // `pid (name) state ppid pgrp ...`; the name may hold spaces and parentheses.
+            let tail = stat.rsplit_once(')').map_or("", |(_, tail)| tail);
+            let fields: Vec<&str> = tail.split_whitespace().take(3).collect();
+            fields.len() == 3 && fields[2] == pgid.to_string() && fields[0] != "Z"
+        })
+}
+
 /// The number a command wrote to `file` (`echo $$ > file`), once it has.
 async fn written_pid(file: &std::path::Path) -> i32 {
     let mut pid = 0;
@@ -1661,9 +1677,10 @@ impl Stubborn {
                 .unwrap();
             writeln!(f, "granted").unwrap();
         }
-        // A guard only: the group must be gone already.
+        // A guard only: the group must be gone already (its processes dead; a stopped baton
+        // has not reaped them).
         let pgid = self.pgid;
-        eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+        eventually("the group is gone", || async move { !group_running(pgid) }).await;
         let log = std::fs::read_to_string(&self.log).unwrap();
         let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
         assert_eq!(
@@ -1701,6 +1718,21 @@ async fn cut_off_the_group_is_gone_before_the_next_grant() {
     let (code, stderr) = holder.exit_code().await;
     assert_eq!(code, 79, "{stderr}");
     assert!(stderr.contains("before the lease can expire"), "{stderr}");
+}
+
+/// Issue #38 (3): SIGSTOP of baton alone (not its command) stops the renewals; the watchdog
+/// knows the session's deadline from baton and stops the group by then, so a TERM-ignoring
+/// job writes nothing after the next holder is granted. Once baton runs again it finds the
+/// lock lost and exits 79. (Before: the command ran on beside the next holder for as long as
+/// baton stayed stopped.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_batons_group_is_gone_before_the_next_grant() {
+    let stubborn = Stubborn::start("stopped", None).await;
+    stubborn.holder.signal("-STOP");
+    let holder = stubborn.nothing_after_the_next_grant().await;
+    holder.signal("-CONT");
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(code, 79, "{stderr}");
 }
 
 /// Issue #38 (1): cut off from etcd, a command that handles the SIGTERM baton sends before

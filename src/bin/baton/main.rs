@@ -50,7 +50,8 @@ The command runs in a process group of its own, started only once the lock is he
 signal dispositions and mask it would have had without baton (SIGPIPE at its default). It
 ends with baton: if baton is killed (even with SIGKILL), a watchdog sends the whole group
 SIGTERM, then SIGKILL after --kill-after or a third of --ttl, whichever is shorter, so it is
-gone before the lock can pass on; on Linux the kernel kills the command itself at once.
+gone before the lock can pass on; on Linux the kernel kills the command itself at once. If
+baton is stopped (SIGSTOP) or starved, the watchdog does the same by the lease's deadline.
 SIGINT, SIGTERM and SIGHUP sent to baton are passed to the whole group (and SIGKILL follows
 after --kill-after if it does not end; a second signal sends it at once); SIGTERM and SIGHUP
 inherited as ignored (nohup) stay ignored; SIGINT inherited as ignored (a script's `baton
@@ -888,16 +889,50 @@ fn out(line: &str) -> Result<(), Failure> {
         })
 }
 
-/// Resolves with the session's deadline once less than `margin` is left before it and no
-/// renewal has moved it: renewals have been failing (healthy ones keep two thirds of the TTL
-/// or more ahead, and `margin` is at most a third).
-async fn renewals_failing(session: Session, margin: Duration) -> tokio::time::Instant {
-    loop {
-        let deadline = tokio::time::Instant::from_std(session.deadline());
-        tokio::time::sleep_until(deadline.checked_sub(margin).unwrap_or(deadline)).await;
-        if tokio::time::Instant::from_std(session.deadline()) <= deadline {
-            return deadline;
+/// How much earlier than the watchdog baton decides that the deadline it told is the one that
+/// counts: a newer deadline told later than this might reach the watchdog after it acted.
+const TELL_SLACK: Duration = Duration::from_millis(10);
+
+/// The session's deadline as the watchdog knows it, and when the group must be stopped for
+/// it. baton and the watchdog stop the group on the same deadline, the last one baton told:
+/// baton once no renewal has moved it `grace` before it (renewals failing), the watchdog when
+/// baton told no newer one by then (baton stopped or starved). Healthy renewals move the
+/// deadline two thirds of the TTL ahead each third of the TTL, and `grace` is at most a third,
+/// so a renewal is told with a third of the TTL to spare.
+struct Told {
+    deadline: tokio::time::Instant,
+    grace: Duration,
+}
+
+impl Told {
+    /// When the group gets SIGTERM unless a newer deadline is told.
+    fn stop_at(&self) -> tokio::time::Instant {
+        self.deadline
+            .checked_sub(self.grace)
+            .unwrap_or(self.deadline)
+    }
+
+    /// When baton looks a last time for a newer deadline before it stops the group.
+    fn last_look(&self) -> tokio::time::Instant {
+        let at = self.stop_at();
+        at.checked_sub(2 * TELL_SLACK).unwrap_or(at)
+    }
+
+    /// Whether a deadline told now still reaches the watchdog before it acts.
+    fn in_time(&self) -> bool {
+        tokio::time::Instant::now() + TELL_SLACK < self.stop_at()
+    }
+
+    /// Tells `group`'s watchdog the session's deadline if a renewal moved it and it is not too
+    /// late to; whether it did.
+    fn update(&mut self, session: &Session, group: &mut Group) -> bool {
+        let current = session.deadline();
+        if tokio::time::Instant::from_std(current) <= self.deadline || !self.in_time() {
+            return false;
         }
+        self.deadline = tokio::time::Instant::from_std(current);
+        group.tell_deadline(current);
+        true
     }
 }
 
@@ -939,15 +974,25 @@ impl Hold {
         ];
         supervise::become_supervisor();
         let orphan_grace = supervise::orphan_grace(self.kill_after, self.ttl);
-        let mut group = Group::spawn(&spec, orphan_grace)?;
+        let deadline = self.session.deadline();
+        let mut group = Group::spawn(&spec, orphan_grace, deadline)?;
         let pgid = group.pgid();
         let lost = held.lost();
         tokio::pin!(lost);
-        // Renewals failing: the group is told to stop `orphan_grace` before the session's
-        // deadline and killed at it, so that it is gone before the server can expire the
-        // lease (which is no sooner than the deadline) and grant the lock to someone else.
-        let at_risk = renewals_failing(self.session.clone(), orphan_grace);
-        tokio::pin!(at_risk);
+        // Renewals failing (or baton not running to tell the watchdog of them): the group is
+        // told to stop `orphan_grace` before the session's deadline and killed at it, so that
+        // it is gone before the server can expire the lease (which is no sooner than the
+        // deadline) and grant the lock to someone else.
+        let mut told = Told {
+            deadline: tokio::time::Instant::from_std(deadline),
+            grace: orphan_grace,
+        };
+        let mut at_risk = Box::pin(tokio::time::sleep_until(told.last_look()));
+        // How often a renewal is looked for, to tell the watchdog: well within the third of the
+        // TTL a renewal leaves before the group would be stopped.
+        let every = (self.ttl / 12).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut renewals = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned = false;
         // After a signal is passed on: SIGKILL at this instant if the group is still there.
         let mut escalate: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
@@ -972,9 +1017,15 @@ impl Hold {
                         format!("{} lost: {reason}; the command was stopped ({})", self.what, describe(stopped)),
                     ));
                 }
-                status = group.wait() => break status,
-                deadline = &mut at_risk, if !warned => {
+                // Before the group's end: a baton that ran late (stopped) learns first that the
+                // watchdog has stopped the group for it.
+                () = &mut at_risk, if !warned => {
+                    if told.update(&self.session, &mut group) {
+                        at_risk.as_mut().reset(told.last_look());
+                        continue;
+                    }
                     warned = true;
+                    let deadline = told.deadline;
                     eprintln!(
                         "baton: renewing {} has failed for {:.1} s; stopping `{}` (SIGTERM, then SIGKILL in {:.1} s) before the lease can expire",
                         self.what,
@@ -984,7 +1035,15 @@ impl Hold {
                     );
                     supervise::signal_group(pgid, Signal::SIGTERM);
                     group.note_signalled();
-                    escalate = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                    // SIGKILL at the deadline, or sooner if a signal passed on asked for it.
+                    let kill_at = escalate.as_ref().map_or(deadline, |e| e.deadline().min(deadline));
+                    escalate = Some(Box::pin(tokio::time::sleep_until(kill_at)));
+                }
+                status = group.wait() => break status,
+                _ = renewals.tick(), if !warned => {
+                    if told.update(&self.session, &mut group) {
+                        at_risk.as_mut().reset(told.last_look());
+                    }
                 }
                 sig = signals.recv() => {
                     if !group.interrupted() {
