@@ -1062,6 +1062,28 @@ async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
     }
 }
 
+/// Issue #38 (4): a Redis that accepts connections and answers nothing is named with what it
+/// did not answer and within what. (Before: "could not connect to redis://...: deadline has
+/// elapsed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_is_named_with_what_it_did_not_answer() {
+    let proxy =
+        support::proxy::Proxy::start(&format!("127.0.0.1:{}", RedisNode::shared().port())).await;
+    proxy.black_hole();
+    let url = format!("redis://{}", proxy.addr());
+    let out = baton(&["--endpoints", &url, "--connect-timeout", "1", "status", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 69);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for said in [url.as_str(), "no answer", "1s", "--connect-timeout"] {
+        assert!(stderr.contains(said), "`{said}` missing: {stderr}");
+    }
+    assert!(!stderr.contains("deadline has elapsed"), "{stderr}");
+}
+
 /// Leadership whose key is deleted from outside (an operator's `etcdctl del`) is lost: baton
 /// elect exits 79. (Before: it went on as a second leader.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
