@@ -1435,7 +1435,22 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             "--layout",
         ),
         (&["elect", "x", "v", "--listen"], 64, ""),
-        (&["lock"], 64, ""),
+        // The missing argument is named (before: "were not provided:" and nothing).
+        (&["lock"], 64, "<NAME>"),
+        (&["status"], 64, "<NAME>"),
+        (&["elect", "x"], 64, "<PROPOSAL>"),
+        // A scheme missing a slash is a typo, not an etcd host to look up (before: exit 69,
+        // "dns error", after the connect timeout).
+        (
+            &["--endpoints", "redis:/127.0.0.1:6379", "status", "x"],
+            64,
+            "redis://",
+        ),
+        (
+            &["--endpoints", "zk:/127.0.0.1:2181", "status", "x"],
+            64,
+            "zk://",
+        ),
     ];
     for (args, code, says) in cases {
         let out = run(args).await.unwrap();
@@ -1469,7 +1484,8 @@ async fn subcommand_help_tells_the_rules() {
 }
 
 /// The password is baton's, not the command's; it reaches etcd and not the environment of the
-/// command. (Uses a node of its own with authentication on.)
+/// command. Without a user, the refusal names `--user`. (Uses a node of its own with
+/// authentication on.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_is_not_passed_to_the_command() {
     let node = EtcdNode::start().await.expect("a node of its own");
@@ -1494,6 +1510,23 @@ async fn the_password_is_not_passed_to_the_command() {
         .unwrap();
     assert_exit(&out, 0);
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "unset");
+
+    // Without --user, the refusal names the flag (before: "authentication failed: user name
+    // is empty").
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_ENDPOINTS", node.endpoints().join(","))
+        .env_remove("BATON_USER")
+        .env_remove("BATON_PASSWORD")
+        .args(["lock", "auth/y", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 77);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("--user"),
+        "{stderr}"
+    );
 }
 
 /// The status table lines up (the token column too), and keys or owners with newlines stay
@@ -1826,6 +1859,46 @@ async fn the_watchdog_needs_no_shell() {
     eventually("the group is gone", || async move { !group_alive(pgid) }).await;
 }
 
+/// Issue #38 (4): the watchdog shows in `ps` as `baton watchdog <baton's pid>` (its command
+/// line) and `baton-watchdog` (its name). (Before: `/proc/self/exe __baton-watchdog 3.33`,
+/// named `exe`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_says_what_it_is_in_ps() {
+    let name = name("watchdog-ps");
+    let mut holder = Running::spawn(&["lock", &name, "--", "sh", "-c", "echo ready; sleep 60"]);
+    assert_eq!(holder.line().await, "ready");
+    let baton = holder.child.id().unwrap();
+    // baton's children: the command and the watchdog.
+    let children: Vec<(String, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == baton).then_some(())?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            Some((cmdline.trim_end().to_owned(), comm.trim_end().to_owned()))
+        })
+        .collect();
+    assert!(
+        children.iter().any(
+            |(cmdline, comm)| *cmdline == format!("baton watchdog {baton}")
+                && comm == "baton-watchdog"
+        ),
+        "{children:?}"
+    );
+    holder.signal("-TERM");
+    assert_eq!(holder.exit_code().await.0, 143);
+}
+
 /// Reads the pseudo-terminal until `text` has appeared in what it printed.
 async fn read_pty_until(pty: &mut pty_process::Pty, seen: &mut Vec<u8>, text: &str) {
     use tokio::io::AsyncReadExt;
@@ -1924,6 +1997,8 @@ async fn baton_says_what_it_waits_for_after_a_double_fork() {
     .await;
     let sleep_pid = written_pid(&job).await;
     assert!(line.contains(&format!("pid {sleep_pid} (sleep)")), "{line}");
+    // (Before: "`sh` it exited with 0".)
+    assert!(line.contains("baton: `sh` exited with 0; "), "{line}");
     let pid = child.id().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -2063,6 +2138,16 @@ async fn help_is_short_with_h_and_headed() {
         assert!(
             long.contains("process group") && long.contains("Exit codes"),
             "{sub} --help: {long}"
+        );
+        // --timeout says both of its codes: 75 waiting for the lock, 69 still connecting
+        // (before: "exit code 75" only).
+        let timeout = short
+            .lines()
+            .find(|l| l.trim_start().starts_with("--timeout"))
+            .expect("--timeout");
+        assert!(
+            timeout.contains("75") && timeout.contains("69"),
+            "{sub}: {timeout}"
         );
         for text in [&short, &long] {
             let own = text.find("--ttl").expect("--ttl");

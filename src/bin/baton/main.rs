@@ -181,7 +181,9 @@ enum Command {
         /// Session TTL in seconds: how long the lock survives this process dying.
         #[arg(long, default_value = "10", value_parser = ttl_seconds, allow_negative_numbers = true)]
         ttl: Duration,
-        /// Give up after this many seconds, connecting included (exit code 75).
+        /// Give up after this many seconds, connecting included: exit 75 if the lock was
+        /// still held by others, 69 if the backend was not reached (connected, a session
+        /// started) in that time.
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
         /// Take the lock only if it is free right now; exit 75 if it is held or contended.
@@ -220,7 +222,9 @@ enum Command {
         /// Session TTL in seconds.
         #[arg(long, default_value = "10", value_parser = ttl_seconds, allow_negative_numbers = true)]
         ttl: Duration,
-        /// Give up after this many seconds, connecting included (exit code 75).
+        /// Give up after this many seconds, connecting included: exit 75 if another still
+        /// led, 69 if the backend was not reached (connected, a session started) in that
+        /// time.
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
@@ -320,6 +324,14 @@ fn explain(e: &Error) -> String {
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         let text = match cause.downcast_ref::<baton::etcd_client::Error>() {
+            // etcd with authentication on, asked without a user: its words name no flag.
+            Some(baton::etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("user name is empty") =>
+            {
+                "the server has authentication on and no user was given: give --user and \
+                 --password (or BATON_USER and BATON_PASSWORD)"
+                    .to_owned()
+            }
             Some(baton::etcd_client::Error::GRpcStatus(status)) => status.message().to_owned(),
             _ => cause.to_string(),
         };
@@ -373,6 +385,38 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// clap's rendering of a usage error, on one line, like every other error of baton: its first
+/// paragraph (the message, and what it lists on the lines below, e.g. the missing
+/// arguments), then where to read more (`baton status --help`, from the usage line).
+fn usage_error(rendered: &str) -> String {
+    let first = rendered.split("\n\n").next().unwrap_or_default();
+    let said = first
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let said = said.trim_start_matches("error: ");
+    let said = if said.is_empty() {
+        "bad arguments"
+    } else {
+        said
+    };
+    let command = rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .map(|usage| {
+            usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<']))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|c| c.starts_with("baton"))
+        .unwrap_or_else(|| "baton".to_owned());
+    format!("{} (see `{command} --help`)", one_line(said))
+}
+
 /// Prints the library's warnings (with `-v`, its notices too) on standard error, one line
 /// each: a wait the operator would otherwise not see (a Redis restart grace) is said where
 /// they look. `BATON_LOG` (a `tracing` filter, e.g. `baton=debug`) overrides the level.
@@ -397,14 +441,7 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
-            // One line, like every other error of baton.
-            let rendered = e.to_string();
-            let first = rendered
-                .lines()
-                .next()
-                .unwrap_or("bad arguments")
-                .trim_start_matches("error: ");
-            eprintln!("baton: {} (see `baton --help`)", one_line(first));
+            eprintln!("baton: {}", usage_error(&e.to_string()));
             return ExitCode::from(exit::USAGE);
         }
         Err(e) => {
@@ -1014,7 +1051,7 @@ impl Hold {
                     group.finish();
                     return Err(Failure::new(
                         exit::LOST,
-                        format!("{} lost: {reason}; the command was stopped ({})", self.what, describe(stopped)),
+                        format!("{} lost: {reason}; the command was stopped (`{}` {})", self.what, spec.program, describe(stopped)),
                     ));
                 }
                 // Before the group's end: a baton that ran late (stopped) learns first that the
@@ -1076,8 +1113,9 @@ impl Hold {
             return Err(Failure::new(
                 exit::LOST,
                 format!(
-                    "{} lost: {why}; the command was stopped ({})",
+                    "{} lost: {why}; the command was stopped (`{}` {})",
                     self.what,
+                    spec.program,
                     describe(status)
                 ),
             ));
@@ -1134,12 +1172,13 @@ impl Hold {
     }
 }
 
+/// How a process ended, to follow its name: "exited with 3", "ended by signal 9".
 fn describe(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(code), _) => format!("it exited with {code}"),
+        (Some(code), _) => format!("exited with {code}"),
         (None, Some(sig)) => format!("ended by signal {sig}"),
-        _ => "it ended".to_owned(),
+        _ => "ended".to_owned(),
     }
 }
 

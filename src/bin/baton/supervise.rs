@@ -8,7 +8,8 @@
 //!   Linux), takes the terminal's foreground if baton had it, restores the signal
 //!   dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the command.
 //!   So no `pre_exec` closure runs in a forked copy of the runtime.
-//! - A watchdog (baton again, `baton __baton-watchdog`, in a group of its own, no shell)
+//! - A watchdog (baton again, shown as `baton watchdog <baton's pid>`, in a group of its own,
+//!   no shell)
 //!   holds the read end of a pipe whose write end only baton holds: if baton dies, however it
 //!   dies, the pipe closes and the watchdog stops the whole group (SIGTERM, then SIGKILL
 //!   early enough that the group is gone before the lease can expire). baton also tells it
@@ -40,14 +41,23 @@ use crate::{Failure, exit};
 /// The first argument by which baton runs as the exec step of a command.
 pub(crate) const EXEC_STEP: &str = "__baton-exec";
 
-/// The first argument by which baton runs as the watchdog of a command's group.
-pub(crate) const WATCHDOG_STEP: &str = "__baton-watchdog";
+/// The name (`argv[0]`) by which baton runs as the watchdog of a command's group: what `ps`
+/// shows, followed by the pid of the baton it watches (`baton watchdog 4242`). A name with a
+/// space, which no one types to run baton.
+pub(crate) const WATCHDOG_NAME: &str = "baton watchdog";
 
-/// Runs the hidden step `args[1]` names, if it names one: its exit code.
+/// The watchdog's process name (`comm`, 15 bytes at most), what `ps -e` and `top` show.
+#[cfg(target_os = "linux")]
+const WATCHDOG_COMM: &std::ffi::CStr = c"baton-watchdog";
+
+/// Runs the hidden step `args` name (`args[0]` for the watchdog, `args[1]` for the exec step),
+/// if they name one: its exit code.
 pub(crate) fn hidden_step(args: &[String]) -> Option<u8> {
+    if args.first().map(String::as_str) == Some(WATCHDOG_NAME) {
+        return Some(watchdog_step());
+    }
     match args.get(1).map(String::as_str) {
         Some(EXEC_STEP) => Some(exec_step(&args[2..])),
-        Some(WATCHDOG_STEP) => Some(watchdog_step(&args[2..])),
         _ => None,
     }
 }
@@ -445,9 +455,10 @@ fn members(pgid: Pid) -> Vec<(i32, String)> {
     found
 }
 
-/// The watchdog of a command's group: baton itself, run again as a hidden step
-/// (`__baton-watchdog <grace>`), in a process group of its own (a terminal's signals do not
-/// reach it), reading a pipe whose write end only baton holds. baton writes `deadline <ns>`
+/// The watchdog of a command's group: baton itself, run again as a hidden step named
+/// `baton watchdog <baton's pid>` (see [`WATCHDOG_NAME`]), in a process group of its own (a
+/// terminal's signals do not reach it), reading a pipe whose write end only baton holds.
+/// baton writes `grace <seconds>` first, then `deadline <ns>`
 /// (the session's deadline on `CLOCK_MONOTONIC`, which every process of the machine reads
 /// alike) before the command starts and whenever a renewal moves it, `group <pgid>` once the
 /// command is started, and `done` once the group is gone. End of file without `done` means
@@ -464,15 +475,20 @@ impl Watchdog {
     fn start(grace: Duration) -> std::io::Result<Watchdog> {
         use std::os::unix::process::CommandExt;
         let mut child = std::process::Command::new(own_executable()?)
-            .arg(WATCHDOG_STEP)
-            .arg(grace.as_secs_f64().to_string())
+            .arg0(WATCHDOG_NAME)
+            .arg(getpid().to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .process_group(0)
             .spawn()?;
         let pipe = child.stdin.take();
-        Ok(Watchdog { child, pipe })
+        let mut watchdog = Watchdog { child, pipe };
+        if !watchdog.tell(&format!("grace {}", grace.as_secs_f64())) {
+            watchdog.stand_down();
+            return Err(std::io::Error::other("it does not read its pipe"));
+        }
+        Ok(watchdog)
     }
 
     fn tell(&mut self, line: &str) -> bool {
@@ -524,6 +540,8 @@ fn monotonic(at: std::time::Instant) -> Option<Duration> {
 /// What the watchdog knows and has done.
 #[derive(Debug, Default)]
 struct Watched {
+    /// How long the group may handle SIGTERM before SIGKILL.
+    grace: Duration,
     pgid: Option<Pid>,
     /// The latest session deadline baton told, on `CLOCK_MONOTONIC`.
     deadline: Option<Duration>,
@@ -538,6 +556,15 @@ impl Watched {
     fn told(&mut self, line: &str) -> bool {
         match line.split_once(' ') {
             _ if line == "done" => return true,
+            Some(("grace", secs)) => {
+                if let Some(grace) = secs
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|g| Duration::try_from_secs_f64(g).ok())
+                {
+                    self.grace = grace;
+                }
+            }
             Some(("group", n)) => self.pgid = n.parse().ok().map(Pid::from_raw),
             Some(("deadline", ns)) => {
                 if let Ok(ns) = ns.parse::<u64>() {
@@ -551,18 +578,18 @@ impl Watched {
     }
 
     /// When the next signal is due without news from baton, if one is.
-    fn next(&self, grace: Duration) -> Option<Duration> {
+    fn next(&self) -> Option<Duration> {
         if self.killed {
             return None;
         }
         self.pgid?;
         self.kill_at
-            .or_else(|| self.deadline.map(|d| d.saturating_sub(grace)))
+            .or_else(|| self.deadline.map(|d| d.saturating_sub(self.grace)))
     }
 
     /// Sends what is due at `now`.
-    fn act(&mut self, grace: Duration, now: Duration) {
-        let (Some(pgid), Some(due)) = (self.pgid, self.next(grace)) else {
+    fn act(&mut self, now: Duration) {
+        let (Some(pgid), Some(due)) = (self.pgid, self.next()) else {
             return;
         };
         if now < due {
@@ -581,18 +608,12 @@ impl Watched {
     }
 }
 
-/// The watchdog step (see [`Watchdog`]): `__baton-watchdog <grace seconds>`, the pipe on its
+/// The watchdog step (see [`Watchdog`]): named `baton watchdog <baton's pid>`, the pipe on its
 /// standard input.
-fn watchdog_step(args: &[String]) -> u8 {
+fn watchdog_step() -> u8 {
     use std::os::fd::AsFd;
-    let Some(grace) = args
-        .first()
-        .and_then(|g| g.parse::<f64>().ok())
-        .and_then(|g| Duration::try_from_secs_f64(g).ok())
-    else {
-        eprintln!("baton: {WATCHDOG_STEP} needs <grace seconds>");
-        return exit::USAGE;
-    };
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_name(WATCHDOG_COMM);
     let stdin = std::io::stdin();
     let mut watched = Watched::default();
     let mut pending: Vec<u8> = Vec::new();
@@ -601,7 +622,7 @@ fn watchdog_step(args: &[String]) -> u8 {
         let now = monotonic_now().unwrap_or_default();
         // Wait for baton's next line until the next signal is due (rounded up, so as not to
         // wake just before it).
-        let timeout = match watched.next(grace) {
+        let timeout = match watched.next() {
             None => PollTimeout::NONE,
             Some(due) => {
                 let ms = due.saturating_sub(now).as_nanos().div_ceil(1_000_000);
@@ -613,7 +634,7 @@ fn watchdog_step(args: &[String]) -> u8 {
             Ok(0) => {
                 // Nothing more from baton: what is due is due. (Only here, once every line
                 // baton wrote has been read: a deadline told in time always counts.)
-                watched.act(grace, monotonic_now().unwrap_or_default());
+                watched.act(monotonic_now().unwrap_or_default());
                 continue;
             }
             Ok(_) => {}
@@ -643,7 +664,7 @@ fn watchdog_step(args: &[String]) -> u8 {
         Some(at) => at,
         None => {
             signal_group(pgid, Signal::SIGTERM);
-            let after_grace = now + grace;
+            let after_grace = now + watched.grace;
             watched.deadline.map_or(after_grace, |d| d.min(after_grace))
         }
     };
@@ -694,22 +715,23 @@ mod tests {
     #[test]
     fn the_watchdog_acts_on_the_last_deadline_told() {
         let s = Duration::from_secs;
-        let grace = s(1);
         let mut watched = Watched::default();
+        assert!(!watched.told("grace 1"));
+        assert_eq!(watched.grace, s(1));
         assert!(!watched.told(&format!("deadline {}", s(10).as_nanos())));
-        assert_eq!(watched.next(grace), None, "no group yet");
+        assert_eq!(watched.next(), None, "no group yet");
         assert!(!watched.told("group 4242"));
-        assert_eq!(watched.next(grace), Some(s(9)));
+        assert_eq!(watched.next(), Some(s(9)));
         // A renewal moves it; an older one told late does not move it back.
         watched.told(&format!("deadline {}", s(13).as_nanos()));
         watched.told(&format!("deadline {}", s(12).as_nanos()));
-        assert_eq!(watched.next(grace), Some(s(12)));
+        assert_eq!(watched.next(), Some(s(12)));
         // Once SIGTERM is sent (here: as `act` records it), SIGKILL stays at that deadline.
         watched.kill_at = watched.deadline;
         watched.told(&format!("deadline {}", s(20).as_nanos()));
-        assert_eq!(watched.next(grace), Some(s(13)));
+        assert_eq!(watched.next(), Some(s(13)));
         watched.killed = true;
-        assert_eq!(watched.next(grace), None);
+        assert_eq!(watched.next(), None);
         assert!(watched.told("done"));
     }
 
