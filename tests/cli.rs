@@ -736,6 +736,96 @@ async fn elect_listen_reports_etcdctl_campaigns() {
     assert_eq!(listener.exit_code().await.0, 0);
 }
 
+/// The lines of `log`, once it has `n` of them.
+async fn log_lines(log: &std::path::Path, n: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    eventually("the log is written", || {
+        lines = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let done = lines.len() >= n;
+        async move { done }
+    })
+    .await;
+    lines
+}
+
+/// Issue #38 (5): `lock --shared` holders share the lock (like `flock -s`: the library's
+/// RwLock read side), and a plain `lock` on the same name excludes them, both ways: it is
+/// refused (`--try`) and waits while they hold, and they wait while it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_holders_share_and_a_plain_lock_excludes_them() {
+    let name = name("shared");
+    let dir = scratch("shared");
+    let log = dir.join("log");
+    let backend = backend().await;
+    // A holder that logs when it starts and, on SIGTERM, when it ends.
+    let holding = |what: &str| {
+        format!(
+            "trap 'echo \"{what} end\" >> {l}; exit 0' TERM; echo \"{what} start $BATON_LOCK_KEY\" >> {l}; \
+             echo ready; while :; do sleep 0.05; done",
+            l = log.display()
+        )
+    };
+    let read = holding("read");
+    let mut r1 = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    assert_eq!(r1.line().await, "ready");
+    // The second reader holds while the first does.
+    let mut r2 = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    assert_eq!(r2.line().await, "ready");
+    let out = baton(&["lock", "--try", &name]).output().await.unwrap();
+    assert_exit(&out, 75);
+    let write = format!("echo 'write ran' >> {}", log.display());
+    let w = Running::spawn(&["lock", &name, "--", "sh", "-c", &write]);
+    eventually("the plain lock waits", || async {
+        backend.entries(&name).await.unwrap().len() == 3
+    })
+    .await;
+    for reader in [r1, r2] {
+        reader.signal("-TERM");
+        assert_eq!(reader.exit_code().await.0, 0);
+    }
+    let (code, stderr) = w.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    let lines = log_lines(&log, 5).await;
+    assert!(
+        lines[..2]
+            .iter()
+            .all(|l| l.starts_with(&format!("read start {name}/read/"))),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[2..],
+        ["read end", "read end", "write ran"],
+        "{lines:?}"
+    );
+
+    // The other way round: readers wait for a plain holder.
+    std::fs::remove_file(&log).unwrap();
+    let write = holding("write");
+    let mut w = Running::spawn(&["lock", &name, "--", "sh", "-c", &write]);
+    assert_eq!(w.line().await, "ready");
+    let out = baton(&["lock", "--shared", "--try", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 75);
+    let read = format!("echo 'read ran' >> {}", log.display());
+    let r = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    eventually("the reader waits", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    w.signal("-TERM");
+    assert_eq!(w.exit_code().await.0, 0);
+    assert_eq!(r.exit_code().await.0, 0);
+    let lines = log_lines(&log, 3).await;
+    assert_eq!(lines[1..], ["write end", "read ran"], "{lines:?}");
+    assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
 // ---- Supervision: the command runs only while the lock is held (issue #14). ----
 
 /// A directory of the test's own.

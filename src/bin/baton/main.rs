@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use baton::{
     Backend, ConnectOptions, Election, Endpoints, Error, FencingToken, LeaderEvent, Leadership,
-    LostReason, Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
+    LostReason, Mutex, MutexGuard, RwLock, RwLockReadGuard, Semaphore, SemaphorePermit, Session,
+    SessionOptions,
 };
 use clap::{Parser, Subcommand};
 use futures::{FutureExt, StreamExt};
@@ -195,6 +196,12 @@ enum Command {
         /// must ask for the same N.
         #[arg(short = 'n', long = "permits", value_name = "N")]
         permits: Option<u32>,
+        /// Hold the lock shared, like `flock -s` (the read side of the library's RwLock):
+        /// holders with --shared hold together; a plain `baton lock` on the name (or
+        /// `etcdctl lock`, a library Mutex) excludes them and they exclude it, in arrival
+        /// order. Keys are `<name>/read/<lease id hex>_<k>`.
+        #[arg(long, conflicts_with = "permits")]
+        shared: bool,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
         /// itself is killed, at most a third of --ttl: the command is gone before the lock
         /// can pass to another holder.
@@ -663,14 +670,16 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             ttl,
             try_once,
             permits,
+            shared,
             kill_after,
             ..
         } => {
             let session = session(backend, ttl, deadline).await?;
             let owner = format!("baton-cli pid={}", std::process::id());
-            let what = match permits {
-                Some(n) => format!("a permit of `{name}` ({n} permits)"),
-                None => format!("lock `{name}`"),
+            let what = match (permits, shared) {
+                (Some(n), _) => format!("a permit of `{name}` ({n} permits)"),
+                (None, true) => format!("shared lock `{name}`"),
+                (None, false) => format!("lock `{name}`"),
             };
             let busy = |e| match e {
                 Error::Locked { .. } => Failure::new(
@@ -687,6 +696,15 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 other => other.into(),
             };
             let granted = match permits {
+                None if shared => {
+                    let lock = RwLock::new(&session, &name)?.with_owner_info(owner);
+                    if try_once {
+                        lock.try_read().await.map_err(busy)
+                    } else {
+                        wait_granted(&what, deadline, &mut signals, lock.read()).await
+                    }
+                    .map(Held::Read)
+                }
                 None => {
                     let mutex = Mutex::new(&session, &name)?.with_owner_info(owner);
                     if try_once {
@@ -871,6 +889,7 @@ async fn wait_granted<T>(
 /// A lock, a permit or a leadership, held.
 enum Held {
     Lock(MutexGuard),
+    Read(RwLockReadGuard),
     Permit(SemaphorePermit),
     Lead(Leadership),
 }
@@ -879,6 +898,7 @@ impl Held {
     fn key(&self) -> &str {
         match self {
             Held::Lock(g) => g.key(),
+            Held::Read(g) => g.key(),
             Held::Permit(p) => p.key(),
             Held::Lead(l) => l.key(),
         }
@@ -887,6 +907,7 @@ impl Held {
     fn token(&self) -> FencingToken {
         match self {
             Held::Lock(g) => g.fencing_token(),
+            Held::Read(g) => g.fencing_token(),
             Held::Permit(p) => p.fencing_token(),
             Held::Lead(l) => l.fencing_token(),
         }
@@ -895,6 +916,7 @@ impl Held {
     fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let lost: futures::future::BoxFuture<'static, LostReason> = match self {
             Held::Lock(g) => Box::pin(g.lost()),
+            Held::Read(g) => Box::pin(g.lost()),
             Held::Permit(p) => Box::pin(p.lost()),
             Held::Lead(l) => Box::pin(l.lost()),
         };
@@ -905,6 +927,7 @@ impl Held {
     async fn release(self) -> Result<(), Failure> {
         let released = match self {
             Held::Lock(g) => g.unlock().await,
+            Held::Read(g) => g.release().await,
             Held::Permit(p) => p.release().await,
             Held::Lead(l) => l.resign().await,
         };
@@ -1141,12 +1164,12 @@ impl Hold {
 
     /// No command: print what etcdctl prints, then hold until a signal or a loss.
     async fn hold_until_signal(self, held: Held, signals: &mut Signals) -> Result<u8, Failure> {
-        let printed = out(held.key()).and_then(|()| match &held {
-            Held::Lock(g) => out(&g.fencing_token().to_string()),
-            Held::Permit(p) => out(&p.fencing_token().to_string()),
-            Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value())))
-                .and_then(|()| out(&l.fencing_token().to_string())),
-        });
+        let printed = out(held.key())
+            .and_then(|()| match &held {
+                Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value()))),
+                _ => Ok(()),
+            })
+            .and_then(|()| out(&held.token().to_string()));
         if let Err(f) = printed {
             // Nobody reads us: let go at once.
             let _ = tokio::time::timeout(Duration::from_secs(2), held.release()).await;
@@ -1457,6 +1480,8 @@ mod fuzz {
             Just("--timeout".to_owned()),
             Just("--listen".to_owned()),
             Just("--json".to_owned()),
+            Just("--shared".to_owned()),
+            Just("-n".to_owned()),
             Just("--endpoints".to_owned()),
             Just("--connect-timeout".to_owned()),
             Just("--cacert".to_owned()),
