@@ -826,6 +826,114 @@ async fn shared_holders_share_and_a_plain_lock_excludes_them() {
     assert!(backend.entries(&name).await.unwrap().is_empty());
 }
 
+/// The JSON objects among `text`'s lines (other lines are baton's text messages).
+fn json_events(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// The `event` field of each of `events`.
+fn kinds(events: &[serde_json::Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect()
+}
+
+/// Issue #38 (5): `--json` reports each event of `lock` and `elect` as one JSON object per
+/// line: on standard output without a command, on standard error with one (standard output
+/// stays the command's); a loss says why, and the last line gives the exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_elect_report_their_events_in_json() {
+    let name = name("json");
+    let backend = backend().await;
+
+    // No command: the events are the output.
+    let mut holder = Running::spawn(&["lock", "--json", &name]);
+    let waiting: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(waiting["event"], "waiting");
+    assert_eq!(waiting["name"], name.as_str());
+    let acquired: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(acquired["event"], "acquired");
+    let entry = backend.entries(&name).await.unwrap().remove(0);
+    assert_eq!(acquired["key"], entry.key());
+    assert_eq!(acquired["token"], entry.token().get());
+    holder.signal("-TERM");
+    let released: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(released["event"], "released");
+    let exit: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!((&exit["event"], &exit["code"]), (&"exit".into(), &0.into()));
+    assert_eq!(holder.exit_code().await.0, 0);
+
+    // With a command: standard output is the command's, the events are on standard error.
+    let out = baton(&[
+        "lock",
+        "--json",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-command; exit 3",
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_exit(&out, 3);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "from-the-command\n");
+    let events = json_events(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!(kinds(&events), ["waiting", "acquired", "released", "exit"]);
+    assert_eq!(events[3]["code"], 3);
+
+    // A loss says why, and exits 79.
+    let mut holder = Running::spawn(&[
+        "lock",
+        "--json",
+        "--ttl",
+        "3",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 3' TERM; echo ready; while :; do sleep 0.05; done",
+    ]);
+    assert_eq!(holder.line().await, "ready");
+    let entry = backend.entries(&name).await.unwrap().remove(0);
+    backend.revoke_lease(entry.lease().unwrap()).await.unwrap();
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(code, 79, "{stderr}");
+    let events = json_events(&stderr);
+    assert_eq!(
+        kinds(&events),
+        ["waiting", "acquired", "lost", "exit"],
+        "{stderr}"
+    );
+    assert!(
+        events[2]["reason"].as_str().unwrap().contains("lease"),
+        "{stderr}"
+    );
+    assert_eq!(events[3]["code"], 79);
+    assert!(
+        events[3]["message"].as_str().unwrap().contains("lost"),
+        "{stderr}"
+    );
+
+    // `elect`: the leadership's value too.
+    let mut leader = Running::spawn(&["elect", "--json", &name, "node-a"]);
+    let events: Vec<serde_json::Value> = vec![
+        serde_json::from_str(&leader.line().await).unwrap(),
+        serde_json::from_str(&leader.line().await).unwrap(),
+    ];
+    assert_eq!(kinds(&events), ["waiting", "acquired"]);
+    assert_eq!(events[1]["value"], "node-a");
+    assert!(events[1]["token"].as_u64().is_some());
+    leader.signal("-TERM");
+    let released: serde_json::Value = serde_json::from_str(&leader.line().await).unwrap();
+    assert_eq!(released["event"], "released");
+    assert_eq!(leader.exit_code().await.0, 0);
+}
+
 // ---- Supervision: the command runs only while the lock is held (issue #14). ----
 
 /// A directory of the test's own.

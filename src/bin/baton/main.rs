@@ -202,6 +202,10 @@ enum Command {
         /// order. Keys are `<name>/read/<lease id hex>_<k>`.
         #[arg(long, conflicts_with = "permits")]
         shared: bool,
+        /// Report each event (waiting, acquired, lost, released, exit) as one JSON object
+        /// per line: on standard error with a command, on standard output without one.
+        #[arg(long)]
+        json: bool,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
         /// itself is killed, at most a third of --ttl: the command is gone before the lock
         /// can pass to another holder.
@@ -223,8 +227,10 @@ enum Command {
         /// Print one line per leader event instead of campaigning.
         #[arg(short, long)]
         listen: bool,
-        /// With --listen: JSON lines.
-        #[arg(long, requires = "listen")]
+        /// JSON lines: with --listen, the leader events; else each event of the campaign
+        /// (waiting, acquired, lost, released, exit), on standard error with a command, on
+        /// standard output without one.
+        #[arg(long)]
         json: bool,
         /// Session TTL in seconds.
         #[arg(long, default_value = "10", value_parser = ttl_seconds, allow_negative_numbers = true)]
@@ -469,12 +475,110 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => ExitCode::from(code),
-        Err(failure) => {
-            eprintln!("baton: {}", failure.message);
-            ExitCode::from(failure.code)
+    let events = Events::of(&cli);
+    let ended = runtime.block_on(run(cli, &events));
+    if let Err(failure) = &ended {
+        eprintln!("baton: {}", failure.message);
+    }
+    let code = match &ended {
+        Ok(code) => *code,
+        Err(failure) => failure.code,
+    };
+    let mut exit = vec![("code", code.to_string())];
+    if let Err(failure) = &ended {
+        exit.push(("message", json_str(&failure.message)));
+    }
+    // The last line; a reader that is gone cannot be told.
+    let _ = events.emit("exit", &exit);
+    ExitCode::from(code)
+}
+
+/// Where `--json` events go: standard error when a command runs (standard output is the
+/// command's), standard output without one.
+#[derive(Debug, Clone, Copy)]
+enum EventStream {
+    Stdout,
+    Stderr,
+}
+
+/// `--json` of `lock` and `elect` (not `--listen`): one JSON object per line for each event
+/// of the lock or leadership, each naming it (docs/cli.md). Off, it writes nothing.
+#[derive(Debug, Clone)]
+struct Events {
+    to: Option<EventStream>,
+    /// The lock or election, as JSON.
+    name: String,
+}
+
+impl Events {
+    fn of(cli: &Cli) -> Events {
+        let (on, name, with_command) = match &cli.command {
+            Command::Lock {
+                json,
+                name,
+                command,
+                ..
+            }
+            | Command::Elect {
+                json,
+                listen: false,
+                name,
+                command,
+                ..
+            } => (*json, name.as_str(), !command.is_empty()),
+            _ => (false, "", false),
+        };
+        Events {
+            to: on.then_some(if with_command {
+                EventStream::Stderr
+            } else {
+                EventStream::Stdout
+            }),
+            name: json_str(name),
         }
+    }
+
+    /// Whether the events are baton's standard output (no command): they replace the key and
+    /// token lines.
+    fn on_stdout(&self) -> bool {
+        matches!(self.to, Some(EventStream::Stdout))
+    }
+
+    /// `{"event":<event>,"name":<name>,<fields>}`, each field's value already JSON. On
+    /// standard output, a write that fails is the failure `out` makes of it (141, 74).
+    fn emit(&self, event: &str, fields: &[(&str, String)]) -> Result<(), Failure> {
+        let Some(to) = self.to else { return Ok(()) };
+        let mut line = format!("{{\"event\":{},\"name\":{}", json_str(event), self.name);
+        for (key, value) in fields {
+            line.push_str(&format!(",{}:{value}", json_str(key)));
+        }
+        line.push('}');
+        match to {
+            EventStream::Stdout => out(&line),
+            EventStream::Stderr => {
+                // Not `eprintln!`, which panics when the reader is gone: the events are not
+                // worth baton's life (nor the command's).
+                let _ = writeln!(std::io::stderr(), "{line}");
+                Ok(())
+            }
+        }
+    }
+
+    /// The lock or leadership is held: its key and token (and a leader's value).
+    fn acquired(&self, held: &Held) -> Result<(), Failure> {
+        let mut fields = vec![
+            ("key", json_str(held.key())),
+            ("token", held.token().to_string()),
+        ];
+        if let Held::Lead(l) = held {
+            fields.push(("value", json_str(&String::from_utf8_lossy(l.value()))));
+        }
+        self.emit("acquired", &fields)
+    }
+
+    /// It was lost, and why.
+    fn lost(&self, reason: &str) {
+        let _ = self.emit("lost", &[("reason", json_str(reason))]);
     }
 }
 
@@ -650,7 +754,7 @@ async fn connect(
     .await
 }
 
-async fn run(cli: Cli) -> Result<u8, Failure> {
+async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
     let Checked { spec, tls } = validate(&cli)?;
     let mut signals = Signals::new()?;
     let deadline = match &cli.command {
@@ -695,6 +799,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 ),
                 other => other.into(),
             };
+            if !try_once {
+                events.emit("waiting", &[])?;
+            }
             let granted = match permits {
                 None if shared => {
                     let lock = RwLock::new(&session, &name)?.with_owner_info(owner);
@@ -732,6 +839,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                         kill_after,
                         ttl: ttl.min(session.ttl()),
                         session: session.clone(),
+                        events: events.clone(),
                     };
                     hold.run(held, spec, &mut signals).await
                 }
@@ -755,6 +863,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 (false, Some(proposal)) => {
                     let election = Election::new(&session, &name)?;
                     let what = format!("leadership of `{name}`");
+                    events.emit("waiting", &[])?;
                     match wait_granted(&what, deadline, &mut signals, election.campaign(proposal))
                         .await
                     {
@@ -765,6 +874,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                                 kill_after,
                                 ttl: ttl.min(session.ttl()),
                                 session: session.clone(),
+                                events: events.clone(),
                             };
                             hold.run(Held::Lead(leadership), spec, &mut signals).await
                         }
@@ -1007,6 +1117,8 @@ struct Hold {
     /// The session the lock is held on: its deadline says when renewals have failed for too
     /// long.
     session: Session,
+    /// `--json`.
+    events: Events,
 }
 
 impl Hold {
@@ -1026,6 +1138,7 @@ impl Hold {
                 self.what
             );
         }
+        self.events.acquired(&held)?;
         spec.env = vec![
             ("BATON_LOCK_KEY".into(), key.clone()),
             ("BATON_FENCING_TOKEN".into(), token.clone()),
@@ -1067,6 +1180,7 @@ impl Hold {
                 biased;
                 reason = &mut lost => {
                     eprintln!("baton: {} lost ({reason}); stopping `{}`", self.what, spec.program);
+                    self.events.lost(&reason.to_string());
                     // Told to stop already (at risk): what is left is killed now. Else (a
                     // loss the server reported) the grace is the one a killed baton gives.
                     let grace = if warned { Duration::ZERO } else { orphan_grace };
@@ -1133,6 +1247,7 @@ impl Hold {
                 || "renewals failed until the lease was about to expire".to_owned(),
                 |reason| reason.to_string(),
             );
+            self.events.lost(&why);
             return Err(Failure::new(
                 exit::LOST,
                 format!(
@@ -1146,7 +1261,9 @@ impl Hold {
         let code = exit_code(status);
         // The command's exit code is baton's, whatever the release meets.
         match tokio::time::timeout(Duration::from_secs(2), held.release()).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                let _ = self.events.emit("released", &[]);
+            }
             Ok(Err(f)) if f.code == exit::LOST => {
                 eprintln!(
                     "baton: {} had been lost before the command ended: {}",
@@ -1164,12 +1281,16 @@ impl Hold {
 
     /// No command: print what etcdctl prints, then hold until a signal or a loss.
     async fn hold_until_signal(self, held: Held, signals: &mut Signals) -> Result<u8, Failure> {
-        let printed = out(held.key())
-            .and_then(|()| match &held {
-                Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value()))),
-                _ => Ok(()),
-            })
-            .and_then(|()| out(&held.token().to_string()));
+        let printed = if self.events.on_stdout() {
+            self.events.acquired(&held)
+        } else {
+            out(held.key())
+                .and_then(|()| match &held {
+                    Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value()))),
+                    _ => Ok(()),
+                })
+                .and_then(|()| out(&held.token().to_string()))
+        };
         if let Err(f) = printed {
             // Nobody reads us: let go at once.
             let _ = tokio::time::timeout(Duration::from_secs(2), held.release()).await;
@@ -1179,9 +1300,13 @@ impl Hold {
         tokio::select! {
             _ = signals.recv() => {
                 held.release().await?;
+                self.events.emit("released", &[])?;
                 Ok(0)
             }
-            reason = lost => Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what))),
+            reason = lost => {
+                self.events.lost(&reason.to_string());
+                Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what)))
+            }
             // `baton lock x | head -1`: nobody reads us any more; let go now, not at the
             // next write (there is none).
             () = closed_output::closed() => {
