@@ -458,7 +458,8 @@ fn members(pgid: Pid) -> Vec<(i32, String)> {
 /// The watchdog of a command's group: baton itself, run again as a hidden step named
 /// `baton watchdog <baton's pid>` (see [`WATCHDOG_NAME`]), in a process group of its own (a
 /// terminal's signals do not reach it), reading a pipe whose write end only baton holds.
-/// baton writes `grace <seconds>` first, then `deadline <ns>`
+/// It says `ready` on its standard output (another pipe) once it runs, before baton starts the
+/// command. baton writes `grace <seconds>` first, then `deadline <ns>`
 /// (the session's deadline on `CLOCK_MONOTONIC`, which every process of the machine reads
 /// alike) before the command starts and whenever a renewal moves it, `group <pgid>` once the
 /// command is started, and `done` once the group is gone. End of file without `done` means
@@ -473,20 +474,28 @@ struct Watchdog {
 
 impl Watchdog {
     fn start(grace: Duration) -> std::io::Result<Watchdog> {
+        use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         let mut child = std::process::Command::new(own_executable()?)
             .arg0(WATCHDOG_NAME)
             .arg(getpid().to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .process_group(0)
             .spawn()?;
         let pipe = child.stdin.take();
+        let said = child.stdout.take();
         let mut watchdog = Watchdog { child, pipe };
-        if !watchdog.tell(&format!("grace {}", grace.as_secs_f64())) {
+        // It says `ready` once it runs as the watchdog (named, reading its pipe): the command
+        // is started only then. End of file instead: it died.
+        let mut line = String::new();
+        let ready = said
+            .map(|out| std::io::BufReader::new(out).read_line(&mut line))
+            .is_some_and(|read| read.is_ok() && line.trim_end() == "ready");
+        if !ready || !watchdog.tell(&format!("grace {}", grace.as_secs_f64())) {
             watchdog.stand_down();
-            return Err(std::io::Error::other("it does not read its pipe"));
+            return Err(std::io::Error::other("it did not start"));
         }
         Ok(watchdog)
     }
@@ -614,6 +623,17 @@ fn watchdog_step() -> u8 {
     use std::os::fd::AsFd;
     #[cfg(target_os = "linux")]
     let _ = nix::sys::prctl::set_name(WATCHDOG_COMM);
+    {
+        use std::io::Write;
+        // baton waits for this before it starts the command; nothing else is written here.
+        let mut stdout = std::io::stdout().lock();
+        if writeln!(stdout, "ready")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return exit::ERROR;
+        }
+    }
     let stdin = std::io::stdin();
     let mut watched = Watched::default();
     let mut pending: Vec<u8> = Vec::new();
