@@ -47,6 +47,22 @@ lint:
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features --quiet
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 
+# Each feature builds on its own: the library with no feature and with each feature alone,
+# and the CLI binary with `cli`. Code behind a `cfg` that only ever builds beside other
+# features (a type of `testing` that exists only with a backend) breaks a user who asks for
+# that feature alone, and nothing else would notice. `cargo check`, to keep it fast.
+features:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    echo "== no feature"
+    cargo check --quiet --lib --no-default-features
+    for feature in etcd redis zookeeper postgres redlock serde testing cli; do
+      echo "== feature $feature alone"
+      cargo check --quiet --lib --no-default-features --features "$feature"
+    done
+    echo "== the CLI binary (feature cli alone)"
+    cargo check --quiet --bin baton --no-default-features --features cli
+
 # The crate as it would be published: packaged (what `include` ships) and built from the
 # package, then a dry run of the upload.
 package:

@@ -39,8 +39,9 @@ impl Endpoints {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty list, an unknown scheme, schemes mixed in one
-    /// list, more than one Redis URL, or an etcd endpoint without a host or a valid port.
+    /// [`Error::InvalidArgument`] for an empty list, an unknown scheme, a known scheme without
+    /// its `//` (`redis:/host`), schemes mixed in one list, more than one Redis URL, or an
+    /// etcd endpoint without a host or a valid port.
     pub fn parse(spec: &str) -> Result<Endpoints> {
         let spec = spec.trim();
         if spec.is_empty() {
@@ -54,6 +55,9 @@ impl Endpoints {
             return Ok(Endpoints::Postgres(spec.to_owned()));
         }
         let parts: Vec<&str> = spec.split(',').map(str::trim).collect();
+        if let Some(typo) = parts.iter().find_map(|p| scheme_typo(p)) {
+            return Err(Error::InvalidArgument(typo));
+        }
         let redis = |p: &&str| p.starts_with("redis://") || p.starts_with("rediss://");
         if parts.iter().any(redis) {
             return match parts.as_slice() {
@@ -81,6 +85,32 @@ impl Endpoints {
             Endpoints::Postgres(_) => "PostgreSQL",
         }
     }
+}
+
+/// A known scheme written without its `//` (`redis:/host`, `zk:host:2181`): a typo, refused
+/// at once rather than taken for an etcd host named `redis` (which fails only when the name
+/// is looked up, after the connect timeout). `redis:6379` stays an etcd endpoint: a host
+/// named `redis`, with a port.
+fn scheme_typo(endpoint: &str) -> Option<&'static str> {
+    let (scheme, rest) = endpoint.split_once(':')?;
+    if rest.starts_with("//") || (!rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    Some(match scheme.to_ascii_lowercase().as_str() {
+        "redis" | "rediss" => {
+            "a scheme is followed by `//`: a Redis URL is redis://host:port (rediss:// over TLS), not redis:/host"
+        }
+        "zk" => {
+            "a scheme is followed by `//`: a ZooKeeper connect string is zk://host:port[,host:port...], not zk:/host"
+        }
+        "postgres" | "postgresql" => {
+            "a scheme is followed by `//`: a PostgreSQL URL is postgres://[user@]host[:port]/db, not postgres:/host"
+        }
+        "http" | "https" => {
+            "a scheme is followed by `//`: an etcd endpoint is host:port or http(s)://host:port, not http:/host"
+        }
+        _ => return None,
+    })
 }
 
 fn check_etcd(endpoint: &str) -> Result<()> {
@@ -440,5 +470,24 @@ mod tests {
                 "{bad:?}"
             );
         }
+        // A scheme without its `//` is a typo, named as one (before: an etcd host `redis:/h`,
+        // looked up after the connect timeout).
+        for (typo, says) in [
+            ("redis:/h:6379", "redis://"),
+            ("rediss:h:6380", "redis://"),
+            ("zk:/a:2181", "zk://"),
+            ("postgres:/h/db", "postgres://"),
+            ("a:1,http:/b:2379", "http(s)://"),
+        ] {
+            assert!(
+                matches!(Endpoints::parse(typo), Err(Error::InvalidArgument(m)) if m.contains(says)),
+                "{typo:?}"
+            );
+        }
+        // A host named like a scheme, with a port, is a host.
+        assert_eq!(
+            Endpoints::parse("redis:2379").unwrap(),
+            Endpoints::Etcd(vec!["redis:2379".into()])
+        );
     }
 }

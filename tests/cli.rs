@@ -736,6 +736,204 @@ async fn elect_listen_reports_etcdctl_campaigns() {
     assert_eq!(listener.exit_code().await.0, 0);
 }
 
+/// The lines of `log`, once it has `n` of them.
+async fn log_lines(log: &std::path::Path, n: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    eventually("the log is written", || {
+        lines = std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let done = lines.len() >= n;
+        async move { done }
+    })
+    .await;
+    lines
+}
+
+/// Issue #38 (5): `lock --shared` holders share the lock (like `flock -s`: the library's
+/// RwLock read side), and a plain `lock` on the same name excludes them, both ways: it is
+/// refused (`--try`) and waits while they hold, and they wait while it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_holders_share_and_a_plain_lock_excludes_them() {
+    let name = name("shared");
+    let dir = scratch("shared");
+    let log = dir.join("log");
+    let backend = backend().await;
+    // A holder that logs when it starts and, on SIGTERM, when it ends.
+    let holding = |what: &str| {
+        format!(
+            "trap 'echo \"{what} end\" >> {l}; exit 0' TERM; echo \"{what} start $BATON_LOCK_KEY\" >> {l}; \
+             echo ready; while :; do sleep 0.05; done",
+            l = log.display()
+        )
+    };
+    let read = holding("read");
+    let mut r1 = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    assert_eq!(r1.line().await, "ready");
+    // The second reader holds while the first does.
+    let mut r2 = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    assert_eq!(r2.line().await, "ready");
+    let out = baton(&["lock", "--try", &name]).output().await.unwrap();
+    assert_exit(&out, 75);
+    let write = format!("echo 'write ran' >> {}", log.display());
+    let w = Running::spawn(&["lock", &name, "--", "sh", "-c", &write]);
+    eventually("the plain lock waits", || async {
+        backend.entries(&name).await.unwrap().len() == 3
+    })
+    .await;
+    for reader in [r1, r2] {
+        reader.signal("-TERM");
+        assert_eq!(reader.exit_code().await.0, 0);
+    }
+    let (code, stderr) = w.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    let lines = log_lines(&log, 5).await;
+    assert!(
+        lines[..2]
+            .iter()
+            .all(|l| l.starts_with(&format!("read start {name}/read/"))),
+        "{lines:?}"
+    );
+    assert_eq!(
+        lines[2..],
+        ["read end", "read end", "write ran"],
+        "{lines:?}"
+    );
+
+    // The other way round: readers wait for a plain holder.
+    std::fs::remove_file(&log).unwrap();
+    let write = holding("write");
+    let mut w = Running::spawn(&["lock", &name, "--", "sh", "-c", &write]);
+    assert_eq!(w.line().await, "ready");
+    let out = baton(&["lock", "--shared", "--try", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 75);
+    let read = format!("echo 'read ran' >> {}", log.display());
+    let r = Running::spawn(&["lock", "--shared", &name, "--", "sh", "-c", &read]);
+    eventually("the reader waits", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    w.signal("-TERM");
+    assert_eq!(w.exit_code().await.0, 0);
+    assert_eq!(r.exit_code().await.0, 0);
+    let lines = log_lines(&log, 3).await;
+    assert_eq!(lines[1..], ["write end", "read ran"], "{lines:?}");
+    assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
+/// The JSON objects among `text`'s lines (other lines are baton's text messages).
+fn json_events(text: &str) -> Vec<serde_json::Value> {
+    text.lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
+}
+
+/// The `event` field of each of `events`.
+fn kinds(events: &[serde_json::Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect()
+}
+
+/// Issue #38 (5): `--json` reports each event of `lock` and `elect` as one JSON object per
+/// line: on standard output without a command, on standard error with one (standard output
+/// stays the command's); a loss says why, and the last line gives the exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_elect_report_their_events_in_json() {
+    let name = name("json");
+    let backend = backend().await;
+
+    // No command: the events are the output.
+    let mut holder = Running::spawn(&["lock", "--json", &name]);
+    let waiting: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(waiting["event"], "waiting");
+    assert_eq!(waiting["name"], name.as_str());
+    let acquired: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(acquired["event"], "acquired");
+    let entry = backend.entries(&name).await.unwrap().remove(0);
+    assert_eq!(acquired["key"], entry.key());
+    assert_eq!(acquired["token"], entry.token().get());
+    holder.signal("-TERM");
+    let released: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!(released["event"], "released");
+    let exit: serde_json::Value = serde_json::from_str(&holder.line().await).unwrap();
+    assert_eq!((&exit["event"], &exit["code"]), (&"exit".into(), &0.into()));
+    assert_eq!(holder.exit_code().await.0, 0);
+
+    // With a command: standard output is the command's, the events are on standard error.
+    let out = baton(&[
+        "lock",
+        "--json",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-command; exit 3",
+    ])
+    .output()
+    .await
+    .unwrap();
+    assert_exit(&out, 3);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "from-the-command\n");
+    let events = json_events(&String::from_utf8_lossy(&out.stderr));
+    assert_eq!(kinds(&events), ["waiting", "acquired", "released", "exit"]);
+    assert_eq!(events[3]["code"], 3);
+
+    // A loss says why, and exits 79.
+    let mut holder = Running::spawn(&[
+        "lock",
+        "--json",
+        "--ttl",
+        "3",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "trap 'exit 3' TERM; echo ready; while :; do sleep 0.05; done",
+    ]);
+    assert_eq!(holder.line().await, "ready");
+    let entry = backend.entries(&name).await.unwrap().remove(0);
+    backend.revoke_lease(entry.lease().unwrap()).await.unwrap();
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(code, 79, "{stderr}");
+    let events = json_events(&stderr);
+    assert_eq!(
+        kinds(&events),
+        ["waiting", "acquired", "lost", "exit"],
+        "{stderr}"
+    );
+    assert!(
+        events[2]["reason"].as_str().unwrap().contains("lease"),
+        "{stderr}"
+    );
+    assert_eq!(events[3]["code"], 79);
+    assert!(
+        events[3]["message"].as_str().unwrap().contains("lost"),
+        "{stderr}"
+    );
+
+    // `elect`: the leadership's value too.
+    let mut leader = Running::spawn(&["elect", "--json", &name, "node-a"]);
+    let events: Vec<serde_json::Value> = vec![
+        serde_json::from_str(&leader.line().await).unwrap(),
+        serde_json::from_str(&leader.line().await).unwrap(),
+    ];
+    assert_eq!(kinds(&events), ["waiting", "acquired"]);
+    assert_eq!(events[1]["value"], "node-a");
+    assert!(events[1]["token"].as_u64().is_some());
+    leader.signal("-TERM");
+    let released: serde_json::Value = serde_json::from_str(&leader.line().await).unwrap();
+    assert_eq!(released["event"], "released");
+    assert_eq!(leader.exit_code().await.0, 0);
+}
+
 // ---- Supervision: the command runs only while the lock is held (issue #14). ----
 
 /// A directory of the test's own.
@@ -749,6 +947,22 @@ fn scratch(test: &str) -> std::path::PathBuf {
 /// Whether any process of group `pgid` is left.
 fn group_alive(pgid: i32) -> bool {
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None).is_ok()
+}
+
+/// Whether any process of group `pgid` still runs. A zombie does not: it is dead, waiting
+/// only for its parent to reap it (which a stopped baton does not).
+fn group_running(pgid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return group_alive(pgid);
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .any(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // `pid (name) state ppid pgrp ...`; the name may hold spaces and parentheses.
+            let tail = stat.rsplit_once(')').map_or("", |(_, tail)| tail);
+            let fields: Vec<&str> = tail.split_whitespace().take(3).collect();
+            fields.len() == 3 && fields[2] == pgid.to_string() && fields[0] != "Z"
+        })
 }
 
 /// The number a command wrote to `file` (`echo $$ > file`), once it has.
@@ -1044,6 +1258,28 @@ async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
             "{case}: {stderr}"
         );
     }
+}
+
+/// Issue #38 (4): a Redis that accepts connections and answers nothing is named with what it
+/// did not answer and within what. (Before: "could not connect to redis://...: deadline has
+/// elapsed".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_redis_is_named_with_what_it_did_not_answer() {
+    let proxy =
+        support::proxy::Proxy::start(&format!("127.0.0.1:{}", RedisNode::shared().port())).await;
+    proxy.black_hole();
+    let url = format!("redis://{}", proxy.addr());
+    let out = baton(&["--endpoints", &url, "--connect-timeout", "1", "status", "x"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 69);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    for said in [url.as_str(), "no answer", "1s", "--connect-timeout"] {
+        assert!(stderr.contains(said), "`{said}` missing: {stderr}");
+    }
+    assert!(!stderr.contains("deadline has elapsed"), "{stderr}");
 }
 
 /// Leadership whose key is deleted from outside (an operator's `etcdctl del`) is lost: baton
@@ -1397,7 +1633,22 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             "--layout",
         ),
         (&["elect", "x", "v", "--listen"], 64, ""),
-        (&["lock"], 64, ""),
+        // The missing argument is named (before: "were not provided:" and nothing).
+        (&["lock"], 64, "<NAME>"),
+        (&["status"], 64, "<NAME>"),
+        (&["elect", "x"], 64, "<PROPOSAL>"),
+        // A scheme missing a slash is a typo, not an etcd host to look up (before: exit 69,
+        // "dns error", after the connect timeout).
+        (
+            &["--endpoints", "redis:/127.0.0.1:6379", "status", "x"],
+            64,
+            "redis://",
+        ),
+        (
+            &["--endpoints", "zk:/127.0.0.1:2181", "status", "x"],
+            64,
+            "zk://",
+        ),
     ];
     for (args, code, says) in cases {
         let out = run(args).await.unwrap();
@@ -1431,7 +1682,8 @@ async fn subcommand_help_tells_the_rules() {
 }
 
 /// The password is baton's, not the command's; it reaches etcd and not the environment of the
-/// command. (Uses a node of its own with authentication on.)
+/// command. Without a user, the refusal names `--user`. (Uses a node of its own with
+/// authentication on.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_is_not_passed_to_the_command() {
     let node = EtcdNode::start().await.expect("a node of its own");
@@ -1456,6 +1708,23 @@ async fn the_password_is_not_passed_to_the_command() {
         .unwrap();
     assert_exit(&out, 0);
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), "unset");
+
+    // Without --user, the refusal names the flag (before: "authentication failed: user name
+    // is empty").
+    let out = Command::new(env!("CARGO_BIN_EXE_baton"))
+        .env("BATON_ENDPOINTS", node.endpoints().join(","))
+        .env_remove("BATON_USER")
+        .env_remove("BATON_PASSWORD")
+        .args(["lock", "auth/y", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&out, 77);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.lines().count() == 1 && stderr.contains("--user"),
+        "{stderr}"
+    );
 }
 
 /// The status table lines up (the token column too), and keys or owners with newlines stay
@@ -1661,9 +1930,10 @@ impl Stubborn {
                 .unwrap();
             writeln!(f, "granted").unwrap();
         }
-        // A guard only: the group must be gone already.
+        // A guard only: the group must be gone already (its processes dead; a stopped baton
+        // has not reaped them).
         let pgid = self.pgid;
-        eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+        eventually("the group is gone", || async move { !group_running(pgid) }).await;
         let log = std::fs::read_to_string(&self.log).unwrap();
         let after: Vec<&str> = log.lines().skip_while(|l| *l != "granted").collect();
         assert_eq!(
@@ -1703,6 +1973,55 @@ async fn cut_off_the_group_is_gone_before_the_next_grant() {
     assert!(stderr.contains("before the lease can expire"), "{stderr}");
 }
 
+/// Issue #38 (3): SIGSTOP of baton alone (not its command) stops the renewals; the watchdog
+/// knows the session's deadline from baton and stops the group by then, so a TERM-ignoring
+/// job writes nothing after the next holder is granted. Once baton runs again it finds the
+/// lock lost and exits 79. (Before: the command ran on beside the next holder for as long as
+/// baton stayed stopped.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_batons_group_is_gone_before_the_next_grant() {
+    let stubborn = Stubborn::start("stopped", None).await;
+    stubborn.holder.signal("-STOP");
+    let holder = stubborn.nothing_after_the_next_grant().await;
+    holder.signal("-CONT");
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(code, 79, "{stderr}");
+}
+
+/// Issue #38 (1): cut off from etcd, a command that handles the SIGTERM baton sends before
+/// the lease can expire and has a background job: baton exits 79 (the lock was lost; the
+/// command's own 143 would read as a failed command), and promptly once the group is gone,
+/// not after a release etcd cannot answer. (Before: exit 143, 2.2 s after the shell ended.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_a_command_that_handles_sigterm_exits_79_at_once() {
+    let proxy = support::proxy::Proxy::start(&EtcdNode::shared().endpoints()[0]).await;
+    let name = name("cut-off-trap");
+    let mut holder = Running::spawn(&[
+        "--endpoints",
+        &proxy.endpoint(),
+        "lock",
+        &name,
+        "--ttl",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "trap 'echo term; exit 143' TERM; sleep 100 & echo started; wait",
+    ]);
+    assert_eq!(holder.line().await, "started");
+    proxy.black_hole();
+    // The shell says it got SIGTERM as its last act; its job dies of the same signal.
+    assert_eq!(holder.line().await, "term");
+    let ended = std::time::Instant::now();
+    let (code, stderr) = holder.exit_code().await;
+    let took = ended.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "exited {took:?} after the group: {stderr}"
+    );
+    assert_eq!(code, 79, "{stderr}");
+}
+
 /// The watchdog needs no shell: with no `sh` on `PATH`, `kill -9` of baton still takes the
 /// whole group. (Before: the watchdog was `sh`; without it a background job survived.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1736,6 +2055,46 @@ async fn the_watchdog_needs_no_shell() {
             .success()
     );
     eventually("the group is gone", || async move { !group_alive(pgid) }).await;
+}
+
+/// Issue #38 (4): the watchdog shows in `ps` as `baton watchdog <baton's pid>` (its command
+/// line) and `baton-watchdog` (its name). (Before: `/proc/self/exe __baton-watchdog 3.33`,
+/// named `exe`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_says_what_it_is_in_ps() {
+    let name = name("watchdog-ps");
+    let mut holder = Running::spawn(&["lock", &name, "--", "sh", "-c", "echo ready; sleep 60"]);
+    assert_eq!(holder.line().await, "ready");
+    let baton = holder.child.id().unwrap();
+    // baton's children: the command and the watchdog.
+    let children: Vec<(String, String)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid: u32 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (ppid == baton).then_some(())?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            Some((cmdline.trim_end().to_owned(), comm.trim_end().to_owned()))
+        })
+        .collect();
+    assert!(
+        children.iter().any(
+            |(cmdline, comm)| *cmdline == format!("baton watchdog {baton}")
+                && comm == "baton-watchdog"
+        ),
+        "{children:?}"
+    );
+    holder.signal("-TERM");
+    assert_eq!(holder.exit_code().await.0, 143);
 }
 
 /// Reads the pseudo-terminal until `text` has appeared in what it printed.
@@ -1836,6 +2195,8 @@ async fn baton_says_what_it_waits_for_after_a_double_fork() {
     .await;
     let sleep_pid = written_pid(&job).await;
     assert!(line.contains(&format!("pid {sleep_pid} (sleep)")), "{line}");
+    // (Before: "`sh` it exited with 0".)
+    assert!(line.contains("baton: `sh` exited with 0; "), "{line}");
     let pid = child.id().unwrap().to_string();
     std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -1975,6 +2336,16 @@ async fn help_is_short_with_h_and_headed() {
         assert!(
             long.contains("process group") && long.contains("Exit codes"),
             "{sub} --help: {long}"
+        );
+        // --timeout says both of its codes: 75 waiting for the lock, 69 still connecting
+        // (before: "exit code 75" only).
+        let timeout = short
+            .lines()
+            .find(|l| l.trim_start().starts_with("--timeout"))
+            .expect("--timeout");
+        assert!(
+            timeout.contains("75") && timeout.contains("69"),
+            "{sub}: {timeout}"
         );
         for text in [&short, &long] {
             let own = text.find("--ttl").expect("--ttl");

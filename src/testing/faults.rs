@@ -58,6 +58,32 @@ pub enum Call {
 }
 
 impl Call {
+    /// The operation, as the backends name it in their errors: the [`Backend`] method's name
+    /// (`enqueue`, `grant_lease`).
+    fn op(self) -> &'static str {
+        match self {
+            Call::GrantLease => "grant_lease",
+            Call::KeepAlive => "keep_alive",
+            Call::RevokeLease => "revoke_lease",
+            Call::Enqueue => "enqueue",
+            Call::FindEntry => "find_entry",
+            Call::Abandon => "abandon",
+            Call::Predecessor => "predecessor",
+            Call::Ahead => "ahead",
+            Call::WasHead => "was_head",
+            Call::WaitGone => "wait_gone",
+            Call::Head => "head",
+            Call::Entries => "entries",
+            Call::DeleteEntry => "delete_entry",
+            Call::UpdateEntry => "update_entry",
+            Call::Guarded => "guarded",
+            Call::Read => "read",
+            Call::Swap => "swap",
+            Call::WaitValue => "wait_value",
+            Call::LeaseTtl => "lease_ttl",
+        }
+    }
+
     /// Whether the call creates or changes state: a failure of such a call leaves its outcome
     /// unknown, which is what [`Fault::FailAfter`] simulates.
     pub fn changes_state(self) -> bool {
@@ -333,7 +359,7 @@ impl FaultyBackend {
             Some(Fault::FailAfter) => {
                 let _ = op.await;
                 Err(Error::OutcomeUnknown {
-                    op: "injected",
+                    op: call.op(),
                     source: "the answer was lost (FaultyBackend::FailAfter)".into(),
                     at: Default::default(),
                 })
@@ -514,7 +540,11 @@ mod tests {
         assert!(first.is_ok());
         // Applied, answer lost.
         let second = faulty.enqueue("q", "b", lease.id(), b"").await;
-        assert!(matches!(second, Err(Error::OutcomeUnknown { .. })));
+        // Named after the call it stands for (before: `injected`).
+        assert!(
+            matches!(&second, Err(Error::OutcomeUnknown { op: "enqueue", .. })),
+            "{second:?}"
+        );
         assert!(faulty.find_entry("q", "b").await.unwrap().is_some());
         // Not applied.
         let third = faulty.enqueue("q", "c", lease.id(), b"").await;

@@ -171,9 +171,12 @@ impl Mailbox {
                 .invoke_async(&mut probe),
         )
         .await
-        .map_err(|elapsed| Error::Backend {
+        .map_err(|_elapsed| Error::Backend {
             op: "connect",
-            source: Box::new(elapsed),
+            source: super::NoAnswer::connecting(
+                "the mailbox's first script",
+                options.connect_timeout,
+            ),
             at: Default::default(),
         })?
         .map_err(|e| super::redis_err("connect", e))?;

@@ -402,6 +402,50 @@ async fn explain(
 }
 
 /// The URL without its password, for messages.
+/// The server did not answer in time: what it did not answer, and within what. (tokio's
+/// `Elapsed` says only "deadline has elapsed": not what, nor how long, nor which option.)
+#[derive(Debug)]
+struct NoAnswer {
+    /// What was not answered (`the connection's handshake`, `INFO`), if not the request
+    /// the error names itself.
+    what: Option<&'static str>,
+    within: Duration,
+    /// The option that sets `within`.
+    option: &'static str,
+}
+
+impl NoAnswer {
+    /// Connecting: `what` unanswered within the connect timeout.
+    fn connecting(what: &'static str, within: Duration) -> BoxError {
+        Box::new(NoAnswer {
+            what: Some(what),
+            within,
+            option: "with_connect_timeout",
+        })
+    }
+
+    /// A request unanswered within the request timeout.
+    fn request(within: Duration) -> BoxError {
+        Box::new(NoAnswer {
+            what: None,
+            within,
+            option: "the request timeout",
+        })
+    }
+}
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no answer")?;
+        if let Some(what) = self.what {
+            write!(f, " to {what}")?;
+        }
+        write!(f, " within {:?} ({})", self.within, self.option)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
@@ -563,7 +607,12 @@ impl RedisBackend {
         );
         let conn = match first_answer(&probe, connecting).await {
             Err(refused) => return Err(refused.misconfigured(vec![endpoint.clone()])),
-            Ok(Err(elapsed)) => return Err(failed(Box::new(elapsed))),
+            Ok(Err(_elapsed)) => {
+                return Err(failed(NoAnswer::connecting(
+                    "the connection's handshake",
+                    options.connect_timeout,
+                )));
+            }
             Ok(Ok(Ok(conn))) => conn,
             Ok(Ok(Err(e))) if e.kind() == ErrorKind::AuthenticationFailed => {
                 return Err(Error::Auth {
@@ -580,7 +629,7 @@ impl RedisBackend {
                 .query_async::<String>(&mut server),
         )
         .await
-        .map_err(|elapsed| failed(Box::new(elapsed)))?;
+        .map_err(|_elapsed| failed(NoAnswer::connecting("INFO", options.connect_timeout)))?;
         let info = match info {
             Ok(info) => info,
             // A TLS 1.3 server judges the client certificate after the connection is made.
@@ -596,7 +645,7 @@ impl RedisBackend {
             redis::cmd("TIME").query_async(&mut server),
         )
         .await
-        .map_err(|elapsed| failed(Box::new(elapsed)))?
+        .map_err(|_elapsed| failed(NoAnswer::connecting("TIME", options.connect_timeout)))?
         .map_err(|e| redis_err("connect", e))?;
         let clock = ServerClock::new(secs * 1000 + micros / 1000);
         let floor = Arc::new(AtomicU64::new(0));
@@ -741,9 +790,9 @@ impl RedisBackend {
                     maybe_applied |= kind == Kind::Write && !never_sent(&e);
                     Box::new(e)
                 }
-                Err(elapsed) => {
+                Err(_elapsed) => {
                     maybe_applied |= kind == Kind::Write;
-                    Box::new(elapsed)
+                    NoAnswer::request(self.inner.options.request_timeout)
                 }
             };
             if Instant::now() + backoff >= give_up {
@@ -1362,9 +1411,9 @@ impl Observer {
         let limit = OBSERVE_BLOCK.saturating_add(self.backend.inner.options.request_timeout);
         let answer = tokio::time::timeout(limit, read)
             .await
-            .map_err(|elapsed| Error::Backend {
+            .map_err(|_elapsed| Error::Backend {
                 op: "observe",
-                source: Box::new(elapsed),
+                source: NoAnswer::request(limit),
                 at: Default::default(),
             })?
             .map_err(|e| redis_err("observe", e))?;

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use baton::{
     Backend, ConnectOptions, Election, Endpoints, Error, FencingToken, LeaderEvent, Leadership,
-    LostReason, Mutex, MutexGuard, Semaphore, SemaphorePermit, Session, SessionOptions,
+    LostReason, Mutex, MutexGuard, RwLock, RwLockReadGuard, Semaphore, SemaphorePermit, Session,
+    SessionOptions,
 };
 use clap::{Parser, Subcommand};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use nix::sys::signal::Signal;
 use supervise::{Group, Spec};
 use tokio::signal::unix::{SignalKind, signal};
@@ -38,8 +39,9 @@ Exit codes:
   78   the server does not match the configuration: https:// to a server without TLS (or
        the reverse), its certificate not trusted, --user for a server without authentication,
        a server too old or set up wrongly, another --layout: fix the configuration
-  79   the lock or leadership was lost (its key deleted, or its session lost); the command,
-       if any, was stopped
+  79   the lock or leadership was lost (its key deleted, or its session lost), or renewals
+       failed until its lease was about to expire; the command, if any, was stopped (79
+       whatever the command returned)
   126  the command is not executable (checked before the lock is taken)
   127  the command was not found (checked before the lock is taken)
   141  standard output was closed (a broken pipe); the lock was released";
@@ -49,7 +51,8 @@ The command runs in a process group of its own, started only once the lock is he
 signal dispositions and mask it would have had without baton (SIGPIPE at its default). It
 ends with baton: if baton is killed (even with SIGKILL), a watchdog sends the whole group
 SIGTERM, then SIGKILL after --kill-after or a third of --ttl, whichever is shorter, so it is
-gone before the lock can pass on; on Linux the kernel kills the command itself at once.
+gone before the lock can pass on; on Linux the kernel kills the command itself at once. If
+baton is stopped (SIGSTOP) or starved, the watchdog does the same by the lease's deadline.
 SIGINT, SIGTERM and SIGHUP sent to baton are passed to the whole group (and SIGKILL follows
 after --kill-after if it does not end; a second signal sends it at once); SIGTERM and SIGHUP
 inherited as ignored (nohup) stay ignored; SIGINT inherited as ignored (a script's `baton
@@ -179,7 +182,9 @@ enum Command {
         /// Session TTL in seconds: how long the lock survives this process dying.
         #[arg(long, default_value = "10", value_parser = ttl_seconds, allow_negative_numbers = true)]
         ttl: Duration,
-        /// Give up after this many seconds, connecting included (exit code 75).
+        /// Give up after this many seconds, connecting included: exit 75 if the lock was
+        /// still held by others, 69 if the backend was not reached (connected, a session
+        /// started) in that time.
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
         /// Take the lock only if it is free right now; exit 75 if it is held or contended.
@@ -191,6 +196,16 @@ enum Command {
         /// must ask for the same N.
         #[arg(short = 'n', long = "permits", value_name = "N")]
         permits: Option<u32>,
+        /// Hold the lock shared, like `flock -s` (the read side of the library's RwLock):
+        /// holders with --shared hold together; a plain `baton lock` on the name (or
+        /// `etcdctl lock`, a library Mutex) excludes them and they exclude it, in arrival
+        /// order. Keys are `<name>/read/<lease id hex>_<k>`.
+        #[arg(long, conflicts_with = "permits")]
+        shared: bool,
+        /// Report each event (waiting, acquired, lost, released, exit) as one JSON object
+        /// per line: on standard error with a command, on standard output without one.
+        #[arg(long)]
+        json: bool,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
         /// itself is killed, at most a third of --ttl: the command is gone before the lock
         /// can pass to another holder.
@@ -212,13 +227,17 @@ enum Command {
         /// Print one line per leader event instead of campaigning.
         #[arg(short, long)]
         listen: bool,
-        /// With --listen: JSON lines.
-        #[arg(long, requires = "listen")]
+        /// JSON lines: with --listen, the leader events; else each event of the campaign
+        /// (waiting, acquired, lost, released, exit), on standard error with a command, on
+        /// standard output without one.
+        #[arg(long)]
         json: bool,
         /// Session TTL in seconds.
         #[arg(long, default_value = "10", value_parser = ttl_seconds, allow_negative_numbers = true)]
         ttl: Duration,
-        /// Give up after this many seconds, connecting included (exit code 75).
+        /// Give up after this many seconds, connecting included: exit 75 if another still
+        /// led, 69 if the backend was not reached (connected, a session started) in that
+        /// time.
         #[arg(long, value_parser = seconds, allow_negative_numbers = true)]
         timeout: Option<Duration>,
         /// Seconds between SIGTERM and SIGKILL when the command must be stopped. If baton
@@ -318,6 +337,14 @@ fn explain(e: &Error) -> String {
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
         let text = match cause.downcast_ref::<baton::etcd_client::Error>() {
+            // etcd with authentication on, asked without a user: its words name no flag.
+            Some(baton::etcd_client::Error::GRpcStatus(status))
+                if status.message().contains("user name is empty") =>
+            {
+                "the server has authentication on and no user was given: give --user and \
+                 --password (or BATON_USER and BATON_PASSWORD)"
+                    .to_owned()
+            }
             Some(baton::etcd_client::Error::GRpcStatus(status)) => status.message().to_owned(),
             _ => cause.to_string(),
         };
@@ -371,6 +398,38 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// clap's rendering of a usage error, on one line, like every other error of baton: its first
+/// paragraph (the message, and what it lists on the lines below, e.g. the missing
+/// arguments), then where to read more (`baton status --help`, from the usage line).
+fn usage_error(rendered: &str) -> String {
+    let first = rendered.split("\n\n").next().unwrap_or_default();
+    let said = first
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let said = said.trim_start_matches("error: ");
+    let said = if said.is_empty() {
+        "bad arguments"
+    } else {
+        said
+    };
+    let command = rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .map(|usage| {
+            usage
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<']))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|c| c.starts_with("baton"))
+        .unwrap_or_else(|| "baton".to_owned());
+    format!("{} (see `{command} --help`)", one_line(said))
+}
+
 /// Prints the library's warnings (with `-v`, its notices too) on standard error, one line
 /// each: a wait the operator would otherwise not see (a Redis restart grace) is said where
 /// they look. `BATON_LOG` (a `tracing` filter, e.g. `baton=debug`) overrides the level.
@@ -395,14 +454,7 @@ fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
-            // One line, like every other error of baton.
-            let rendered = e.to_string();
-            let first = rendered
-                .lines()
-                .next()
-                .unwrap_or("bad arguments")
-                .trim_start_matches("error: ");
-            eprintln!("baton: {} (see `baton --help`)", one_line(first));
+            eprintln!("baton: {}", usage_error(&e.to_string()));
             return ExitCode::from(exit::USAGE);
         }
         Err(e) => {
@@ -423,12 +475,110 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ERROR);
         }
     };
-    match runtime.block_on(run(cli)) {
-        Ok(code) => ExitCode::from(code),
-        Err(failure) => {
-            eprintln!("baton: {}", failure.message);
-            ExitCode::from(failure.code)
+    let events = Events::of(&cli);
+    let ended = runtime.block_on(run(cli, &events));
+    if let Err(failure) = &ended {
+        eprintln!("baton: {}", failure.message);
+    }
+    let code = match &ended {
+        Ok(code) => *code,
+        Err(failure) => failure.code,
+    };
+    let mut exit = vec![("code", code.to_string())];
+    if let Err(failure) = &ended {
+        exit.push(("message", json_str(&failure.message)));
+    }
+    // The last line; a reader that is gone cannot be told.
+    let _ = events.emit("exit", &exit);
+    ExitCode::from(code)
+}
+
+/// Where `--json` events go: standard error when a command runs (standard output is the
+/// command's), standard output without one.
+#[derive(Debug, Clone, Copy)]
+enum EventStream {
+    Stdout,
+    Stderr,
+}
+
+/// `--json` of `lock` and `elect` (not `--listen`): one JSON object per line for each event
+/// of the lock or leadership, each naming it (docs/cli.md). Off, it writes nothing.
+#[derive(Debug, Clone)]
+struct Events {
+    to: Option<EventStream>,
+    /// The lock or election, as JSON.
+    name: String,
+}
+
+impl Events {
+    fn of(cli: &Cli) -> Events {
+        let (on, name, with_command) = match &cli.command {
+            Command::Lock {
+                json,
+                name,
+                command,
+                ..
+            }
+            | Command::Elect {
+                json,
+                listen: false,
+                name,
+                command,
+                ..
+            } => (*json, name.as_str(), !command.is_empty()),
+            _ => (false, "", false),
+        };
+        Events {
+            to: on.then_some(if with_command {
+                EventStream::Stderr
+            } else {
+                EventStream::Stdout
+            }),
+            name: json_str(name),
         }
+    }
+
+    /// Whether the events are baton's standard output (no command): they replace the key and
+    /// token lines.
+    fn on_stdout(&self) -> bool {
+        matches!(self.to, Some(EventStream::Stdout))
+    }
+
+    /// `{"event":<event>,"name":<name>,<fields>}`, each field's value already JSON. On
+    /// standard output, a write that fails is the failure `out` makes of it (141, 74).
+    fn emit(&self, event: &str, fields: &[(&str, String)]) -> Result<(), Failure> {
+        let Some(to) = self.to else { return Ok(()) };
+        let mut line = format!("{{\"event\":{},\"name\":{}", json_str(event), self.name);
+        for (key, value) in fields {
+            line.push_str(&format!(",{}:{value}", json_str(key)));
+        }
+        line.push('}');
+        match to {
+            EventStream::Stdout => out(&line),
+            EventStream::Stderr => {
+                // Not `eprintln!`, which panics when the reader is gone: the events are not
+                // worth baton's life (nor the command's).
+                let _ = writeln!(std::io::stderr(), "{line}");
+                Ok(())
+            }
+        }
+    }
+
+    /// The lock or leadership is held: its key and token (and a leader's value).
+    fn acquired(&self, held: &Held) -> Result<(), Failure> {
+        let mut fields = vec![
+            ("key", json_str(held.key())),
+            ("token", held.token().to_string()),
+        ];
+        if let Held::Lead(l) = held {
+            fields.push(("value", json_str(&String::from_utf8_lossy(l.value()))));
+        }
+        self.emit("acquired", &fields)
+    }
+
+    /// It was lost, and why.
+    fn lost(&self, reason: &str) {
+        let _ = self.emit("lost", &[("reason", json_str(reason))]);
     }
 }
 
@@ -604,7 +754,7 @@ async fn connect(
     .await
 }
 
-async fn run(cli: Cli) -> Result<u8, Failure> {
+async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
     let Checked { spec, tls } = validate(&cli)?;
     let mut signals = Signals::new()?;
     let deadline = match &cli.command {
@@ -624,14 +774,16 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
             ttl,
             try_once,
             permits,
+            shared,
             kill_after,
             ..
         } => {
             let session = session(backend, ttl, deadline).await?;
             let owner = format!("baton-cli pid={}", std::process::id());
-            let what = match permits {
-                Some(n) => format!("a permit of `{name}` ({n} permits)"),
-                None => format!("lock `{name}`"),
+            let what = match (permits, shared) {
+                (Some(n), _) => format!("a permit of `{name}` ({n} permits)"),
+                (None, true) => format!("shared lock `{name}`"),
+                (None, false) => format!("lock `{name}`"),
             };
             let busy = |e| match e {
                 Error::Locked { .. } => Failure::new(
@@ -647,7 +799,19 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 ),
                 other => other.into(),
             };
+            if !try_once {
+                events.emit("waiting", &[])?;
+            }
             let granted = match permits {
+                None if shared => {
+                    let lock = RwLock::new(&session, &name)?.with_owner_info(owner);
+                    if try_once {
+                        lock.try_read().await.map_err(busy)
+                    } else {
+                        wait_granted(&what, deadline, &mut signals, lock.read()).await
+                    }
+                    .map(Held::Read)
+                }
                 None => {
                     let mutex = Mutex::new(&session, &name)?.with_owner_info(owner);
                     if try_once {
@@ -675,6 +839,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                         kill_after,
                         ttl: ttl.min(session.ttl()),
                         session: session.clone(),
+                        events: events.clone(),
                     };
                     hold.run(held, spec, &mut signals).await
                 }
@@ -698,6 +863,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                 (false, Some(proposal)) => {
                     let election = Election::new(&session, &name)?;
                     let what = format!("leadership of `{name}`");
+                    events.emit("waiting", &[])?;
                     match wait_granted(&what, deadline, &mut signals, election.campaign(proposal))
                         .await
                     {
@@ -708,6 +874,7 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
                                 kill_after,
                                 ttl: ttl.min(session.ttl()),
                                 session: session.clone(),
+                                events: events.clone(),
                             };
                             hold.run(Held::Lead(leadership), spec, &mut signals).await
                         }
@@ -832,6 +999,7 @@ async fn wait_granted<T>(
 /// A lock, a permit or a leadership, held.
 enum Held {
     Lock(MutexGuard),
+    Read(RwLockReadGuard),
     Permit(SemaphorePermit),
     Lead(Leadership),
 }
@@ -840,6 +1008,7 @@ impl Held {
     fn key(&self) -> &str {
         match self {
             Held::Lock(g) => g.key(),
+            Held::Read(g) => g.key(),
             Held::Permit(p) => p.key(),
             Held::Lead(l) => l.key(),
         }
@@ -848,6 +1017,7 @@ impl Held {
     fn token(&self) -> FencingToken {
         match self {
             Held::Lock(g) => g.fencing_token(),
+            Held::Read(g) => g.fencing_token(),
             Held::Permit(p) => p.fencing_token(),
             Held::Lead(l) => l.fencing_token(),
         }
@@ -856,6 +1026,7 @@ impl Held {
     fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let lost: futures::future::BoxFuture<'static, LostReason> = match self {
             Held::Lock(g) => Box::pin(g.lost()),
+            Held::Read(g) => Box::pin(g.lost()),
             Held::Permit(p) => Box::pin(p.lost()),
             Held::Lead(l) => Box::pin(l.lost()),
         };
@@ -866,6 +1037,7 @@ impl Held {
     async fn release(self) -> Result<(), Failure> {
         let released = match self {
             Held::Lock(g) => g.unlock().await,
+            Held::Read(g) => g.release().await,
             Held::Permit(p) => p.release().await,
             Held::Lead(l) => l.resign().await,
         };
@@ -887,16 +1059,50 @@ fn out(line: &str) -> Result<(), Failure> {
         })
 }
 
-/// Resolves with the session's deadline once less than `margin` is left before it and no
-/// renewal has moved it: renewals have been failing (healthy ones keep two thirds of the TTL
-/// or more ahead, and `margin` is at most a third).
-async fn renewals_failing(session: Session, margin: Duration) -> tokio::time::Instant {
-    loop {
-        let deadline = tokio::time::Instant::from_std(session.deadline());
-        tokio::time::sleep_until(deadline.checked_sub(margin).unwrap_or(deadline)).await;
-        if tokio::time::Instant::from_std(session.deadline()) <= deadline {
-            return deadline;
+/// How much earlier than the watchdog baton decides that the deadline it told is the one that
+/// counts: a newer deadline told later than this might reach the watchdog after it acted.
+const TELL_SLACK: Duration = Duration::from_millis(10);
+
+/// The session's deadline as the watchdog knows it, and when the group must be stopped for
+/// it. baton and the watchdog stop the group on the same deadline, the last one baton told:
+/// baton once no renewal has moved it `grace` before it (renewals failing), the watchdog when
+/// baton told no newer one by then (baton stopped or starved). Healthy renewals move the
+/// deadline two thirds of the TTL ahead each third of the TTL, and `grace` is at most a third,
+/// so a renewal is told with a third of the TTL to spare.
+struct Told {
+    deadline: tokio::time::Instant,
+    grace: Duration,
+}
+
+impl Told {
+    /// When the group gets SIGTERM unless a newer deadline is told.
+    fn stop_at(&self) -> tokio::time::Instant {
+        self.deadline
+            .checked_sub(self.grace)
+            .unwrap_or(self.deadline)
+    }
+
+    /// When baton looks a last time for a newer deadline before it stops the group.
+    fn last_look(&self) -> tokio::time::Instant {
+        let at = self.stop_at();
+        at.checked_sub(2 * TELL_SLACK).unwrap_or(at)
+    }
+
+    /// Whether a deadline told now still reaches the watchdog before it acts.
+    fn in_time(&self) -> bool {
+        tokio::time::Instant::now() + TELL_SLACK < self.stop_at()
+    }
+
+    /// Tells `group`'s watchdog the session's deadline if a renewal moved it and it is not too
+    /// late to; whether it did.
+    fn update(&mut self, session: &Session, group: &mut Group) -> bool {
+        let current = session.deadline();
+        if tokio::time::Instant::from_std(current) <= self.deadline || !self.in_time() {
+            return false;
         }
+        self.deadline = tokio::time::Instant::from_std(current);
+        group.tell_deadline(current);
+        true
     }
 }
 
@@ -911,6 +1117,8 @@ struct Hold {
     /// The session the lock is held on: its deadline says when renewals have failed for too
     /// long.
     session: Session,
+    /// `--json`.
+    events: Events,
 }
 
 impl Hold {
@@ -930,6 +1138,7 @@ impl Hold {
                 self.what
             );
         }
+        self.events.acquired(&held)?;
         spec.env = vec![
             ("BATON_LOCK_KEY".into(), key.clone()),
             ("BATON_FENCING_TOKEN".into(), token.clone()),
@@ -938,15 +1147,25 @@ impl Hold {
         ];
         supervise::become_supervisor();
         let orphan_grace = supervise::orphan_grace(self.kill_after, self.ttl);
-        let mut group = Group::spawn(&spec, orphan_grace)?;
+        let deadline = self.session.deadline();
+        let mut group = Group::spawn(&spec, orphan_grace, deadline)?;
         let pgid = group.pgid();
         let lost = held.lost();
         tokio::pin!(lost);
-        // Renewals failing: the group is told to stop `orphan_grace` before the session's
-        // deadline and killed at it, so that it is gone before the server can expire the
-        // lease (which is no sooner than the deadline) and grant the lock to someone else.
-        let at_risk = renewals_failing(self.session.clone(), orphan_grace);
-        tokio::pin!(at_risk);
+        // Renewals failing (or baton not running to tell the watchdog of them): the group is
+        // told to stop `orphan_grace` before the session's deadline and killed at it, so that
+        // it is gone before the server can expire the lease (which is no sooner than the
+        // deadline) and grant the lock to someone else.
+        let mut told = Told {
+            deadline: tokio::time::Instant::from_std(deadline),
+            grace: orphan_grace,
+        };
+        let mut at_risk = Box::pin(tokio::time::sleep_until(told.last_look()));
+        // How often a renewal is looked for, to tell the watchdog: well within the third of the
+        // TTL a renewal leaves before the group would be stopped.
+        let every = (self.ttl / 12).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut renewals = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        renewals.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned = false;
         // After a signal is passed on: SIGKILL at this instant if the group is still there.
         let mut escalate: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
@@ -961,6 +1180,7 @@ impl Hold {
                 biased;
                 reason = &mut lost => {
                     eprintln!("baton: {} lost ({reason}); stopping `{}`", self.what, spec.program);
+                    self.events.lost(&reason.to_string());
                     // Told to stop already (at risk): what is left is killed now. Else (a
                     // loss the server reported) the grace is the one a killed baton gives.
                     let grace = if warned { Duration::ZERO } else { orphan_grace };
@@ -968,12 +1188,18 @@ impl Hold {
                     group.finish();
                     return Err(Failure::new(
                         exit::LOST,
-                        format!("{} lost: {reason}; the command was stopped ({})", self.what, describe(stopped)),
+                        format!("{} lost: {reason}; the command was stopped (`{}` {})", self.what, spec.program, describe(stopped)),
                     ));
                 }
-                status = group.wait() => break status,
-                deadline = &mut at_risk, if !warned => {
+                // Before the group's end: a baton that ran late (stopped) learns first that the
+                // watchdog has stopped the group for it.
+                () = &mut at_risk, if !warned => {
+                    if told.update(&self.session, &mut group) {
+                        at_risk.as_mut().reset(told.last_look());
+                        continue;
+                    }
                     warned = true;
+                    let deadline = told.deadline;
                     eprintln!(
                         "baton: renewing {} has failed for {:.1} s; stopping `{}` (SIGTERM, then SIGKILL in {:.1} s) before the lease can expire",
                         self.what,
@@ -983,7 +1209,15 @@ impl Hold {
                     );
                     supervise::signal_group(pgid, Signal::SIGTERM);
                     group.note_signalled();
-                    escalate = Some(Box::pin(tokio::time::sleep_until(deadline)));
+                    // SIGKILL at the deadline, or sooner if a signal passed on asked for it.
+                    let kill_at = escalate.as_ref().map_or(deadline, |e| e.deadline().min(deadline));
+                    escalate = Some(Box::pin(tokio::time::sleep_until(kill_at)));
+                }
+                status = group.wait() => break status,
+                _ = renewals.tick(), if !warned => {
+                    if told.update(&self.session, &mut group) {
+                        at_risk.as_mut().reset(told.last_look());
+                    }
                 }
                 sig = signals.recv() => {
                     if !group.interrupted() {
@@ -1003,10 +1237,33 @@ impl Hold {
             }
         };
         group.finish();
+        // Stopped because renewals failed (or lost in the same instant): the lock is lost or
+        // about to be, whatever the command returned (a command that handles SIGTERM exits
+        // with a code of its own), and a release would only wait on a server that does not
+        // answer. Exit 79 now; the lease ends by itself.
+        let lost_now = (&mut lost).now_or_never();
+        if warned || lost_now.is_some() {
+            let why = lost_now.map_or_else(
+                || "renewals failed until the lease was about to expire".to_owned(),
+                |reason| reason.to_string(),
+            );
+            self.events.lost(&why);
+            return Err(Failure::new(
+                exit::LOST,
+                format!(
+                    "{} lost: {why}; the command was stopped (`{}` {})",
+                    self.what,
+                    spec.program,
+                    describe(status)
+                ),
+            ));
+        }
         let code = exit_code(status);
         // The command's exit code is baton's, whatever the release meets.
         match tokio::time::timeout(Duration::from_secs(2), held.release()).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => {
+                let _ = self.events.emit("released", &[]);
+            }
             Ok(Err(f)) if f.code == exit::LOST => {
                 eprintln!(
                     "baton: {} had been lost before the command ended: {}",
@@ -1024,12 +1281,16 @@ impl Hold {
 
     /// No command: print what etcdctl prints, then hold until a signal or a loss.
     async fn hold_until_signal(self, held: Held, signals: &mut Signals) -> Result<u8, Failure> {
-        let printed = out(held.key()).and_then(|()| match &held {
-            Held::Lock(g) => out(&g.fencing_token().to_string()),
-            Held::Permit(p) => out(&p.fencing_token().to_string()),
-            Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value())))
-                .and_then(|()| out(&l.fencing_token().to_string())),
-        });
+        let printed = if self.events.on_stdout() {
+            self.events.acquired(&held)
+        } else {
+            out(held.key())
+                .and_then(|()| match &held {
+                    Held::Lead(l) => out(&one_line(&String::from_utf8_lossy(l.value()))),
+                    _ => Ok(()),
+                })
+                .and_then(|()| out(&held.token().to_string()))
+        };
         if let Err(f) = printed {
             // Nobody reads us: let go at once.
             let _ = tokio::time::timeout(Duration::from_secs(2), held.release()).await;
@@ -1039,9 +1300,13 @@ impl Hold {
         tokio::select! {
             _ = signals.recv() => {
                 held.release().await?;
+                self.events.emit("released", &[])?;
                 Ok(0)
             }
-            reason = lost => Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what))),
+            reason = lost => {
+                self.events.lost(&reason.to_string());
+                Err(Failure::new(exit::LOST, format!("{} lost: {reason}", self.what)))
+            }
             // `baton lock x | head -1`: nobody reads us any more; let go now, not at the
             // next write (there is none).
             () = closed_output::closed() => {
@@ -1055,12 +1320,13 @@ impl Hold {
     }
 }
 
+/// How a process ended, to follow its name: "exited with 3", "ended by signal 9".
 fn describe(status: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
-        (Some(code), _) => format!("it exited with {code}"),
+        (Some(code), _) => format!("exited with {code}"),
         (None, Some(sig)) => format!("ended by signal {sig}"),
-        _ => "it ended".to_owned(),
+        _ => "ended".to_owned(),
     }
 }
 
@@ -1339,6 +1605,8 @@ mod fuzz {
             Just("--timeout".to_owned()),
             Just("--listen".to_owned()),
             Just("--json".to_owned()),
+            Just("--shared".to_owned()),
+            Just("-n".to_owned()),
             Just("--endpoints".to_owned()),
             Just("--connect-timeout".to_owned()),
             Just("--cacert".to_owned()),

@@ -8,11 +8,15 @@
 //!   Linux), takes the terminal's foreground if baton had it, restores the signal
 //!   dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the command.
 //!   So no `pre_exec` closure runs in a forked copy of the runtime.
-//! - A watchdog (baton again, `baton __baton-watchdog`, in a group of its own, no shell)
+//! - A watchdog (baton again, shown as `baton watchdog <baton's pid>`, in a group of its own,
+//!   no shell)
 //!   holds the read end of a pipe whose write end only baton holds: if baton dies, however it
 //!   dies, the pipe closes and the watchdog stops the whole group (SIGTERM, then SIGKILL
-//!   early enough that the group is gone before the lease can expire). When baton ends
-//!   normally it tells the watchdog to stand down. Without a watchdog no command is started.
+//!   early enough that the group is gone before the lease can expire). baton also tells it
+//!   the session's deadline whenever a renewal moves it: if baton stops telling (stopped by
+//!   SIGSTOP, starved), the watchdog stops the group by that deadline on its own. When baton
+//!   ends normally it tells the watchdog to stand down. Without a watchdog no command is
+//!   started.
 //! - baton is a child subreaper (Linux): processes of the group orphaned by the command are
 //!   re-parented to baton, which reaps them while it waits for the group to be gone. Once the
 //!   command itself has exited, baton takes the terminal back (so Ctrl-C reaches it) and says
@@ -25,8 +29,10 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::time::{ClockId, clock_gettime};
 use nix::unistd::{Pid, getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp};
 
 use crate::sigstate::{self, CallerSignals};
@@ -35,14 +41,23 @@ use crate::{Failure, exit};
 /// The first argument by which baton runs as the exec step of a command.
 pub(crate) const EXEC_STEP: &str = "__baton-exec";
 
-/// The first argument by which baton runs as the watchdog of a command's group.
-pub(crate) const WATCHDOG_STEP: &str = "__baton-watchdog";
+/// The name (`argv[0]`) by which baton runs as the watchdog of a command's group: what `ps`
+/// shows, followed by the pid of the baton it watches (`baton watchdog 4242`). A name with a
+/// space, which no one types to run baton.
+pub(crate) const WATCHDOG_NAME: &str = "baton watchdog";
 
-/// Runs the hidden step `args[1]` names, if it names one: its exit code.
+/// The watchdog's process name (`comm`, 15 bytes at most), what `ps -e` and `top` show.
+#[cfg(target_os = "linux")]
+const WATCHDOG_COMM: &std::ffi::CStr = c"baton-watchdog";
+
+/// Runs the hidden step `args` name (`args[0]` for the watchdog, `args[1]` for the exec step),
+/// if they name one: its exit code.
 pub(crate) fn hidden_step(args: &[String]) -> Option<u8> {
+    if args.first().map(String::as_str) == Some(WATCHDOG_NAME) {
+        return Some(watchdog_step());
+    }
     match args.get(1).map(String::as_str) {
         Some(EXEC_STEP) => Some(exec_step(&args[2..])),
-        Some(WATCHDOG_STEP) => Some(watchdog_step(&args[2..])),
         _ => None,
     }
 }
@@ -206,9 +221,15 @@ const ANNOUNCE_AFTER: Duration = Duration::from_millis(200);
 
 impl Group {
     /// Starts `spec` in a new process group, guarded by a watchdog that stops the group if
-    /// baton dies (SIGTERM, then SIGKILL `orphan_grace` later). Without a watchdog nothing is
-    /// started: the command never runs unguarded.
-    pub(crate) fn spawn(spec: &Spec, orphan_grace: Duration) -> Result<Group, Failure> {
+    /// baton dies (SIGTERM, then SIGKILL `orphan_grace` later), or if `deadline` (the
+    /// session's; see [`Group::tell_deadline`]) comes within `orphan_grace` with no newer one
+    /// told (SIGTERM, then SIGKILL at the deadline). Without a watchdog nothing is started:
+    /// the command never runs unguarded.
+    pub(crate) fn spawn(
+        spec: &Spec,
+        orphan_grace: Duration,
+        deadline: std::time::Instant,
+    ) -> Result<Group, Failure> {
         let mut watchdog = Watchdog::start(orphan_grace).map_err(|e| {
             Failure::new(
                 exit::ERROR,
@@ -218,6 +239,9 @@ impl Group {
                 ),
             )
         })?;
+        // Before the command starts: from its first instant, a stopped baton cannot keep it
+        // running past the lease.
+        watchdog.deadline(deadline);
         let baton = own_executable().map_err(|e| {
             Failure::new(
                 exit::ERROR,
@@ -264,6 +288,14 @@ impl Group {
 
     pub(crate) fn pgid(&self) -> Pid {
         self.pgid
+    }
+
+    /// Tells the watchdog the session's new deadline. Unless told a newer one, it sends the
+    /// group SIGTERM `orphan_grace` before `deadline` and SIGKILL at it, as baton itself
+    /// does when renewals fail: what keeps the command from outliving the lease when baton
+    /// is alive but does not run (SIGSTOP).
+    pub(crate) fn tell_deadline(&mut self, deadline: std::time::Instant) {
+        self.watchdog.deadline(deadline);
     }
 
     /// Whether a signal reached the group already: then the next one sends SIGKILL.
@@ -423,12 +455,18 @@ fn members(pgid: Pid) -> Vec<(i32, String)> {
     found
 }
 
-/// The watchdog of a command's group: baton itself, run again as a hidden step
-/// (`__baton-watchdog <grace>`), in a process group of its own (a terminal's signals do not
-/// reach it), reading a pipe whose write end only baton holds. baton writes `group <pgid>`
-/// once the command is started and `done` once the group is gone; end of file without `done`
-/// means baton died, however it died: the watchdog then sends the group SIGTERM, and SIGKILL
-/// `grace` later if any of it is left. No shell is involved.
+/// The watchdog of a command's group: baton itself, run again as a hidden step named
+/// `baton watchdog <baton's pid>` (see [`WATCHDOG_NAME`]), in a process group of its own (a
+/// terminal's signals do not reach it), reading a pipe whose write end only baton holds.
+/// It says `ready` on its standard output (another pipe) once it runs, before baton starts the
+/// command. baton writes `grace <seconds>` first, then `deadline <ns>`
+/// (the session's deadline on `CLOCK_MONOTONIC`, which every process of the machine reads
+/// alike) before the command starts and whenever a renewal moves it, `group <pgid>` once the
+/// command is started, and `done` once the group is gone. End of file without `done` means
+/// baton died, however it died: the watchdog then sends the group SIGTERM, and SIGKILL
+/// `grace` later (at the deadline, if that comes first) if any of it is left. A deadline that
+/// comes within `grace` with no newer one told means baton is not running (stopped, starved):
+/// the watchdog sends SIGTERM then, and SIGKILL at the deadline. No shell is involved.
 struct Watchdog {
     child: std::process::Child,
     pipe: Option<std::process::ChildStdin>,
@@ -436,17 +474,30 @@ struct Watchdog {
 
 impl Watchdog {
     fn start(grace: Duration) -> std::io::Result<Watchdog> {
+        use std::io::BufRead;
         use std::os::unix::process::CommandExt;
         let mut child = std::process::Command::new(own_executable()?)
-            .arg(WATCHDOG_STEP)
-            .arg(grace.as_secs_f64().to_string())
+            .arg0(WATCHDOG_NAME)
+            .arg(getpid().to_string())
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .process_group(0)
             .spawn()?;
         let pipe = child.stdin.take();
-        Ok(Watchdog { child, pipe })
+        let said = child.stdout.take();
+        let mut watchdog = Watchdog { child, pipe };
+        // It says `ready` once it runs as the watchdog (named, reading its pipe): the command
+        // is started only then. End of file instead: it died.
+        let mut line = String::new();
+        let ready = said
+            .map(|out| std::io::BufReader::new(out).read_line(&mut line))
+            .is_some_and(|read| read.is_ok() && line.trim_end() == "ready");
+        if !ready || !watchdog.tell(&format!("grace {}", grace.as_secs_f64())) {
+            watchdog.stand_down();
+            return Err(std::io::Error::other("it did not start"));
+        }
+        Ok(watchdog)
     }
 
     fn tell(&mut self, line: &str) -> bool {
@@ -460,6 +511,12 @@ impl Watchdog {
         self.tell(&format!("group {pgid}"));
     }
 
+    fn deadline(&mut self, at: std::time::Instant) {
+        if let Some(at) = monotonic(at) {
+            self.tell(&format!("deadline {}", at.as_nanos()));
+        }
+    }
+
     /// The group is gone: the watchdog exits without touching it (its number may be reused
     /// from now on).
     fn stand_down(mut self) {
@@ -471,33 +528,167 @@ impl Watchdog {
     }
 }
 
-/// The watchdog step (see [`Watchdog`]): `__baton-watchdog <grace seconds>`, the pipe on its
-/// standard input.
-fn watchdog_step(args: &[String]) -> u8 {
-    use std::io::BufRead;
-    let Some(grace) = args
-        .first()
-        .and_then(|g| g.parse::<f64>().ok())
-        .and_then(|g| Duration::try_from_secs_f64(g).ok())
-    else {
-        eprintln!("baton: {WATCHDOG_STEP} needs <grace seconds>");
-        return exit::USAGE;
-    };
-    let mut pgid = None;
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "done" {
-            return 0;
+/// Now on `CLOCK_MONOTONIC`: the clock std's `Instant` reads on Linux, shared by every
+/// process of the machine, so that baton and its watchdog agree on a deadline.
+fn monotonic_now() -> Option<Duration> {
+    clock_gettime(ClockId::CLOCK_MONOTONIC)
+        .ok()
+        .map(Duration::from)
+}
+
+/// `at` on `CLOCK_MONOTONIC` (an `Instant` cannot be sent to another process).
+fn monotonic(at: std::time::Instant) -> Option<Duration> {
+    let now = std::time::Instant::now();
+    let mono = monotonic_now()?;
+    Some(match at.checked_duration_since(now) {
+        Some(ahead) => mono + ahead,
+        None => mono.saturating_sub(now - at),
+    })
+}
+
+/// What the watchdog knows and has done.
+#[derive(Debug, Default)]
+struct Watched {
+    /// How long the group may handle SIGTERM before SIGKILL.
+    grace: Duration,
+    pgid: Option<Pid>,
+    /// The latest session deadline baton told, on `CLOCK_MONOTONIC`.
+    deadline: Option<Duration>,
+    /// When SIGTERM was sent, the instant SIGKILL follows (it stays, whatever baton tells
+    /// afterwards, as baton's own stop does).
+    kill_at: Option<Duration>,
+    killed: bool,
+}
+
+impl Watched {
+    /// Takes one line of baton's; `true` for `done`.
+    fn told(&mut self, line: &str) -> bool {
+        match line.split_once(' ') {
+            _ if line == "done" => return true,
+            Some(("grace", secs)) => {
+                if let Some(grace) = secs
+                    .parse::<f64>()
+                    .ok()
+                    .and_then(|g| Duration::try_from_secs_f64(g).ok())
+                {
+                    self.grace = grace;
+                }
+            }
+            Some(("group", n)) => self.pgid = n.parse().ok().map(Pid::from_raw),
+            Some(("deadline", ns)) => {
+                if let Ok(ns) = ns.parse::<u64>() {
+                    let at = Duration::from_nanos(ns);
+                    self.deadline = Some(self.deadline.map_or(at, |d| d.max(at)));
+                }
+            }
+            _ => {}
         }
-        if let Some(n) = line.strip_prefix("group ").and_then(|n| n.parse().ok()) {
-            pgid = Some(Pid::from_raw(n));
+        false
+    }
+
+    /// When the next signal is due without news from baton, if one is.
+    fn next(&self) -> Option<Duration> {
+        if self.killed {
+            return None;
+        }
+        self.pgid?;
+        self.kill_at
+            .or_else(|| self.deadline.map(|d| d.saturating_sub(self.grace)))
+    }
+
+    /// Sends what is due at `now`.
+    fn act(&mut self, now: Duration) {
+        let (Some(pgid), Some(due)) = (self.pgid, self.next()) else {
+            return;
+        };
+        if now < due {
+            return;
+        }
+        match self.kill_at {
+            None => {
+                signal_group(pgid, Signal::SIGTERM);
+                self.kill_at = self.deadline;
+            }
+            Some(_) => {
+                signal_group(pgid, Signal::SIGKILL);
+                self.killed = true;
+            }
+        }
+    }
+}
+
+/// The watchdog step (see [`Watchdog`]): named `baton watchdog <baton's pid>`, the pipe on its
+/// standard input.
+fn watchdog_step() -> u8 {
+    use std::os::fd::AsFd;
+    #[cfg(target_os = "linux")]
+    let _ = nix::sys::prctl::set_name(WATCHDOG_COMM);
+    {
+        use std::io::Write;
+        // baton waits for this before it starts the command; nothing else is written here.
+        let mut stdout = std::io::stdout().lock();
+        if writeln!(stdout, "ready")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return exit::ERROR;
+        }
+    }
+    let stdin = std::io::stdin();
+    let mut watched = Watched::default();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 512];
+    loop {
+        let now = monotonic_now().unwrap_or_default();
+        // Wait for baton's next line until the next signal is due (rounded up, so as not to
+        // wake just before it).
+        let timeout = match watched.next() {
+            None => PollTimeout::NONE,
+            Some(due) => {
+                let ms = due.saturating_sub(now).as_nanos().div_ceil(1_000_000);
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let mut fds = [PollFd::new(stdin.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(0) => {
+                // Nothing more from baton: what is due is due. (Only here, once every line
+                // baton wrote has been read: a deadline told in time always counts.)
+                watched.act(monotonic_now().unwrap_or_default());
+                continue;
+            }
+            Ok(_) => {}
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        match nix::unistd::read(&stdin, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if watched.told(String::from_utf8_lossy(&line).trim_end()) {
+                return 0;
+            }
         }
     }
     // End of file without "done": baton is gone.
-    let Some(pgid) = pgid else { return 0 };
-    signal_group(pgid, Signal::SIGTERM);
-    let deadline = std::time::Instant::now() + grace;
-    while std::time::Instant::now() < deadline {
+    let Some(pgid) = watched.pgid else { return 0 };
+    if watched.killed {
+        return 0;
+    }
+    let now = monotonic_now().unwrap_or_default();
+    let kill_at = match watched.kill_at {
+        Some(at) => at,
+        None => {
+            signal_group(pgid, Signal::SIGTERM);
+            let after_grace = now + watched.grace;
+            watched.deadline.map_or(after_grace, |d| d.min(after_grace))
+        }
+    };
+    while monotonic_now().unwrap_or(kill_at) < kill_at {
         if killpg(pgid, None) == Err(Errno::ESRCH) {
             return 0;
         }
@@ -537,6 +728,31 @@ mod tests {
         assert_eq!(orphan_grace(s(10), s(10)), s(10) / 3);
         assert_eq!(orphan_grace(s(60), s(2)), s(2) / 3);
         assert_eq!(orphan_grace(s(1), s(30)), s(1));
+    }
+
+    /// The watchdog stops the group on the last deadline baton told: SIGTERM `grace` before
+    /// it, SIGKILL at it; a deadline told after SIGTERM does not put SIGKILL off.
+    #[test]
+    fn the_watchdog_acts_on_the_last_deadline_told() {
+        let s = Duration::from_secs;
+        let mut watched = Watched::default();
+        assert!(!watched.told("grace 1"));
+        assert_eq!(watched.grace, s(1));
+        assert!(!watched.told(&format!("deadline {}", s(10).as_nanos())));
+        assert_eq!(watched.next(), None, "no group yet");
+        assert!(!watched.told("group 4242"));
+        assert_eq!(watched.next(), Some(s(9)));
+        // A renewal moves it; an older one told late does not move it back.
+        watched.told(&format!("deadline {}", s(13).as_nanos()));
+        watched.told(&format!("deadline {}", s(12).as_nanos()));
+        assert_eq!(watched.next(), Some(s(12)));
+        // Once SIGTERM is sent (here: as `act` records it), SIGKILL stays at that deadline.
+        watched.kill_at = watched.deadline;
+        watched.told(&format!("deadline {}", s(20).as_nanos()));
+        assert_eq!(watched.next(), Some(s(13)));
+        watched.killed = true;
+        assert_eq!(watched.next(), None);
+        assert!(watched.told("done"));
     }
 
     #[test]
