@@ -318,9 +318,17 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// The fencing token: our key's create revision, strictly increasing across leaders.
+    /// The fencing token: strictly increasing across leaders, and above every token of an
+    /// earlier store epoch (on etcd, our key's create revision carried above the epoch's
+    /// start; see `docs/fencing.md`).
     pub fn fencing_token(&self) -> FencingToken {
         self.held.entry().token()
+    }
+
+    /// Our queue entry as it was when we were elected (its position is etcd's create
+    /// revision, the `ETCD_LOCK_REV` of etcdctl).
+    pub fn entry(&self) -> &Entry {
+        self.held.entry()
     }
 
     /// Our key, `<name>/<lease id hex>`.

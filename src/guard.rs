@@ -6,9 +6,11 @@
 macro_rules! entry_guard {
     ($guard:ty, $what:literal) => {
         impl $guard {
-            #[doc = concat!("The fencing token of ", $what, ": our entry's place in creation ")]
-            #[doc = "order (etcd: its create revision). Unique, and strictly increasing in the"]
-            #[doc = "order entries are granted, across all clients."]
+            #[doc = concat!("The fencing token of ", $what, ": unique, strictly increasing in ")]
+            #[doc = "the order entries are granted, across all clients, and above every token"]
+            #[doc = "of an earlier store epoch (etcd: our key's create revision, carried above"]
+            #[doc = "the epoch's start; the create revision itself is [`Entry::position`]"]
+            #[doc = "(crate::Entry::position) of [`entry`](Self::entry))."]
             pub fn fencing_token(&self) -> $crate::FencingToken {
                 self.held.entry().token()
             }

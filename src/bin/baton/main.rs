@@ -1023,6 +1023,18 @@ impl Held {
         }
     }
 
+    /// The entry's place in its queue: etcd's create revision, `ETCD_LOCK_REV` as etcdctl
+    /// exports it (the token carries the store epoch above it).
+    fn position(&self) -> u64 {
+        let entry = match self {
+            Held::Lock(g) => g.entry(),
+            Held::Read(g) => g.entry(),
+            Held::Permit(p) => p.entry(),
+            Held::Lead(l) => l.entry(),
+        };
+        entry.position().get()
+    }
+
     fn lost(&self) -> impl std::future::Future<Output = LostReason> + Send + 'static {
         let lost: futures::future::BoxFuture<'static, LostReason> = match self {
             Held::Lock(g) => Box::pin(g.lost()),
@@ -1143,7 +1155,7 @@ impl Hold {
             ("BATON_LOCK_KEY".into(), key.clone()),
             ("BATON_FENCING_TOKEN".into(), token.clone()),
             ("ETCD_LOCK_KEY".into(), key),
-            ("ETCD_LOCK_REV".into(), token),
+            ("ETCD_LOCK_REV".into(), held.position().to_string()),
         ];
         supervise::become_supervisor();
         let orphan_grace = supervise::orphan_grace(self.kill_after, self.ttl);
