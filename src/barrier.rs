@@ -61,7 +61,7 @@ impl Barrier {
         Ok(Barrier {
             session: session.clone(),
             name: queue::recipe_name(session, name.into())?,
-            owner: queue::default_owner(),
+            owner: crate::inspect::default_owner(),
         })
     }
 
@@ -81,7 +81,8 @@ impl Barrier {
         let span = tracing::debug_span!("baton.barrier.hold", name = %self.name, key = tracing::field::Empty, token = tracing::field::Empty);
         SyncFuture::new(
             async move {
-                let held = enter(&self.session, &self.name, self.owner.clone()).await?;
+                let value = queue::marked(queue::BARRIER, &self.owner);
+                let held = enter(&self.session, &self.name, value).await?;
                 Ok(BarrierGuard { held })
             }
             .instrument(span),
@@ -229,7 +230,7 @@ impl DoubleBarrier {
             session: session.clone(),
             name: queue::recipe_name(session, name.into())?,
             members,
-            owner: queue::default_owner(),
+            owner: crate::inspect::default_owner(),
         })
     }
 
@@ -250,7 +251,8 @@ impl DoubleBarrier {
         let span = tracing::debug_span!("baton.barrier.enter", name = %self.name, members = self.members, key = tracing::field::Empty, token = tracing::field::Empty);
         SyncFuture::new(
             async move {
-                let held = enter(&self.session, &self.name, self.owner.clone()).await?;
+                let value = queue::marked(queue::MEMBER, &self.owner);
+                let held = enter(&self.session, &self.name, value).await?;
                 let lost = held.lost();
                 tokio::select! {
                     biased;

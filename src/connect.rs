@@ -205,10 +205,10 @@ impl ConnectOptions {
         self
     }
 
-    /// The restart grace of Redis (see `RedisOptions::with_restart_grace`) and PostgreSQL
-    /// (after a new WAL timeline: `PgOptions::with_restart_grace`); their default when not
-    /// set. etcd and ZooKeeper do not lose their state on a restart or a failover and ignore
-    /// it.
+    /// The restart grace after the store lost or rolled back its state (a new store epoch:
+    /// `EtcdOptions::with_restart_grace`, `RedisOptions::with_restart_grace`,
+    /// `PgOptions::with_restart_grace`; 60 s, the default session TTL, when not set). At
+    /// least the longest session TTL of every client of the store.
     pub fn with_restart_grace(mut self, grace: Duration) -> Self {
         self.restart_grace = Some(grace);
         self
@@ -314,6 +314,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             }
             if let Some(name) = options.tls_server_name {
                 etcd = etcd.with_tls_server_name(name);
+            }
+            if let Some(grace) = options.restart_grace {
+                etcd = etcd.with_restart_grace(grace);
             }
             Ok(Arc::new(
                 crate::EtcdBackend::connect(&endpoints, etcd).await?,

@@ -53,6 +53,9 @@ pub(crate) struct Epoch {
     id: u128,
     base: u64,
     origin: u64,
+    /// The identity of the store the epoch began on (etcd: its cluster id), 0 if not kept: a
+    /// marker found on another store (restored there from a backup) is from before.
+    store: u64,
 }
 
 /// The first word of an encoded marker, with its format version.
@@ -62,7 +65,25 @@ const MARKER_MAGIC: &str = "baton-epoch/1";
 impl Epoch {
     /// An epoch `id` whose tokens are `base + (raw - origin)`.
     pub(crate) const fn new(id: u128, base: u64, origin: u64) -> Epoch {
-        Epoch { id, base, origin }
+        Epoch {
+            id,
+            base,
+            origin,
+            store: 0,
+        }
+    }
+
+    /// This epoch, recorded as begun on the store with identity `store`.
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    pub(crate) const fn on_store(mut self, store: u64) -> Epoch {
+        self.store = store;
+        self
+    }
+
+    /// The identity of the store it began on (0: not recorded).
+    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    pub(crate) const fn store(&self) -> u64 {
+        self.store
     }
 
     /// The token of an entry whose store counter is `raw`. Entries older than the epoch (a
@@ -77,12 +98,17 @@ impl Epoch {
     }
 
     #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
-    /// The marker's text, as stored: `baton-epoch/1 <id, 32 hex digits> <base> <origin>`.
+    /// The marker's text, as stored: `baton-epoch/1 <id, 32 hex digits> <base> <origin>`,
+    /// and ` store=<16 hex digits>` when the store's identity is recorded.
     pub(crate) fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "{MARKER_MAGIC} {:032x} {} {}",
             self.id, self.base, self.origin
-        )
+        );
+        if self.store != 0 {
+            text.push_str(&format!(" store={:016x}", self.store));
+        }
+        text
     }
 
     #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
@@ -96,7 +122,11 @@ impl Epoch {
         let id = u128::from_str_radix(words.next()?, 16).ok()?;
         let base = words.next()?.parse().ok()?;
         let origin = words.next()?.parse().ok()?;
-        Some(Epoch::new(id, base, origin))
+        let store = match words.next() {
+            Some(word) => u64::from_str_radix(word.strip_prefix("store=")?, 16).ok()?,
+            None => 0,
+        };
+        Some(Epoch::new(id, base, origin).on_store(store))
     }
 }
 
@@ -426,6 +456,9 @@ mod tests {
     fn markers_round_trip_and_refuse_what_is_not_one() {
         let e = Epoch::new(0x0123_4567_89ab_cdef_0011_2233_4455_6677, 1_000_000, 42);
         assert_eq!(Epoch::decode(e.encode().as_bytes()), Some(e));
+        let on = e.on_store(0xabc);
+        assert_eq!(Epoch::decode(on.encode().as_bytes()), Some(on));
+        assert_eq!(on.store(), 0xabc);
         assert_eq!(Epoch::decode(b"baton-epoch/2 00 1 2"), None);
         assert_eq!(Epoch::decode(b"hello"), None);
         assert_eq!(Epoch::decode(b"\xff"), None);

@@ -83,6 +83,7 @@ mod epoch;
 mod error;
 mod fence;
 mod guard;
+pub mod inspect;
 pub mod metrics;
 mod multilock;
 mod mutex;

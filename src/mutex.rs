@@ -85,11 +85,11 @@ impl Mutex {
             session: session.clone(),
             meter: Meter::new(Recipe::Mutex, &name),
             name,
-            owner: queue::default_owner(),
+            owner: crate::inspect::default_owner(),
         })
     }
 
-    /// Sets the value stored in this contender's key (default `pid=<process id>`): a short
+    /// Sets the value stored in this contender's key (default `host=<host name> pid=<process id>`): a short
     /// owner description shown by tools that list the queue. Readers need not parse it.
     #[must_use]
     pub fn with_owner_info(mut self, info: impl Into<Vec<u8>>) -> Mutex {

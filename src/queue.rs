@@ -281,6 +281,10 @@ pub(crate) struct Shared<'a> {
 pub(crate) const PERMIT: &[u8] = b"baton-permit:";
 /// The start of a read lock's value.
 pub(crate) const READ: &[u8] = b"baton-read:";
+/// The start of a barrier entry's value (it counts nowhere; `baton status` shows it).
+pub(crate) const BARRIER: &[u8] = b"baton-barrier:";
+/// The start of a double barrier member's value (as [`BARRIER`]).
+pub(crate) const MEMBER: &[u8] = b"baton-member:";
 
 /// `value` marked as an entry of kind `mark`.
 pub(crate) fn marked(mark: &[u8], value: &[u8]) -> Vec<u8> {
@@ -290,9 +294,12 @@ pub(crate) fn marked(mark: &[u8], value: &[u8]) -> Vec<u8> {
 /// Refuses a value an exclusive entry (Mutex, Election, write lock) cannot hold: one that
 /// starts like a shared kind's would be taken for one, and let its holders in.
 pub(crate) fn check_exclusive_value(value: &[u8]) -> Result<()> {
-    if value.starts_with(PERMIT) || value.starts_with(READ) {
+    if [PERMIT, READ, BARRIER, MEMBER]
+        .iter()
+        .any(|mark| value.starts_with(mark))
+    {
         return Err(Error::InvalidArgument(
-            "a lock's value (owner info or proposal) must not start with `baton-permit:` or `baton-read:`: those mark semaphore permits and read locks",
+            "a lock's value (owner info or proposal) must not start with `baton-permit:`, `baton-read:`, `baton-barrier:` or `baton-member:`: those mark permits, read locks and barriers",
         ));
     }
     Ok(())
@@ -554,11 +561,6 @@ pub(crate) fn recipe_name(session: &Session, name: String) -> Result<Arc<str>> {
         return Err(Error::InvalidArgument("name must not end with `/`"));
     }
     Ok(name.into())
-}
-
-/// The value stored in a contender's entry unless it says otherwise.
-pub(crate) fn default_owner() -> Vec<u8> {
-    format!("pid={}", std::process::id()).into_bytes()
 }
 
 /// What one look at the queue found, for [`Turn::Fewer`].

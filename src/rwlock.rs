@@ -113,12 +113,12 @@ impl RwLock {
             read_meter: Meter::new(Recipe::Read, &name),
             write_meter: Meter::new(Recipe::Write, &name),
             name,
-            owner: queue::default_owner(),
+            owner: crate::inspect::default_owner(),
             reading: Arc::default(),
         })
     }
 
-    /// Sets the value stored in this contender's entries (default `pid=<process id>`).
+    /// Sets the value stored in this contender's entries (default `host=<host name> pid=<process id>`).
     #[must_use]
     pub fn with_owner_info(mut self, info: impl Into<Vec<u8>>) -> RwLock {
         self.owner = info.into();

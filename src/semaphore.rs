@@ -106,12 +106,12 @@ impl Semaphore {
             meter: Meter::new(Recipe::Semaphore, &name),
             name,
             permits,
-            owner: queue::default_owner(),
+            owner: crate::inspect::default_owner(),
             checked: Arc::default(),
         })
     }
 
-    /// Sets the value stored in this contender's entry (default `pid=<process id>`).
+    /// Sets the value stored in this contender's entry (default `host=<host name> pid=<process id>`).
     #[must_use]
     pub fn with_owner_info(mut self, info: impl Into<Vec<u8>>) -> Semaphore {
         self.owner = info.into();

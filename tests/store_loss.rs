@@ -145,3 +145,32 @@ async fn etcd_restored_and_reached_only_by_fresh_clients_is_not_detected() {
     );
     let _ = std::fs::remove_file(&snapshot);
 }
+
+/// etcd restored from a snapshot as a new cluster (a new `--initial-cluster-token`, so a new
+/// cluster id), reached only by fresh clients: the marker names the cluster it was written
+/// on, so even a client that never saw the store before knows the marker is from before, and
+/// begins a new epoch with its grace and tokens above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restored_as_a_new_cluster_is_detected_by_fresh_clients() {
+    let node = EtcdNode::start_with_host_data().await.expect("etcd");
+    let holder = etcd_client(&node).await;
+    let snapshot = std::env::temp_dir().join(format!("baton-snap3-{}.db", std::process::id()));
+    node.save_snapshot(&snapshot).await.expect("snapshot");
+    write_some(&holder, 30).await;
+    a_holder_from_before_never_overlaps(
+        Arc::new(holder),
+        "store-loss/new-cluster",
+        TTL,
+        GRACE,
+        || async {
+            node.stop().await.unwrap();
+            node.restore_snapshot_as_new_cluster(&snapshot)
+                .await
+                .expect("restore");
+            node.start_again().await.unwrap();
+        },
+        || async { Arc::new(etcd_client(&node).await) as Arc<dyn Backend> },
+    )
+    .await;
+    let _ = std::fs::remove_file(&snapshot);
+}

@@ -699,6 +699,17 @@ impl Backend for MemoryBackend {
         Ok(self.available()?.queue(queue))
     }
 
+    async fn entries_under(&self, prefix: &str) -> Result<Vec<Entry>> {
+        let state = self.available()?;
+        Ok(state
+            .kvs
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(_, kv)| kv.lease.is_some())
+            .filter_map(|(k, _)| state.entry(k))
+            .collect())
+    }
+
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         self.guarded(entry, &[WriteOp::delete(entry.key())]).await
     }

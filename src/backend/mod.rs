@@ -500,6 +500,25 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// All entries of `queue`, oldest first.
     async fn entries(&self, queue: &str) -> Result<Vec<Entry>>;
 
+    /// Every entry whose key starts with `prefix` (`""`: every entry of the store), in no
+    /// particular order: what an operator's listing reads (`baton ls`, [`crate::inspect::list`]).
+    /// Not for recipes: it may scan the store.
+    ///
+    /// The default lists the entries of the queue `prefix` names (a prefix that ends in `/`
+    /// or is a name); backends that can list by any prefix override it.
+    async fn entries_under(&self, prefix: &str) -> Result<Vec<Entry>> {
+        self.entries(prefix.trim_end_matches('/')).await
+    }
+
+    /// Marks the store as baton's without a restart grace, as `baton init` does: if it has no
+    /// store-epoch marker, its first epoch begins now, and its first use waits nothing.
+    /// Returns whether it began one (`false`: it was marked already, or this backend's store
+    /// never forgets: the default). The caller asserts that no holder from before can exist
+    /// (a new store, or one whose every client has stopped).
+    async fn init_store(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Deletes `entry` if this incarnation still exists; tells whether it did.
     async fn delete_entry(&self, entry: &Entry) -> Result<bool>;
 

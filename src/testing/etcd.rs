@@ -490,6 +490,29 @@ impl EtcdNode {
     /// # Errors
     /// As [`wipe_data`](Self::wipe_data) and [`save_snapshot`](Self::save_snapshot).
     pub async fn restore_snapshot(&self, snapshot: &Path) -> Result<(), FixtureError> {
+        self.restore_snapshot_with_token(snapshot, "baton-test")
+            .await
+    }
+
+    /// As [`restore_snapshot`](Self::restore_snapshot), with a new
+    /// `--initial-cluster-token`, as etcd's disaster-recovery guide has it: the restored
+    /// member is a new cluster, with a new cluster id.
+    ///
+    /// # Errors
+    /// As [`restore_snapshot`](Self::restore_snapshot).
+    pub async fn restore_snapshot_as_new_cluster(
+        &self,
+        snapshot: &Path,
+    ) -> Result<(), FixtureError> {
+        self.restore_snapshot_with_token(snapshot, "baton-test-restored")
+            .await
+    }
+
+    async fn restore_snapshot_with_token(
+        &self,
+        snapshot: &Path,
+        token: &str,
+    ) -> Result<(), FixtureError> {
         let (spec, dir) = self.host_data("restore_snapshot")?;
         std::fs::remove_dir_all(dir)?;
         let peer = format!("http://127.0.0.1:{}", spec.peer_port);
@@ -507,7 +530,7 @@ impl EtcdNode {
             "--initial-advertise-peer-urls",
             &peer,
             "--initial-cluster-token",
-            "baton-test",
+            token,
         ])
         .await
     }

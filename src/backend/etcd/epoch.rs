@@ -140,8 +140,12 @@ impl EtcdBackend {
                 _ => None,
             };
             let (marker, grace) = (kv(0), kv(1));
+            let cluster = resp.header().map_or(0, |h| h.cluster_id());
             let found = marker.as_ref().and_then(|kv| Epoch::decode(kv.value()));
-            if let Some(epoch) = found.filter(|e| self.inner.epochs.may_enter(e)) {
+            // A marker that names another cluster came with a restore onto a new one
+            // (`etcdctl snapshot restore` with a new --initial-cluster-token): from before.
+            let ours = |e: &Epoch| e.store() == 0 || e.store() == cluster;
+            if let Some(epoch) = found.filter(|e| ours(e) && self.inner.epochs.may_enter(e)) {
                 let left = match grace {
                     Some(kv) if kv.lease() != 0 => self.grace_lease_left(op, kv.lease()).await?,
                     _ => None,
@@ -150,7 +154,11 @@ impl EtcdBackend {
                 return Ok((epoch, false));
             }
             let origin = u64::try_from(header_revision).unwrap_or(0);
-            let epoch = self.inner.epochs.next_epoch(origin, clock_us());
+            let epoch = self
+                .inner
+                .epochs
+                .next_epoch(origin, clock_us())
+                .on_store(cluster);
             let grace = if init {
                 Duration::ZERO
             } else {

@@ -1371,6 +1371,34 @@ impl Backend for EtcdBackend {
         self.entries_limited(queue, 0).await
     }
 
+    async fn entries_under(&self, prefix: &str) -> Result<Vec<Entry>> {
+        // Every key under the prefix bound to a lease: entries (baton's and etcdctl's, Go's);
+        // plain keys (a semaphore's limit, fences) have none. baton's own bookkeeping keys
+        // (`_baton-...`) are left out.
+        let options = if prefix.is_empty() {
+            GetOptions::new().with_all_keys()
+        } else {
+            GetOptions::new().with_prefix()
+        };
+        let resp = self
+            .call("entries_under", |mut c| {
+                let options = options.clone();
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await?;
+        self.epoch().await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() != 0 && !kv.key().starts_with(b"_baton-"))
+            .map(|kv| self.to_entry(kv))
+            .collect())
+    }
+
+    async fn init_store(&self) -> Result<bool> {
+        EtcdBackend::init_store(self).await
+    }
+
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         let delete = TxnOp::delete(entry.key_bytes(), None);
         self.write_if_live("delete_entry", entry, vec![delete])

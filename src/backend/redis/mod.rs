@@ -519,6 +519,18 @@ fn entries(op: &'static str, v: Value) -> Result<Vec<Entry>> {
         .collect()
 }
 
+/// `text` with the characters Redis's glob patterns treat specially escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn gone(entry: &Entry) -> Error {
     Error::EntryGone {
         key: entry.key().to_owned(),
@@ -1193,6 +1205,50 @@ impl Backend for RedisBackend {
     async fn entries(&self, queue: &str) -> Result<Vec<Entry>> {
         // Any count Redis takes as an integer; no queue is that long.
         self.oldest(queue, i32::MAX as usize).await
+    }
+
+    async fn init_store(&self) -> Result<bool> {
+        let args = Args::new(self).arg(self.floor());
+        let (answer, _) = self
+            .eval("init_store", Kind::Write, &SCRIPTS.init, args)
+            .await?;
+        Ok(number(&answer) == Some(1))
+    }
+
+    async fn entries_under(&self, prefix: &str) -> Result<Vec<Entry>> {
+        // Entry hashes are `P e:<key>`: SCAN them (an operator's listing, not a recipe's
+        // path), then read each as `find_entry` does (a live lease, this epoch).
+        let hashes = format!("{}e:", self.inner.options.prefix);
+        let pattern = format!("{}{}*", glob_escape(&hashes), glob_escape(prefix));
+        let mut cursor = 0u64;
+        let mut found = Vec::new();
+        loop {
+            let pattern = pattern.as_str();
+            let ((next, keys), _) = self
+                .attempts("entries_under", Kind::Read, |mut conn| async move {
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async::<(u64, Vec<Vec<u8>>)>(&mut conn)
+                        .await
+                })
+                .await?;
+            for key in keys {
+                let Some(key) = key.strip_prefix(hashes.as_bytes()) else {
+                    continue;
+                };
+                let args = Args::new(self).arg(key);
+                let answer = self.read_eval("entries_under", &SCRIPTS.find, args).await?;
+                found.extend(entry("entries_under", &answer)?);
+            }
+            if next == 0 {
+                return Ok(found);
+            }
+            cursor = next;
+        }
     }
 
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {

@@ -31,9 +31,25 @@ pub(super) struct Scripts {
     pub(super) watch_value: Script,
     pub(super) mailbox: Script,
     pub(super) observe: Script,
+    pub(super) init: Script,
 }
 
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    // ARGV: floor. -> 1 if the state had no epoch and one began now without a grace (`baton
+    // init`: the operator asserts that no holder from before exists), 0 if it had one (a
+    // server restarted since still begins its epoch, with the grace, as every script does).
+    init: script(
+        r"
+RUN = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') or ''
+if redis.call('EXISTS', P .. 'gen') == 1 then
+  epoch(ARGV[2])
+  return 0
+end
+new_epoch(ARGV[2])
+redis.call('HSET', P .. 'gen', 'since', '0')
+return 1
+",
+    ),
     // ARGV: ttl (ms), floor. -> {lease id, since, now}: the lease, and the epoch it belongs
     // to (since: when it began; now: the server's clock, ms). Ends a few expired leases first
     // (crashed owners').
