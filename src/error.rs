@@ -132,13 +132,15 @@ pub enum Error {
         name: String,
     },
 
-    /// A `try_*` call found that the backend grants nothing at all for now: its state was
-    /// lost or rolled back, and a holder from before may still believe it holds (a Redis
-    /// restart grace, `RedisOptions::with_restart_grace`; PostgreSQL's after a promoted
-    /// standby, `PgOptions::with_restart_grace`). The lock may be free; nothing was
-    /// left behind. A waiting call (`lock()`) waits it out.
+    /// A `try_*` call found that the backend grants nothing at all for now: the store is in
+    /// a new *store epoch* (it lost or rolled back its state, or this process found it
+    /// without baton's marker, as on its first use), and a holder from before may still
+    /// believe it holds until the restart grace has passed
+    /// ([`Session::restart_grace`](crate::Session::restart_grace); `with_restart_grace` on
+    /// each backend's options). The lock may be free; nothing was left behind. A waiting
+    /// call (`lock()`) waits it out.
     #[error(
-        "lock `{name}` cannot be granted for {:.1} s more: the backend's restart grace (its state was lost or rolled back; a holder from before may still believe it holds)",
+        "lock `{name}` cannot be granted for {:.1} s more: the store is in a new epoch (it lost or rolled back its state, or baton had never marked it), and a holder from before may still believe it holds until the restart grace has passed; mark a new store with `baton init` (`Backend::init_store`) to skip it",
         left.as_secs_f64()
     )]
     RestartGrace {

@@ -9,8 +9,8 @@ macro_rules! entry_guard {
             #[doc = concat!("The fencing token of ", $what, ": unique, strictly increasing in ")]
             #[doc = "the order entries are granted, across all clients, and above every token"]
             #[doc = "of an earlier store epoch (etcd: our key's create revision, carried above"]
-            #[doc = "the epoch's start; the create revision itself is [`Entry::position`]"]
-            #[doc = "(crate::Entry::position) of [`entry`](Self::entry))."]
+            #[doc = "the epoch's start; the create revision itself is the position of"]
+            #[doc = "[`entry`](Self::entry), [`Entry::position`](crate::Entry::position))."]
             pub fn fencing_token(&self) -> $crate::FencingToken {
                 self.held.entry().token()
             }

@@ -70,6 +70,8 @@ pub enum EntryKind {
     Exclusive,
     /// A read lock: shares with read locks.
     Read,
+    /// A read-write lock's writer (an exclusive entry under `<name>/write`).
+    Write,
     /// A semaphore permit: shares with permits, up to the stored limit.
     Permit,
     /// A barrier's entry: it holds the barrier up.
@@ -84,6 +86,7 @@ impl EntryKind {
         match self {
             EntryKind::Exclusive => "exclusive",
             EntryKind::Read => "read",
+            EntryKind::Write => "write",
             EntryKind::Permit => "permit",
             EntryKind::Barrier => "barrier",
             EntryKind::Member => "member",
@@ -155,14 +158,15 @@ impl Member {
     }
 }
 
-/// An entry's owner, as its value describes it: baton's recipes write
-/// `host=<name> pid=<id> since=<ms since 1970>` unless told otherwise; anything else is kept
-/// as text.
+/// An entry's owner, as its value describes it: baton's recipes write `host=<name> pid=<id>`
+/// unless told otherwise, and the CLI adds `since=<ms since 1970>` and `ttl=<seconds>`;
+/// anything else is kept as text.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Owner {
     host: Option<String>,
     pid: Option<u32>,
     since: Option<SystemTime>,
+    ttl: Option<Duration>,
     text: String,
 }
 
@@ -175,6 +179,7 @@ impl Owner {
             match word.split_once('=') {
                 Some(("host", h)) => owner.host = Some(h.to_owned()),
                 Some(("pid", p)) => owner.pid = p.parse().ok(),
+                Some(("ttl", secs)) => owner.ttl = secs.parse().ok().map(Duration::from_secs),
                 Some(("since", ms)) => {
                     owner.since = ms
                         .parse()
@@ -201,6 +206,12 @@ impl Owner {
     /// When it joined the queue, if it says (the owner's clock).
     pub fn since(&self) -> Option<SystemTime> {
         self.since
+    }
+
+    /// The TTL its owner's session was granted, if it says (`ttl=<seconds>`): what a
+    /// backend that cannot tell another process's remaining TTL (ZooKeeper) can show.
+    pub fn ttl(&self) -> Option<Duration> {
+        self.ttl
     }
 
     /// The value as text (lossy), mark removed.
@@ -275,19 +286,31 @@ async fn view(
     limit: Option<u32>,
 ) -> Result<QueueView> {
     let prefix = format!("{name}/");
+    let writers = format!("{name}/write");
     let (mut exclusive_ahead, mut permits_ahead, mut waiters) = (false, 0u32, 0usize);
     let mut members = Vec::with_capacity(entries.len());
     for (i, entry) in entries.into_iter().enumerate() {
         let (kind, rest) = EntryKind::of(entry.value());
+        let of = entry
+            .key()
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once('/'))
+            .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"));
+        // A read-write lock keeps its writers under `<name>/write` (its readers are marked).
+        let kind = if kind == EntryKind::Exclusive && of == writers {
+            EntryKind::Write
+        } else {
+            kind
+        };
         let holds = match kind {
-            EntryKind::Exclusive => i == 0,
+            EntryKind::Exclusive | EntryKind::Write => i == 0,
             EntryKind::Read => !exclusive_ahead,
             EntryKind::Permit => {
                 !exclusive_ahead && limit.is_none_or(|limit| permits_ahead < limit)
             }
             EntryKind::Barrier | EntryKind::Member => true,
         };
-        exclusive_ahead |= kind == EntryKind::Exclusive;
+        exclusive_ahead |= matches!(kind, EntryKind::Exclusive | EntryKind::Write);
         permits_ahead += u32::from(kind == EntryKind::Permit);
         let place = if holds {
             0
@@ -296,11 +319,6 @@ async fn view(
             waiters
         };
         let owner = Owner::parse(rest);
-        let of = entry
-            .key()
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.rsplit_once('/'))
-            .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"));
         let ttl = match entry.lease() {
             Some(lease) => backend.lease_ttl(lease).await?,
             None => None,
@@ -332,8 +350,9 @@ pub(crate) fn default_owner() -> Vec<u8> {
     .into_bytes()
 }
 
-/// This machine's host name (Linux: the kernel's), read once; `None` where it cannot be read.
-pub(crate) fn host_name() -> Option<&'static str> {
+/// This machine's host name as baton records it in its entries' values (Linux: the kernel's),
+/// read once; `None` where it cannot be read.
+pub fn host_name() -> Option<&'static str> {
     static HOST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     HOST.get_or_init(|| {
         std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -443,6 +443,15 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
     assert_exit(&table, 0);
     let table = String::from_utf8(table.stdout).unwrap();
     assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
+    // Node names with `_` were once taken for a barrier's: every waiter showed as a holder
+    // (issue #38). And a ZooKeeper client cannot read another's remaining session time: the
+    // CLI's entry says its session's TTL.
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert!(
+        rows[0].starts_with("holder") && rows[1].starts_with("waiter1"),
+        "{table}"
+    );
+    assert!(rows[1].contains("≤10s"), "{table}");
     guard.unlock().await.unwrap();
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
@@ -2358,4 +2367,172 @@ async fn help_is_short_with_h_and_headed() {
             assert!(own < heading && heading < global, "{sub}: {text}");
         }
     }
+}
+
+/// `status` says, of each entry, its lease's remaining TTL, the host and process that own it
+/// and since when it queued (issue #38); `ls` lists every name under a prefix with its holder
+/// and waiters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_and_ls_say_who_holds_since_when() {
+    let name = name("who");
+    let backend = backend().await;
+    let mut holder = Running::spawn(&["lock", &name]);
+    holder.line().await; // the key: it holds
+    let waiter = Running::spawn(&["lock", &name]);
+    eventually("the waiter queues", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let out = baton(&["status", &name, "--json"]).output().await.unwrap();
+    assert_exit(&out, 0);
+    let json = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = json.lines().collect();
+    assert_eq!(lines.len(), 2, "{json}");
+    let pid = holder.child.id().unwrap();
+    assert!(lines[0].contains("\"role\":\"holder\""), "{json}");
+    assert!(lines[0].contains(&format!("\"pid\":{pid}")), "{json}");
+    assert!(
+        lines[0].contains(&format!(
+            "\"host\":\"{}\"",
+            baton::inspect::host_name().unwrap()
+        )),
+        "{json}"
+    );
+    assert!(
+        !lines[0].contains("\"ttl\":null"),
+        "the remaining TTL: {json}"
+    );
+    assert!(!lines[0].contains("\"since_ms\":null"), "{json}");
+    assert!(lines[1].contains("\"role\":\"waiter1\""), "{json}");
+    let table = baton(&["status", &name]).output().await.unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.lines().next().unwrap().contains("SINCE"), "{table}");
+    assert!(table.contains("s ago"), "{table}");
+
+    // A second name under the same prefix: `ls` shows both, each with its holder.
+    let other = format!("{name}-other");
+    let mut other_holder = Running::spawn(&["lock", &other]);
+    other_holder.line().await;
+    let prefix = name.rsplit_once('/').unwrap().0;
+    let ls = baton(&["ls", prefix, "--json"]).output().await.unwrap();
+    assert_exit(&ls, 0);
+    let ls = String::from_utf8(ls.stdout).unwrap();
+    let mine = ls
+        .lines()
+        .find(|l| l.contains(&format!("\"name\":\"{name}\"")))
+        .unwrap_or_else(|| panic!("{ls}"));
+    assert!(mine.contains("\"waiters\":1"), "{mine}");
+    assert!(ls.contains(&format!("\"name\":\"{other}\"")), "{ls}");
+    let table = baton(&["ls", prefix]).output().await.unwrap();
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains(&other) && table.contains("HELD BY"),
+        "{table}"
+    );
+
+    for running in [&holder, &waiter, &other_holder] {
+        running.signal("-TERM");
+    }
+    for running in [holder, waiter, other_holder] {
+        let (code, stderr) = running.exit_code().await;
+        // A holder released at the signal; the waiter was interrupted while it waited.
+        assert!(code == 0 || code == 128 + 15, "{code}: {stderr}");
+    }
+}
+
+/// `break` refuses to end a live holder's lease without --force; with it, it prints an audit
+/// line, the holder is told and its command stopped (exit 79), and the waiter is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_ends_a_stale_holders_lease_only_when_forced() {
+    let name = name("break");
+    let backend = backend().await;
+    let mut holder = Running::spawn(&["lock", &name, "--", "sh", "-c", "echo started; sleep 60"]);
+    assert_eq!(holder.line().await, "started");
+    let mut waiter = Running::spawn(&["lock", &name, "--", "echo", "next"]);
+    eventually("the waiter queues", || async {
+        backend.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let refused = baton(&["break", &name]).output().await.unwrap();
+    assert_exit(&refused, 75);
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("live lease") && why.contains("--force"),
+        "{why}"
+    );
+    assert_eq!(
+        backend.entries(&name).await.unwrap().len(),
+        2,
+        "nothing broken"
+    );
+
+    let broken = baton(&["break", &name, "--force"]).output().await.unwrap();
+    assert_exit(&broken, 0);
+    let audit = String::from_utf8(broken.stdout).unwrap();
+    let pid = holder.child.id().unwrap();
+    assert!(
+        audit.contains(&format!("broke `{name}`"))
+            && audit.contains(&format!("pid {pid}"))
+            && audit.contains("token")
+            && audit.contains("forced"),
+        "{audit}"
+    );
+    let (code, stderr) = holder.exit_code().await;
+    assert_eq!(
+        code, 79,
+        "the holder is told and its command stopped: {stderr}"
+    );
+    assert_eq!(waiter.line().await, "next");
+    assert_eq!(waiter.exit_code().await.0, 0);
+}
+
+/// A store baton has never marked may have lost its state: its first lock waits the restart
+/// grace, and `--try` says so (issue #36, #38). `baton init` marks a new store, and the first
+/// lock is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_never_marked_waits_the_grace_unless_init_marks_it() {
+    let node = EtcdNode::start().await.unwrap();
+    let endpoints = node.endpoints().join(",");
+    let mut client = node.backend().await.unwrap().client().clone();
+    // As an etcd baton has never used: no marker.
+    let forget = || {
+        let mut client = client.clone();
+        async move {
+            client.delete("_baton-epoch", None).await.unwrap();
+            client.delete("_baton-grace", None).await.unwrap();
+        }
+    };
+    forget().await;
+    let run = |args: &[&str]| {
+        let mut cmd = baton(args);
+        cmd.env("BATON_ENDPOINTS", &endpoints);
+        cmd
+    };
+    let init = run(&["init"]).output().await.unwrap();
+    assert_exit(&init, 0);
+    let said = String::from_utf8(init.stdout).unwrap();
+    assert!(
+        said.contains("no baton holder from before exists"),
+        "{said}"
+    );
+    let again = run(&["init"]).output().await.unwrap();
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing changed"));
+    let first = run(&["lock", "--try", "first", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&first, 0);
+
+    forget().await;
+    client.get("x", None).await.unwrap();
+    let waits = run(&["lock", "--try", "first", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&waits, 75);
+    let why = String::from_utf8_lossy(&waits.stderr);
+    assert!(
+        why.contains("restart grace") && why.contains("baton init"),
+        "{why}"
+    );
 }

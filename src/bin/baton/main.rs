@@ -4,6 +4,7 @@
 //! lock (or leadership) is held, as a whole process group, and baton returns its exit code.
 
 mod closed_output;
+mod operator;
 mod sigstate;
 mod supervise;
 
@@ -249,12 +250,49 @@ enum Command {
         #[arg(last = true, conflicts_with = "listen")]
         command: Vec<String>,
     },
-    /// Show the queue of a lock or election: holder first, then waiters in order.
+    /// Show the queue of a lock or election: holders, then waiters in order, with each
+    /// one's lease, remaining TTL, host, process and since when it queued.
     #[command(after_help = EXIT_CODES)]
     Status {
         /// The lock or election name.
         name: String,
         /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every lock, election, semaphore and barrier with entries: its holders, how many
+    /// wait, who holds and since when.
+    #[command(after_help = EXIT_CODES)]
+    Ls {
+        /// Only names that start with this (default: every name).
+        prefix: Option<String>,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// End the lease of a lock's holder (a stale holder), so that the next waiter is
+    /// granted; the holder is told, and a `baton lock` holding it stops its command. Prints
+    /// an audit line (what was broken, whose, which token, by whom, when). Refused while the
+    /// holder's lease is live (exit 75) unless --force.
+    #[command(name = "break", after_help = EXIT_CODES)]
+    Break {
+        /// The lock or election name.
+        name: String,
+        /// End the holder's lease even while it is live (the holder may be working: its
+        /// writes are refused only by a resource that checks fencing tokens).
+        #[arg(long)]
+        force: bool,
+        /// The audit line as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mark the store as baton's, so that its first use waits no restart grace: for a store
+    /// you know is new, or whose every baton client has stopped. A store baton has never
+    /// marked is otherwise taken for one that may have lost its state, and nothing is
+    /// granted on it until --restart-grace has passed (docs/guarantees.md).
+    #[command(after_help = EXIT_CODES)]
+    Init {
+        /// The outcome as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -683,7 +721,8 @@ fn validate(cli: &Cli) -> Result<Checked, Failure> {
         Command::Lock { name, command, .. } | Command::Elect { name, command, .. } => {
             (name, command.as_slice())
         }
-        Command::Status { name, .. } => (name, &[][..]),
+        Command::Status { name, .. } | Command::Break { name, .. } => (name, &[][..]),
+        Command::Ls { .. } | Command::Init { .. } => return Ok(Checked { spec: None, tls }),
     };
     if name.is_empty() {
         return Err(Failure::new(exit::USAGE, "the name must not be empty"));
@@ -761,7 +800,10 @@ async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
         Command::Lock { timeout, .. } | Command::Elect { timeout, .. } => {
             timeout.map(|t| Instant::now() + t)
         }
-        Command::Status { .. } => None,
+        Command::Status { .. }
+        | Command::Ls { .. }
+        | Command::Break { .. }
+        | Command::Init { .. } => None,
     };
     let backend = tokio::select! {
         backend = connect(&cli, tls, deadline) => backend?,
@@ -779,7 +821,15 @@ async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
             ..
         } => {
             let session = session(backend, ttl, deadline).await?;
-            let owner = format!("baton-cli pid={}", std::process::id());
+            // What `baton status` shows of this holder: host, process, since when it queued.
+            let since = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let (pid, secs) = (std::process::id(), ttl.as_secs());
+            let owner = match operator::baton_host() {
+                Some(host) => format!("baton-cli host={host} pid={pid} since={since} ttl={secs}"),
+                None => format!("baton-cli pid={pid} since={since} ttl={secs}"),
+            };
             let what = match (permits, shared) {
                 (Some(n), _) => format!("a permit of `{name}` ({n} permits)"),
                 (None, true) => format!("shared lock `{name}`"),
@@ -793,7 +843,7 @@ async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
                 Error::RestartGrace { left, .. } => Failure::new(
                     exit::TIMEOUT,
                     format!(
-                        "{what} cannot be granted for {:.1} s more (--try): the server may have lost or rolled back baton's state (Redis: a restart or a failover; PostgreSQL: a promoted standby), and nothing is granted until the restart grace has passed (--restart-grace)",
+                        "{what} cannot be granted for {:.1} s more (--try): the store is in a new epoch (it lost or rolled back baton's state, or baton had never marked it), and nothing is granted until the restart grace has passed (--restart-grace); an operator who knows the store is new marks it with `baton init`",
                         left.as_secs_f64()
                     ),
                 ),
@@ -886,7 +936,14 @@ async fn run(cli: Cli, events: &Events) -> Result<u8, Failure> {
             finish(&session, &result).await;
             result
         }
-        Command::Status { name, json } => status(&*backend, &name, json).await,
+        Command::Status { name, json } => operator::status(&*backend, &name, json).await,
+        Command::Ls { prefix, json } => {
+            operator::ls(&*backend, prefix.as_deref().unwrap_or(""), json).await
+        }
+        Command::Break { name, force, json } => {
+            operator::break_holders(&*backend, &name, force, json).await
+        }
+        Command::Init { json } => operator::init(&*backend, json).await,
     }
 }
 
@@ -1404,138 +1461,6 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
         (false, None) if kind == "skipped" => "(changes missed)".to_owned(),
         (false, None) => "(no leader)".to_owned(),
     }
-}
-
-async fn status(backend: &dyn Backend, name: &str, json: bool) -> Result<u8, Failure> {
-    // As the recipes spell it (on ZooKeeper, `/orders` is `orders`).
-    let name = backend.recipe_name(name);
-    let entries = backend.entries(name).await?;
-    // Names that nest share a queue (as with etcdctl): a key under `<name>/sub/` belongs to
-    // the lock `<name>/sub`, yet `<name>` queues behind it. Say so rather than hide it.
-    let prefix = format!("{name}/");
-    let owner_name = |key: &str| -> String {
-        key.strip_prefix(&prefix)
-            .and_then(|rest| rest.rsplit_once('/'))
-            .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"))
-    };
-    // Which recipe the queue belongs to decides who holds: a read-write lock's entries are
-    // under `<name>/read/` and `<name>/write/`; a semaphore keeps its limit at `<name>`.
-    let (reads, writes) = (format!("{name}/read"), format!("{name}/write"));
-    let kind_of = |e: &baton::Entry| -> Option<&'static str> {
-        let of = owner_name(e.key());
-        (of == reads)
-            .then_some("read")
-            .or((of == writes).then_some("write"))
-    };
-    let rwlock = entries.iter().any(|e| kind_of(e).is_some());
-    // Barriers and double barriers: every entry is in (a recipe tag `<lease>_<k>` each, and
-    // no limit).
-    let all_in = !entries.is_empty()
-        && entries.iter().all(|e| {
-            e.key()
-                .rsplit('/')
-                .next()
-                .is_some_and(|tag| tag.contains('_'))
-        });
-    let limit = match backend.read(name).await? {
-        Some(raw) => String::from_utf8_lossy(&raw)
-            .parse::<u32>()
-            .ok()
-            .filter(|l| (1..=Semaphore::MAX_PERMITS).contains(l)),
-        None => None,
-    };
-    let mut nested: Vec<String> = Vec::new();
-    let mut rows = Vec::new();
-    let (mut waiters, mut writer_ahead) = (0, false);
-    for (i, e) in entries.iter().enumerate() {
-        let ttl = match e.lease() {
-            Some(lease) => backend.lease_ttl(lease).await?.map(|d| d.as_secs()),
-            None => None,
-        };
-        let kind = if rwlock { kind_of(e) } else { None };
-        let holds = match (kind, limit) {
-            (Some("read"), _) => !writer_ahead,
-            (Some(_), _) => i == 0,
-            (None, Some(limit)) => i < limit as usize,
-            (None, None) => all_in || i == 0,
-        };
-        writer_ahead |= kind == Some("write");
-        let mut role = if holds {
-            "holder".to_owned()
-        } else {
-            waiters += 1;
-            format!("waiter{waiters}")
-        };
-        if let Some(kind) = kind {
-            role.push_str(&format!("({kind})"));
-        }
-        let of = owner_name(e.key());
-        if of != name && kind.is_none() {
-            if !json {
-                role.push('*');
-            }
-            if !nested.contains(&of) {
-                nested.push(of.clone());
-            }
-        }
-        let owner = String::from_utf8_lossy(e.value()).into_owned();
-        let lease = e.lease().map(|l| l.to_hex());
-        if json {
-            out(&format!(
-                "{{\"role\":{},\"position\":{i},\"name\":{},\"key\":{},\"token\":{},\"lease\":{},\"ttl\":{},\"owner\":{}}}",
-                json_str(&role),
-                json_str(&of),
-                json_str(e.key()),
-                e.token(),
-                lease.as_deref().map_or("null".to_owned(), json_str),
-                ttl.map_or("null".to_owned(), |t| t.to_string()),
-                json_str(&owner),
-            ))?;
-        } else {
-            rows.push([
-                role,
-                one_line(e.key()),
-                e.token().get().to_string(),
-                lease.unwrap_or_else(|| "-".to_owned()),
-                ttl.map_or("-".to_owned(), |t| format!("{t}s")),
-                one_line(&owner).chars().take(60).collect(),
-            ]);
-        }
-    }
-    if json {
-        return Ok(0);
-    }
-    let header = ["ROLE", "KEY", "TOKEN", "LEASE", "TTL", "OWNER"].map(str::to_owned);
-    let mut width = [0usize; 6];
-    for row in std::iter::once(&header).chain(&rows) {
-        for (w, cell) in width.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    for row in std::iter::once(&header).chain(&rows) {
-        out(format!(
-            "{:<w0$}  {:<w1$}  {:>w2$}  {:>w3$}  {:>w4$}  {}",
-            row[0],
-            row[1],
-            row[2],
-            row[3],
-            row[4],
-            row[5],
-            w0 = width[0],
-            w1 = width[1],
-            w2 = width[2],
-            w3 = width[3],
-            w4 = width[4],
-        )
-        .trim_end())?;
-    }
-    if !nested.is_empty() {
-        out(&format!(
-            "* a key of the nested name {}: names that nest share a queue, so `{name}` waits behind it",
-            one_line(&nested.join(", "))
-        ))?;
-    }
-    Ok(0)
 }
 
 /// A JSON string literal.
