@@ -481,15 +481,23 @@ fn take_turn<'a>(
         };
         // A store epoch's restart grace holds back every grant, whatever the queue says: a
         // holder from before the store forgot may still believe it holds.
-        let turned = match turned {
-            Turned::Busy => Turned::Busy,
-            _ if session.backend().grants_nothing_for().is_none() => turned,
-            _ if mode == Mode::Try => Turned::Busy,
-            _ => {
-                wait_out_grace(session, &mut lost).await?;
-                turned
+        let mut turned = turned;
+        while turned != Turned::Busy && session.backend().grants_nothing_for().is_some() {
+            if mode == Mode::Try {
+                turned = Turned::Busy;
+                break;
             }
-        };
+            wait_out_grace(session, &mut lost).await?;
+            // A head stays the head (no older entry can appear), but a stored limit may have
+            // been lowered while the grace lasted: count again (found by the simulation, seed
+            // 587: three permits granted at the grace's end under a limit of one).
+            if let Turn::Fewer(rule) = turn
+                && matches!(rule.limit, Limit::Stored { .. })
+            {
+                let wait = wait_for_fewer(session, mine, rule, mode, &mut lost);
+                turned = Box::pin(wait).await?;
+            }
+        }
         if turned == Turned::Busy {
             // Leave nothing behind before reporting "busy"; on failure the drop guard
             // retries.

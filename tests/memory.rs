@@ -675,3 +675,38 @@ async fn a_client_that_notices_a_loss_late_enters_the_newer_epoch() {
         .unwrap();
     assert!(granted.fencing_token() > before);
 }
+
+/// A semaphore's limit lowered while a restart grace holds every grant back: at the grace's
+/// end the waiters count again, under the new limit (found by the simulation, seed 587:
+/// three permits granted at once under a limit of one).
+#[tokio::test(start_paused = true)]
+async fn a_limit_lowered_during_a_restart_grace_holds_when_it_ends() {
+    let grace = Duration::from_secs(5);
+    let store = MemoryBackend::new().with_restart_grace(grace);
+    store.lose_state();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let s = Session::new(store.client()).await.unwrap();
+        waiters.push(tokio::spawn(async move {
+            let permit = baton::Semaphore::new(&s, "mem/grace-limit", 3)
+                .unwrap()
+                .acquire()
+                .await;
+            (s, permit)
+        }));
+    }
+    let probe = store.client();
+    support::eventually("three queued", || async {
+        probe.entries("mem/grace-limit").await.unwrap().len() == 3
+    })
+    .await;
+    let admin = Session::new(store.client()).await.unwrap();
+    baton::Semaphore::new(&admin, "mem/grace-limit", 3)
+        .unwrap()
+        .set_limit(3, 1)
+        .await
+        .unwrap();
+    tokio::time::sleep(grace + Duration::from_secs(1)).await;
+    let granted = waiters.iter().filter(|w| w.is_finished()).count();
+    assert_eq!(granted, 1, "one permit under a limit of one");
+}

@@ -1,0 +1,334 @@
+//! The checker: the rules every schedule's history must keep (docs/reliability.md lists
+//! them with the mutants each one caught).
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{Event, History, Kind, Plan};
+
+/// A rule a history broke, with the events that show it.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub rule: &'static str,
+    pub detail: String,
+}
+
+/// A hold as the checker follows it.
+#[derive(Debug, Clone)]
+struct Hold {
+    client: usize,
+    name: String,
+    kind: Kind,
+    token: u64,
+    granted: u64,
+}
+
+/// Every rule, on one history.
+pub fn check(plan: &Plan, history: &History) -> Vec<Violation> {
+    let mut out = Vec::new();
+    exclusion_and_order(plan, history, &mut out);
+    fenced_counters(history, &mut out);
+    observers(history, &mut out);
+    progress(history, &mut out);
+    out
+}
+
+/// Holds never overlap beyond what their kinds allow (a holder is told it lost the lock no
+/// later than a successor is granted); grants on a name come in token order (queue order,
+/// FIFO); after the store forgot, sessions of the new epoch are granted only once the grace
+/// has passed, and with tokens above every token granted before.
+fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>) {
+    let grace = u64::try_from(plan.grace.as_millis()).unwrap_or(u64::MAX);
+    // When each hold ended: a hold that ends at the very instant a successor is granted did
+    // not overlap it (two tasks of one instant are recorded in either order).
+    let ended: HashMap<u64, u64> = history
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Ended { at, hold, .. } => Some((*hold, *at)),
+            _ => None,
+        })
+        .collect();
+    let mut active: BTreeMap<u64, Hold> = BTreeMap::new();
+    // Per name: the highest token granted to an exclusive holder, and to any holder.
+    let mut last_token: HashMap<String, (u64, u64)> = HashMap::new();
+    let mut limits: HashMap<String, u32> = HashMap::new();
+    let mut limits_at_snapshot: HashMap<String, u32> = HashMap::new();
+    // Every limit in force, by name, with when it took effect: a permit's grant is decided
+    // by a read up to one network delay before the grant is recorded, and a change of the
+    // limit is recorded up to one delay after it was made.
+    let mut limit_history: HashMap<String, Vec<(u64, u32)>> = HashMap::new();
+    let mut highest_before_loss = 0u64;
+    let mut highest = 0u64;
+    let mut losses: Vec<u64> = Vec::new();
+    for event in &history.events {
+        match event {
+            Event::Limit { at, name, limit } => {
+                limits.insert(name.clone(), *limit);
+                limit_history
+                    .entry(name.clone())
+                    .or_default()
+                    .push((*at, *limit));
+            }
+            Event::Snapshot { .. } => limits_at_snapshot = limits.clone(),
+            Event::StoreLost { at, restored } => {
+                losses.push(*at);
+                highest_before_loss = highest;
+                // The stored limits are gone (the first client stores its own again), or back
+                // to what they were at the snapshot.
+                limits = if *restored {
+                    limits_at_snapshot.clone()
+                } else {
+                    HashMap::new()
+                };
+                for (name, history) in &mut limit_history {
+                    history.push((*at, limits.get(name).copied().unwrap_or(plan.first_limit)));
+                }
+                // A new epoch: tokens start above, queue order starts over.
+                last_token.clear();
+            }
+            Event::Granted {
+                at,
+                hold,
+                client,
+                name,
+                kind,
+                token,
+                session_at,
+            } => {
+                // Overlap, by kind: what is still held on this name after this instant.
+                let others: Vec<&Hold> = active
+                    .iter()
+                    .filter(|(id, h)| &h.name == name && ended.get(*id).is_none_or(|e| e > at))
+                    .map(|(_, h)| h)
+                    .collect();
+                let exclusive = others.iter().find(|h| h.kind == Kind::Exclusive);
+                let clash = match kind {
+                    Kind::Exclusive => others.first().copied(),
+                    Kind::Read => exclusive
+                        .copied()
+                        .or_else(|| others.iter().find(|h| h.kind == Kind::Permit).copied()),
+                    Kind::Permit => {
+                        let permits = others.iter().filter(|h| h.kind == Kind::Permit).count();
+                        let limit = limit_around(
+                            limit_history.get(name).map_or(&[][..], Vec::as_slice),
+                            *at,
+                            plan.first_limit,
+                        );
+                        if permits >= limit as usize {
+                            out.push(Violation {
+                                rule: "never more holders than permits",
+                                detail: format!(
+                                    "at {at} ms client {client} was granted a permit of `{name}` (token {token}) while {permits} permits were held and the stored limit was {limit}"
+                                ),
+                            });
+                        }
+                        exclusive
+                            .copied()
+                            .or_else(|| others.iter().find(|h| h.kind == Kind::Read).copied())
+                    }
+                };
+                if let Some(other) = clash {
+                    out.push(Violation {
+                        rule: "one holder, or sharers of one kind, at a time",
+                        detail: format!(
+                            "at {at} ms client {client} was granted `{name}` ({kind:?}, token {token}) while client {} held it since {} ms ({:?}, token {}), not told it lost it",
+                            other.client, other.granted, other.kind, other.token
+                        ),
+                    });
+                }
+                // Queue order: an exclusive entry holds only as the head, so every grant before
+                // it had a lower token; a shared one waits for every exclusive entry ahead of
+                // it, so no exclusive grant before it had a higher token. (Sharers granted
+                // together may finish their calls in any order.)
+                let (exclusive_max, any_max) = last_token.get(name).copied().unwrap_or((0, 0));
+                let bound = if *kind == Kind::Exclusive {
+                    any_max
+                } else {
+                    exclusive_max
+                };
+                if *token <= bound {
+                    out.push(Violation {
+                        rule: "grants in token order (queue order)",
+                        detail: format!(
+                            "at {at} ms `{name}` was granted ({kind:?}) with token {token}, after a grant with token {bound}"
+                        ),
+                    });
+                }
+                let entry = last_token.entry(name.clone()).or_default();
+                entry.1 = entry.1.max(*token);
+                if *kind == Kind::Exclusive {
+                    entry.0 = entry.0.max(*token);
+                }
+                // The epoch rule, for sessions that began after the store forgot.
+                if let Some(&loss) = losses.iter().rev().find(|&&l| l <= *session_at) {
+                    if *at < loss + grace {
+                        out.push(Violation {
+                            rule: "after the store forgot, nothing is granted within the grace",
+                            detail: format!(
+                                "the store forgot at {loss} ms; at {at} ms `{name}` was granted (token {token}) to client {client}, whose session began at {session_at} ms: {} ms into a grace of {grace} ms",
+                                at - loss
+                            ),
+                        });
+                    }
+                    if *token <= highest_before_loss {
+                        out.push(Violation {
+                            rule: "after the store forgot, tokens rise above every earlier one",
+                            detail: format!(
+                                "at {at} ms `{name}` was granted token {token}, not above {highest_before_loss}, granted before the store forgot at {loss} ms"
+                            ),
+                        });
+                    }
+                }
+                highest = highest.max(*token);
+                active.insert(
+                    *hold,
+                    Hold {
+                        client: *client,
+                        name: name.clone(),
+                        kind: *kind,
+                        token: *token,
+                        granted: *at,
+                    },
+                );
+            }
+            Event::Ended { hold, .. } => {
+                active.remove(hold);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// How long a request or its answer may be held up on the simulated network (net.rs: up to
+/// 400 ms, split before and after the call).
+const NETWORK_DELAY_MS: u64 = 500;
+
+/// The highest limit that may have decided a grant recorded at `at`: the one in force a
+/// network delay before, and any set since.
+fn limit_around(history: &[(u64, u32)], at: u64, first: u32) -> u32 {
+    let from = at.saturating_sub(NETWORK_DELAY_MS);
+    let before = history
+        .iter()
+        .rev()
+        .find(|(t, _)| *t <= from)
+        .map_or(first, |(_, l)| *l);
+    history
+        .iter()
+        .filter(|(t, _)| *t > from && *t <= at)
+        .map(|(_, l)| *l)
+        .fold(before, u32::max)
+}
+
+/// Fenced counters: every acknowledged increment is in the counter, and nothing else (a
+/// late write of a paused holder is refused, or lands before the successor's claim).
+fn fenced_counters(history: &History, out: &mut Vec<Violation>) {
+    let mut acked: HashMap<&str, u64> = HashMap::new();
+    for event in &history.events {
+        if let Event::Acked { name, .. } = event {
+            *acked.entry(name.as_str()).or_default() += 1;
+        }
+    }
+    for event in &history.events {
+        if let Event::Final { counters, .. } = event {
+            for (name, value) in counters {
+                let expected = acked.get(name.as_str()).copied().unwrap_or(0);
+                if *value != expected {
+                    out.push(Violation {
+                        rule: "a fenced counter holds every acknowledged increment",
+                        detail: format!(
+                            "`{name}` counts {value}, but {expected} increments were acknowledged"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Election observers: within a store epoch each sees leaders in rising token order, and
+/// sees every leader that was granted while it watched.
+fn observers(history: &History, out: &mut Vec<Violation>) {
+    let mut seen: HashMap<(usize, &str), u64> = HashMap::new();
+    for event in &history.events {
+        match event {
+            Event::StoreLost { .. } => seen.clear(),
+            Event::Observed {
+                at,
+                observer,
+                name,
+                token,
+            } if *token > 0 => {
+                let last = seen.entry((*observer, name.as_str())).or_default();
+                if *token <= *last {
+                    out.push(Violation {
+                        rule: "observers see leaders in order",
+                        detail: format!(
+                            "at {at} ms observer {observer} of `{name}` saw leader token {token} after {last}"
+                        ),
+                    });
+                }
+                *last = *token;
+            }
+            _ => {}
+        }
+    }
+    // Every leadership granted (by token) is seen by every observer of its name.
+    let observed: std::collections::HashSet<(usize, &str, u64)> = history
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Observed {
+                observer,
+                name,
+                token,
+                ..
+            } => Some((*observer, name.as_str(), *token)),
+            _ => None,
+        })
+        .collect();
+    let observers_of: std::collections::HashSet<(usize, &str)> =
+        observed.iter().map(|(o, n, _)| (*o, *n)).collect();
+    for event in &history.events {
+        if let Event::Granted {
+            at,
+            name,
+            token,
+            kind: Kind::Exclusive,
+            ..
+        } = event
+        {
+            for &(o, n) in &observers_of {
+                if n == name && !observed.contains(&(o, n, *token)) {
+                    out.push(Violation {
+                        rule: "observers see every leader",
+                        detail: format!(
+                            "observer {o} of `{name}` never saw the leader granted at {at} ms with token {token}"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Once the faults healed, a clean client took every name; and nothing was left behind.
+fn progress(history: &History, out: &mut Vec<Violation>) {
+    for event in &history.events {
+        match event {
+            Event::Progress {
+                name,
+                ok: false,
+                error,
+                ..
+            } => out.push(Violation {
+                rule: "progress after healing",
+                detail: format!("`{name}`: {error}"),
+            }),
+            Event::Final { left, .. } if *left > 0 => out.push(Violation {
+                rule: "nothing left over",
+                detail: format!("{left} entries left once every session ended"),
+            }),
+            _ => {}
+        }
+    }
+}

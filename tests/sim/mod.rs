@@ -1,0 +1,834 @@
+//! The deterministic simulation of baton (issue #37): many clients of every recipe on one
+//! in-memory store, through a simulated network that delays, loses, duplicates and delivers
+//! late, with cancellations, pauses, session expiries and a store that loses or rolls back
+//! its state; one history on one (simulated) clock, and a checker.
+//!
+//! One seed is one schedule. It runs on a current-thread tokio runtime with paused time:
+//! tasks run one at a time in an order that depends only on the seed, time advances only
+//! when every task waits, and every random choice comes from generators seeded from the
+//! seed. Nothing reads the wall clock or the network, so a seed replays bit for bit (the
+//! runner checks it: [`run`] twice gives the same history).
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod check;
+pub mod net;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use baton::{
+    Backend, Election, Error, Fence, FencingToken, LeaderEvent, LostReason, MemoryBackend,
+    MemoryFence, MultiLock, Mutex, RwLock, Semaphore, Session, SessionOptions, Ticket,
+};
+use futures::{FutureExt, StreamExt};
+use tokio::time::Instant;
+
+use net::{Faults, SimNet};
+
+/// A small, fast, seedable generator (SplitMix64): the same seed, the same numbers.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// `true` with probability `per_mille / 1000`.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+
+    /// A generator of its own, for one task.
+    pub fn fork(&mut self) -> Rng {
+        Rng::new(self.next())
+    }
+}
+
+/// The kinds of recipe a name is used with in one schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recipe {
+    Mutex,
+    Semaphore,
+    RwLock,
+    Election,
+}
+
+/// What a schedule does: drawn from its seed.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub seed: u64,
+    pub ttl: Duration,
+    pub grace: Duration,
+    /// The names and what each is used with; a MultiLock client takes the first two mutexes.
+    pub names: Vec<(String, Recipe)>,
+    pub clients_per_name: usize,
+    pub multilock_clients: usize,
+    /// Acquisitions each client attempts (the shrinker lowers it).
+    pub steps: usize,
+    pub faults: Faults,
+    /// Store faults: how many times the store loses its state, and is restored.
+    pub losses: usize,
+    pub restores: usize,
+    /// Whether clients pause (cut off, work stopped) while holding.
+    pub pauses: bool,
+    /// A semaphore's first limit.
+    pub first_limit: u32,
+}
+
+impl Plan {
+    pub fn from_seed(seed: u64, steps: Option<usize>) -> Plan {
+        let mut rng = Rng::new(seed);
+        let ttl = Duration::from_secs(2 + rng.below(4));
+        let grace = ttl + Duration::from_secs(rng.below(3));
+        let recipes = [
+            Recipe::Mutex,
+            Recipe::Semaphore,
+            Recipe::RwLock,
+            Recipe::Election,
+        ];
+        // Every schedule has a mutex pair (for MultiLock) and one name of another kind; some
+        // share a name between kinds through the nested RwLock layout.
+        let mut names = vec![
+            ("m/a".to_owned(), Recipe::Mutex),
+            ("m/b".to_owned(), Recipe::Mutex),
+        ];
+        let extra = 1 + rng.below(2) as usize;
+        for i in 0..extra {
+            let recipe = recipes[1 + rng.below(3) as usize];
+            names.push((format!("r{i}"), recipe));
+        }
+        let faulty = rng.chance(850);
+        let f = |rng: &mut Rng, max: u64| if faulty { rng.below(max) as u32 } else { 0 };
+        let faults = Faults {
+            delay: f(&mut rng, 120),
+            fail_before: f(&mut rng, 40),
+            lose_answer: f(&mut rng, 40),
+            duplicate: f(&mut rng, 30),
+            late: f(&mut rng, 30),
+        };
+        Plan {
+            seed,
+            ttl,
+            grace,
+            names,
+            clients_per_name: 3 + rng.below(3) as usize,
+            multilock_clients: 1 + rng.below(2) as usize,
+            steps: steps.unwrap_or(3 + rng.below(5) as usize),
+            faults,
+            losses: if rng.chance(350) { 1 } else { 0 },
+            restores: if rng.chance(250) { 1 } else { 0 },
+            pauses: rng.chance(600),
+            first_limit: 1 + rng.below(3) as u32,
+        }
+    }
+}
+
+/// One thing that happened, at a simulated instant (ms since the schedule began).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Event {
+    /// A hold began: `name`'s lock (or permit, read lock, leadership) granted to `client`.
+    Granted {
+        at: u64,
+        hold: u64,
+        client: usize,
+        name: String,
+        kind: Kind,
+        token: u64,
+        /// When the session it was granted on began.
+        session_at: u64,
+    },
+    /// A hold ended: released by its holder (the release began) or lost.
+    Ended { at: u64, hold: u64, lost: bool },
+    /// A write through the fence was acknowledged: an increment of `name`'s counter.
+    Acked { at: u64, name: String, token: u64 },
+    /// A semaphore's stored limit is now `limit`.
+    Limit { at: u64, name: String, limit: u32 },
+    /// A snapshot of the store was taken (a restore later brings it back).
+    Snapshot { at: u64 },
+    /// The store lost its state (`restored`: went back to a snapshot).
+    StoreLost { at: u64, restored: bool },
+    /// An election observer saw a leader (or a vacancy: `token` 0).
+    Observed {
+        at: u64,
+        observer: usize,
+        name: String,
+        token: u64,
+    },
+    /// A client was paused (cut off, its work stopped) from `at` for `ms`.
+    Paused { at: u64, client: usize, ms: u64 },
+    /// The schedule ended: the fence's counters as they stand, the entries left.
+    Final {
+        at: u64,
+        counters: Vec<(String, u64)>,
+        left: usize,
+    },
+    /// After the faults healed, a clean client took every name within the bound.
+    Progress {
+        at: u64,
+        name: String,
+        ok: bool,
+        error: String,
+    },
+}
+
+/// What a hold is, for the exclusion rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Exclusive,
+    Read,
+    Permit,
+}
+
+/// The history of one schedule.
+#[derive(Debug, Clone, Default)]
+pub struct History {
+    pub events: Vec<Event>,
+    next_hold: u64,
+}
+
+#[derive(Clone)]
+struct Ctx {
+    history: Arc<StdMutex<History>>,
+    start: Instant,
+    fence: Arc<MemoryFence>,
+    plan: Arc<Plan>,
+}
+
+impl Ctx {
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn record(&self, event: Event) {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .events
+            .push(event);
+    }
+
+    fn new_hold(&self) -> u64 {
+        let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        h.next_hold += 1;
+        h.next_hold
+    }
+
+    /// Records a grant, and watches its loss: `Ended { lost: true }` when `lost` resolves
+    /// first. Returns the hold's id, and what tells the watcher the holder let go.
+    fn granted(
+        &self,
+        client: usize,
+        name: &str,
+        kind: Kind,
+        token: FencingToken,
+        session_at: u64,
+        lost: impl std::future::Future<Output = LostReason> + Send + 'static,
+    ) -> (u64, Arc<tokio::sync::Notify>) {
+        let ended = Arc::new(tokio::sync::Notify::new());
+        let watcher = Arc::clone(&ended);
+        let hold = self.new_hold();
+        self.record(Event::Granted {
+            at: self.now(),
+            hold,
+            client,
+            name: name.to_owned(),
+            kind,
+            token: token.get(),
+            session_at,
+        });
+        let ctx = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = watcher.notified() => {}
+                _ = lost => ctx.record(Event::Ended { at: ctx.now(), hold, lost: true }),
+            }
+        });
+        (hold, ended)
+    }
+
+    /// The holder lets go (before its release is sent): the hold ends now.
+    fn released(&self, hold: u64, watcher: &tokio::sync::Notify) {
+        watcher.notify_one();
+        self.record(Event::Ended {
+            at: self.now(),
+            hold,
+            lost: false,
+        });
+    }
+
+    /// The fenced work of a holder: claim, read the counter, maybe pause, write it + 1.
+    async fn work(&self, rng: &mut Rng, net: &SimNet, client: usize, name: &str, ticket: Ticket) {
+        let token = ticket.token().get();
+        let Ok(before) = self.fence.claim(name, ticket.clone()).await else {
+            return;
+        };
+        let n: u64 = before
+            .as_deref()
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if self.plan.pauses && rng.chance(150) {
+            // Paused between its read and its write (a GC pause, SIGSTOP): shorter or longer
+            // than its lease. Cut off meanwhile, so its renewals fail too.
+            let ttl = u64::try_from(self.plan.ttl.as_millis()).unwrap_or(1000);
+            let ms = if rng.chance(500) {
+                rng.below(ttl / 2) + 1
+            } else {
+                ttl + rng.below(2 * ttl)
+            };
+            self.record(Event::Paused {
+                at: self.now(),
+                client,
+                ms,
+            });
+            net.cut_off(Duration::from_millis(ms));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if self
+            .fence
+            .write(name, ticket, (n + 1).to_string().as_bytes())
+            .await
+            .is_ok()
+        {
+            self.record(Event::Acked {
+                at: self.now(),
+                name: name.to_owned(),
+                token,
+            });
+        }
+    }
+}
+
+/// A client's session, started again whenever it is lost.
+struct Client {
+    id: usize,
+    net: SimNet,
+    session: Option<(Session, u64)>,
+    ttl: Duration,
+}
+
+impl Client {
+    async fn session(&mut self, ctx: &Ctx) -> Option<(Session, u64)> {
+        if let Some((s, at)) = &self.session
+            && !s.is_lost()
+        {
+            return Some((s.clone(), *at));
+        }
+        // A grant may fail on the network: a few tries, then give this step up.
+        for _ in 0..5 {
+            let options = SessionOptions::new().with_ttl(self.ttl);
+            match Session::with_options(self.net.clone(), options).await {
+                Ok(s) => {
+                    let at = ctx.now();
+                    self.session = Some((s.clone(), at));
+                    return Some((s, at));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+        None
+    }
+}
+
+/// A hold in progress: what the client releases.
+enum Guard {
+    Mutex(baton::MutexGuard),
+    Read(baton::RwLockReadGuard),
+    Write(baton::RwLockWriteGuard),
+    Permit(baton::SemaphorePermit),
+    Lead(baton::Leadership),
+}
+
+impl Guard {
+    fn token(&self) -> FencingToken {
+        match self {
+            Guard::Mutex(g) => g.fencing_token(),
+            Guard::Read(g) => g.fencing_token(),
+            Guard::Write(g) => g.fencing_token(),
+            Guard::Permit(g) => g.fencing_token(),
+            Guard::Lead(g) => g.fencing_token(),
+        }
+    }
+
+    fn lost(&self) -> futures::future::BoxFuture<'static, LostReason> {
+        match self {
+            Guard::Mutex(g) => g.lost().boxed(),
+            Guard::Read(g) => g.lost().boxed(),
+            Guard::Write(g) => g.lost().boxed(),
+            Guard::Permit(g) => g.lost().boxed(),
+            Guard::Lead(g) => g.lost().boxed(),
+        }
+    }
+
+    async fn release(self, rng: &mut Rng) {
+        // Sometimes dropped instead: the release goes on in the background.
+        if rng.chance(200) {
+            return;
+        }
+        let _ = match self {
+            Guard::Mutex(g) => g.unlock().await,
+            Guard::Read(g) => g.release().await,
+            Guard::Write(g) => g.release().await,
+            Guard::Permit(g) => g.release().await,
+            Guard::Lead(g) => g.resign().await,
+        };
+    }
+}
+
+/// One acquisition by `client` on `name` (`recipe`), maybe cancelled part way.
+async fn acquire(
+    rng: &mut Rng,
+    session: &Session,
+    name: &str,
+    recipe: Recipe,
+    permits: u32,
+) -> Option<(Guard, Kind)> {
+    let wait = Duration::from_millis(200 + rng.below(6_000));
+    let cancel = rng.chance(250);
+    let attempt = async {
+        Some(match recipe {
+            Recipe::Mutex => (
+                Guard::Mutex(Mutex::new(session, name).ok()?.lock().await.ok()?),
+                Kind::Exclusive,
+            ),
+            Recipe::Semaphore => {
+                // Asked for with the limit stored now (a handle asks for one, and a stored
+                // one that differs is refused); the first, if none is stored.
+                let stored = Semaphore::new(session, name, permits)
+                    .ok()?
+                    .limit()
+                    .await
+                    .ok()?;
+                let permits = stored.unwrap_or(permits);
+                (
+                    Guard::Permit(
+                        Semaphore::new(session, name, permits)
+                            .ok()?
+                            .acquire()
+                            .await
+                            .ok()?,
+                    ),
+                    Kind::Permit,
+                )
+            }
+            Recipe::RwLock => {
+                let lock = RwLock::new(session, name).ok()?;
+                if rng.chance(600) {
+                    (Guard::Read(lock.read().await.ok()?), Kind::Read)
+                } else {
+                    (Guard::Write(lock.write().await.ok()?), Kind::Exclusive)
+                }
+            }
+            Recipe::Election => (
+                Guard::Lead(
+                    Election::new(session, name)
+                        .ok()?
+                        .campaign(format!("c{}", rng.below(100)))
+                        .await
+                        .ok()?,
+                ),
+                Kind::Exclusive,
+            ),
+        })
+    };
+    if cancel {
+        // Dropped at whatever await point it reached.
+        tokio::time::timeout(wait, attempt).await.ok().flatten()
+    } else {
+        attempt.await
+    }
+}
+
+/// A client of one name: `steps` acquisitions, each with fenced work.
+async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, recipe: Recipe) {
+    for _ in 0..ctx.plan.steps {
+        tokio::time::sleep(Duration::from_millis(rng.below(1_500))).await;
+        let Some((session, session_at)) = client.session(&ctx).await else {
+            continue;
+        };
+        let Some((guard, kind)) =
+            acquire(&mut rng, &session, &name, recipe, ctx.plan.first_limit).await
+        else {
+            continue;
+        };
+        let (hold, ended) = ctx.granted(
+            client.id,
+            &name,
+            kind,
+            guard.token(),
+            session_at,
+            guard.lost(),
+        );
+        let ticket = Ticket::new(guard.token(), name.as_str());
+        // Readers share: only exclusive holders and permits write the counter (a permit's
+        // writes race with other permits', so they write their own resource).
+        let resource = match kind {
+            Kind::Exclusive => name.clone(),
+            Kind::Permit | Kind::Read => format!("{name}/{}", client.id),
+        };
+        ctx.work(&mut rng, &client.net, client.id, &resource, ticket)
+            .await;
+        let mut guard = guard;
+        if let Guard::Lead(leader) = &mut guard
+            && rng.chance(300)
+        {
+            let _ = leader.proclaim(format!("p{}", rng.below(100))).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(800))).await;
+        ctx.released(hold, &ended);
+        guard.release(&mut rng).await;
+    }
+}
+
+/// A client that takes both mutexes of the pair as one MultiLock.
+async fn multilock_client(ctx: Ctx, mut client: Client, mut rng: Rng, names: [String; 2]) {
+    for _ in 0..ctx.plan.steps {
+        tokio::time::sleep(Duration::from_millis(rng.below(2_000))).await;
+        let Some((session, session_at)) = client.session(&ctx).await else {
+            continue;
+        };
+        let Ok(multi) = MultiLock::new(&session, names.clone()) else {
+            continue;
+        };
+        let taken = if rng.chance(250) {
+            let wait = Duration::from_millis(200 + rng.below(5_000));
+            tokio::time::timeout(wait, multi.lock()).await.ok()
+        } else {
+            Some(multi.lock().await)
+        };
+        let Some(Ok(guard)) = taken else { continue };
+        let mut holds = Vec::new();
+        for (name, mutex_guard) in names.iter().zip(guard.guards()) {
+            let (hold, ended) = ctx.granted(
+                client.id,
+                name,
+                Kind::Exclusive,
+                mutex_guard.fencing_token(),
+                session_at,
+                mutex_guard.lost(),
+            );
+            holds.push((hold, ended, mutex_guard.ticket(), name.clone()));
+        }
+        for (_, _, ticket, name) in &holds {
+            ctx.work(&mut rng, &client.net, client.id, name, ticket.clone())
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(500))).await;
+        for (hold, ended, _, _) in &holds {
+            ctx.released(*hold, ended);
+        }
+        let _ = guard.unlock().await;
+    }
+}
+
+/// A semaphore's administrator: changes the stored limit now and then (lowering it below the
+/// permits held, too), and records each change it knows was made.
+async fn limit_admin(ctx: Ctx, mut client: Client, mut rng: Rng, name: String) {
+    let mut limit = ctx.plan.first_limit;
+    for _ in 0..ctx.plan.steps {
+        tokio::time::sleep(Duration::from_millis(500 + rng.below(3_000))).await;
+        let Some((session, _)) = client.session(&ctx).await else {
+            continue;
+        };
+        let Ok(sem) = Semaphore::new(&session, &name, limit) else {
+            continue;
+        };
+        let to = 1 + rng.below(3) as u32;
+        // While the change is in flight (its answer may come late, or be lost) either limit
+        // may be the stored one: the checker allows the higher.
+        if to > limit {
+            ctx.record(Event::Limit {
+                at: ctx.now(),
+                name: name.clone(),
+                limit: to,
+            });
+        }
+        match sem.set_limit(limit, to).await {
+            Ok(()) => {
+                limit = to;
+                ctx.record(Event::Limit {
+                    at: ctx.now(),
+                    name: name.clone(),
+                    limit,
+                });
+            }
+            Err(Error::LimitMismatch { stored, .. }) => {
+                if let Ok(now) = stored.trim_matches('`').parse() {
+                    limit = now;
+                }
+                ctx.record(Event::Limit {
+                    at: ctx.now(),
+                    name: name.clone(),
+                    limit,
+                });
+            }
+            // Maybe applied: read what is stored (a change not known stays unrecorded only
+            // if this read fails too; the checker then uses the highest of the two).
+            Err(_) => {
+                if let Ok(Some(now)) = sem.limit().await {
+                    limit = now;
+                }
+                ctx.record(Event::Limit {
+                    at: ctx.now(),
+                    name: name.clone(),
+                    limit,
+                });
+            }
+        }
+    }
+}
+
+/// An election observer: records every leader and vacancy it is told of.
+async fn observer(ctx: Ctx, id: usize, session: Session, name: String, until: Instant) {
+    let Ok(election) = Election::new(&session, &name) else {
+        return;
+    };
+    let mut events = election.observe();
+    loop {
+        let next = tokio::select! {
+            next = events.next() => next,
+            () = tokio::time::sleep_until(until) => return,
+        };
+        let token = match next {
+            Some(Ok(LeaderEvent::Elected(leader))) => leader.token().get(),
+            Some(Ok(LeaderEvent::Vacant | LeaderEvent::Skipped)) => 0,
+            Some(Ok(_)) | Some(Err(_)) => continue,
+            None => return,
+        };
+        ctx.record(Event::Observed {
+            at: ctx.now(),
+            observer: id,
+            name: name.clone(),
+            token,
+        });
+    }
+}
+
+/// The store's faults: it loses its state, or goes back to a snapshot (seen first by a client
+/// that saw it past the snapshot: what the library can detect, docs/guarantees.md).
+async fn store_faults(ctx: Ctx, store: MemoryBackend, witness: MemoryBackend, mut rng: Rng) {
+    let plan = Arc::clone(&ctx.plan);
+    let mut snapshot = None;
+    for _ in 0..plan.losses + plan.restores {
+        tokio::time::sleep(Duration::from_millis(1_000 + rng.below(8_000))).await;
+        if snapshot.is_none() && plan.restores > 0 {
+            snapshot = Some(store.snapshot());
+            ctx.record(Event::Snapshot { at: ctx.now() });
+            continue;
+        }
+        match snapshot.take() {
+            Some(saved) => {
+                // The witness looks just before and just after (no other task runs between):
+                // the first answer after the restore is behind one it saw.
+                let _ = witness.entries("w").now_or_never();
+                store.restore(&saved);
+                ctx.record(Event::StoreLost {
+                    at: ctx.now(),
+                    restored: true,
+                });
+                let _ = witness.entries("w").now_or_never();
+            }
+            None => {
+                store.lose_state();
+                ctx.record(Event::StoreLost {
+                    at: ctx.now(),
+                    restored: false,
+                });
+            }
+        }
+    }
+}
+
+/// The outcome of one schedule.
+#[derive(Debug)]
+pub struct Outcome {
+    pub history: History,
+    pub faults: [u64; 6],
+}
+
+/// Runs the schedule of `plan` to its end and returns its history.
+pub fn run(plan: &Plan) -> Outcome {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(schedule(plan.clone()))
+}
+
+async fn schedule(plan: Plan) -> Outcome {
+    let mut rng = Rng::new(plan.seed.rotate_left(17));
+    let store = MemoryBackend::new().with_restart_grace(plan.grace);
+    let ctx = Ctx {
+        history: Arc::default(),
+        start: Instant::now(),
+        fence: Arc::new(MemoryFence::new()),
+        plan: Arc::new(plan.clone()),
+    };
+    let mut nets = Vec::new();
+    let mut tasks = Vec::new();
+    let mut next_id = 0;
+    let mut new_client = |rng: &mut Rng, nets: &mut Vec<SimNet>| {
+        let net = SimNet::new(store.client(), rng.fork(), plan.faults);
+        nets.push(net.clone());
+        next_id += 1;
+        Client {
+            id: next_id,
+            net,
+            session: None,
+            ttl: plan.ttl,
+        }
+    };
+    // Observers first, on clean connections, so that they see every leader.
+    let observe_until = Instant::now() + Duration::from_secs(600);
+    for (name, recipe) in &plan.names {
+        if *recipe == Recipe::Election {
+            let session = Session::new(store.client())
+                .await
+                .expect("observer session");
+            for id in 0..2 {
+                tasks.push(tokio::spawn(observer(
+                    ctx.clone(),
+                    id,
+                    session.clone(),
+                    name.clone(),
+                    observe_until,
+                )));
+            }
+        }
+    }
+    let mut workers = Vec::new();
+    for (name, recipe) in &plan.names {
+        for _ in 0..plan.clients_per_name {
+            let client = new_client(&mut rng, &mut nets);
+            workers.push(tokio::spawn(name_client(
+                ctx.clone(),
+                client,
+                rng.fork(),
+                name.clone(),
+                *recipe,
+            )));
+        }
+        if *recipe == Recipe::Semaphore {
+            let client = new_client(&mut rng, &mut nets);
+            workers.push(tokio::spawn(limit_admin(
+                ctx.clone(),
+                client,
+                rng.fork(),
+                name.clone(),
+            )));
+        }
+    }
+    for _ in 0..plan.multilock_clients {
+        let client = new_client(&mut rng, &mut nets);
+        workers.push(tokio::spawn(multilock_client(
+            ctx.clone(),
+            client,
+            rng.fork(),
+            ["m/a".to_owned(), "m/b".to_owned()],
+        )));
+    }
+    let faults = tokio::spawn(store_faults(
+        ctx.clone(),
+        store.clone(),
+        store.client(),
+        rng.fork(),
+    ));
+    // Everything ends: each client's steps are bounded, and a wait that outlives the
+    // schedule's bound is itself a finding (reported by the progress check).
+    let bound = Duration::from_secs(900);
+    let _ = tokio::time::timeout(bound, futures::future::join_all(workers)).await;
+    let _ = faults.await;
+
+    // Healed: no more faults; a clean client takes every name, within a bound.
+    for net in &nets {
+        net.heal();
+    }
+    let clean = Session::with_options(store.client(), SessionOptions::new().with_ttl(plan.ttl))
+        .await
+        .expect("a clean session");
+    for (name, recipe) in &plan.names {
+        let bound = plan.grace + plan.ttl * 4;
+        let mut r = Rng::new(plan.seed);
+        let taken = tokio::time::timeout(bound, async {
+            let mut last = String::new();
+            // Entries of lost sessions go with their leases: a few tries.
+            for _ in 0..3 {
+                match acquire(&mut r, &clean, name, *recipe, plan.first_limit).await {
+                    Some((guard, _)) => {
+                        guard.release(&mut Rng::new(1)).await;
+                        return Ok(());
+                    }
+                    None => last = "the acquisition failed".to_owned(),
+                }
+            }
+            Err(last)
+        })
+        .await;
+        let (ok, error) = match taken {
+            Ok(Ok(())) => (true, String::new()),
+            Ok(Err(e)) => (false, e),
+            Err(_) => (false, format!("not granted within {bound:?}")),
+        };
+        ctx.record(Event::Progress {
+            at: ctx.now(),
+            name: name.clone(),
+            ok,
+            error,
+        });
+    }
+    let _ = clean.close().await;
+    // Let every lease from the run end, then count what is left.
+    tokio::time::sleep(plan.ttl * 3 + plan.grace).await;
+    let probe = store.client();
+    let mut left = 0;
+    for (name, _) in &plan.names {
+        left += probe.entries(name).await.map_or(0, |e| e.len());
+    }
+    let mut counters = Vec::new();
+    for (name, _) in &plan.names {
+        if let Ok(Some((_, data))) = ctx.fence.read(name).await {
+            let n = std::str::from_utf8(&data)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            counters.push((name.clone(), n));
+        }
+    }
+    ctx.record(Event::Final {
+        at: ctx.now(),
+        counters,
+        left,
+    });
+    for task in tasks {
+        task.abort();
+    }
+    let mut faults = [0u64; 6];
+    for net in &nets {
+        for (total, n) in faults.iter_mut().zip(net.counts()) {
+            *total += n;
+        }
+    }
+    let history = ctx
+        .history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    Outcome { history, faults }
+}
