@@ -90,6 +90,22 @@ _clean-containers:
       done
     fi
 
+# The deterministic simulation (tests/simulate.rs): schedules from SEED (default: fresh, from
+# the clock; printed) for SECONDS of wall time, each checked (a build with tokio's seedable
+# select!, --cfg tokio_unstable, in target/sim: so that a seed replays exactly); a violation prints its seed, the
+# shortest failing schedule and the command that replays it, and fails the run.
+simulate seconds="60" seed="":
+    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --test simulate -- {{seconds}} {{seed}}
+
+# Replays one schedule of the simulation and prints its history (STEPS: fewer steps per client).
+simulate-replay seed steps="":
+    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --test simulate -- replay {{seed}} {{steps}}
+
+# Plants realistic bugs one at a time and runs the simulation against each (issue #37):
+# which it catches, which survive (target/mutants.md; docs/reliability.md quotes it).
+mutants seconds="60" seed="1000":
+    scripts/mutants.sh {{seconds}} {{seed}}
+
 # The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
 # kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
 # the history; on Redis it also promotes a replica (in sync or behind), on ZooKeeper it

@@ -20,10 +20,9 @@ use sim::{Plan, check::check};
 const REGRESSION_SEEDS: &[u64] = &[587];
 
 fn main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let stop_at_first = all.iter().any(|a| a == "--stop-at-first");
+    let args: Vec<String> = all.into_iter().filter(|a| !a.starts_with("--")).collect();
     let code = match args.first().map(String::as_str) {
         Some("replay") => replay(&args[1..]),
         Some(seconds) => match seconds.parse::<f64>() {
@@ -32,7 +31,7 @@ fn main() {
                     .get(1)
                     .and_then(|s| s.parse().ok())
                     .unwrap_or_else(fresh_seed);
-                campaign(Duration::from_secs_f64(s), seed, &[])
+                campaign(Duration::from_secs_f64(s), seed, REGRESSION_SEEDS, stop_at_first)
             }
             // `cargo test` passes test filters: run the default.
             Err(_) => default_run(),
@@ -49,23 +48,33 @@ fn fresh_seed() -> u64 {
 }
 
 fn default_run() -> i32 {
-    // A seed replays bit for bit.
-    let plan = Plan::from_seed(7, None);
-    let (a, b) = (sim::run(&plan), sim::run(&plan));
-    if a.history.events != b.history.events {
-        eprintln!("simulate: seed 7 did not replay: the two runs' histories differ");
-        return 1;
-    }
-    campaign(Duration::from_secs(5), fresh_seed(), REGRESSION_SEEDS)
+    campaign(Duration::from_secs(5), fresh_seed(), REGRESSION_SEEDS, false)
 }
 
-/// Runs `extra` seeds, then seeds from `first` on, until `budget` is spent.
-fn campaign(budget: Duration, first: u64, extra: &[u64]) -> i32 {
+/// Whether `seed` replays bit for bit: two runs, one history.
+fn replays(seed: u64) -> bool {
+    let plan = Plan::from_seed(seed, None);
+    sim::run(&plan).history.events == sim::run(&plan).history.events
+}
+
+/// Runs `extra` seeds, then seeds from `first` on, until `budget` is spent (or, with
+/// `stop_at_first`, until a violation: what the mutation run wants, without the shrinking).
+fn campaign(budget: Duration, first: u64, extra: &[u64], stop_at_first: bool) -> i32 {
     let started = Instant::now();
     println!(
         "simulate: seeds from {first} for {:.0} s (replay one: just simulate-replay SEED)",
         budget.as_secs_f64()
     );
+    if sim::REPLAYS {
+        if !replays(first) {
+            println!("simulate: seed {first} did not replay: two runs, two histories");
+            return 1;
+        }
+    } else {
+        println!(
+            "simulate: not a tokio_unstable build: tokio::select! is not seeded, so a seed may not replay exactly (`just simulate` builds with it)"
+        );
+    }
     let (mut runs, mut bad) = (0u64, 0u64);
     let mut faults = [0u64; 6];
     let mut seeds = extra.iter().copied().chain(first..);
@@ -80,6 +89,13 @@ fn campaign(budget: Duration, first: u64, extra: &[u64]) -> i32 {
         let violations = check(&plan, &outcome.history);
         if !violations.is_empty() {
             bad += 1;
+            if stop_at_first {
+                println!("simulate: VIOLATION with seed {seed}:");
+                for v in violations.iter().take(3) {
+                    println!("  [{}] {}", v.rule, v.detail);
+                }
+                return 1;
+            }
             report(seed, &plan, &violations);
         }
     }
@@ -93,6 +109,15 @@ fn campaign(budget: Duration, first: u64, extra: &[u64]) -> i32 {
         "simulate: {runs} schedules ({per_minute:.0} a minute), {bad} violations; faults drawn: {}",
         drawn.join(", ")
     );
+    // Every fault kind must have been drawn: a run that drew none of one tested nothing of it.
+    if let Some((name, _)) = sim::net::FAULT_NAMES
+        .iter()
+        .zip(faults)
+        .find(|(_, n)| *n == 0)
+    {
+        println!("simulate: no `{name}` fault was drawn in {runs} schedules: run longer");
+        return 1;
+    }
     i32::from(bad > 0)
 }
 

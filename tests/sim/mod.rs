@@ -569,21 +569,25 @@ async fn limit_admin(ctx: Ctx, mut client: Client, mut rng: Rng, name: String) {
                 });
             }
             Err(Error::LimitMismatch { stored, .. }) => {
-                if let Ok(now) = stored.trim_matches('`').parse() {
-                    limit = now;
-                }
+                // Nothing stored (the store lost it): the next permit stores the first limit,
+                // as every client asks for that when none is stored.
+                limit = stored
+                    .trim_matches('`')
+                    .parse()
+                    .unwrap_or(ctx.plan.first_limit);
                 ctx.record(Event::Limit {
                     at: ctx.now(),
                     name: name.clone(),
                     limit,
                 });
             }
-            // Maybe applied: read what is stored (a change not known stays unrecorded only
-            // if this read fails too; the checker then uses the highest of the two).
+            // Maybe applied: read what is stored; if that fails too, either may be stored
+            // (the higher is recorded, and the next change learns which from its refusal).
             Err(_) => {
-                if let Ok(Some(now)) = sem.limit().await {
-                    limit = now;
-                }
+                limit = match sem.limit().await {
+                    Ok(Some(now)) => now,
+                    _ => limit.max(to),
+                };
                 ctx.record(Event::Limit {
                     at: ctx.now(),
                     name: name.clone(),
@@ -664,13 +668,19 @@ pub struct Outcome {
 
 /// Runs the schedule of `plan` to its end and returns its history.
 pub fn run(plan: &Plan) -> Outcome {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime");
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // `tokio::select!` picks among ready branches at random: from the seed, so that a
+    // schedule replays (a tokio_unstable build, as `just simulate` makes).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&plan.seed.to_le_bytes()));
+    let runtime = builder.build().expect("a current-thread runtime");
     runtime.block_on(schedule(plan.clone()))
 }
+
+/// Whether schedules replay bit for bit in this build: `tokio::select!` draws from the
+/// runtime's generator, seedable only in a `--cfg tokio_unstable` build.
+pub const REPLAYS: bool = cfg!(tokio_unstable);
 
 async fn schedule(plan: Plan) -> Outcome {
     let mut rng = Rng::new(plan.seed.rotate_left(17));
