@@ -175,10 +175,10 @@ impl ConnectOptions {
         self
     }
 
-    /// The restart grace of Redis (see `RedisOptions::with_restart_grace`) and PostgreSQL
-    /// (after a new WAL timeline: `PgOptions::with_restart_grace`); their default when not
-    /// set. etcd and ZooKeeper do not lose their state on a restart or a failover and ignore
-    /// it.
+    /// The restart grace of Redis (see `RedisOptions::with_restart_grace`), PostgreSQL
+    /// (after a new WAL timeline: `PgOptions::with_restart_grace`) and ZooKeeper (after it
+    /// lost its state: `ZkOptions::with_restart_grace`); their default when not set. etcd
+    /// ignores it.
     pub fn with_restart_grace(mut self, grace: Duration) -> Self {
         self.restart_grace = Some(grace);
         self
@@ -334,6 +334,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             let mut zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
             if let Some(layout) = options.zk_layout {
                 zk = zk.with_layout(layout);
+            }
+            if let Some(grace) = options.restart_grace {
+                zk = zk.with_restart_grace(grace);
             }
             Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
         }

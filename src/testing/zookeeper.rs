@@ -159,7 +159,9 @@ fn first_address(connect: &str) -> (String, u16) {
 }
 
 /// One ZooKeeper server for tests (standalone), with a short tick (200 ms), session timeouts
-/// from 1 s to 60 s and no fsync.
+/// from 1 s to 60 s and no fsync. A server the fixture starts is marked as baton's
+/// ([`ZkBackend::init_store`](crate::ZkBackend::init_store)), so that its first use waits no
+/// restart grace.
 ///
 /// Fault tests can [`stop`](Self::stop) it, [`start_again`](Self::start_again) or
 /// [`restart`](Self::restart) it on the same port, and [`pause`](Self::pause) it. Unlike the
@@ -219,7 +221,9 @@ impl ZkNode {
             });
         }
         let extra: Vec<String> = config.iter().map(|s| (*s).to_owned()).collect();
-        ZkNode::start_on(free_port()?, &extra).await
+        let node = ZkNode::start_on(free_port()?, &extra).await?;
+        init_store(&node.connect).await?;
+        Ok(node)
     }
 
     /// Starts a server on `port` with the fixture's configuration and `extra`, in a container
@@ -383,10 +387,26 @@ impl ZkNode {
     }
 }
 
+/// Marks the new store at `connect` as baton's (`ZkBackend::init_store`): its first use waits
+/// no restart grace.
+async fn init_store(connect: &str) -> Result<(), FixtureError> {
+    let failed = |e: crate::Error| FixtureError::Process {
+        server: ZOOKEEPER.name,
+        reason: format!("marking the new ZooKeeper as baton's: {e}"),
+    };
+    let backend = crate::ZkBackend::connect(connect, crate::ZkOptions::new())
+        .await
+        .map_err(failed)?;
+    backend.init_store().await.map_err(failed)?;
+    Ok(())
+}
+
 /// A three-member ZooKeeper ensemble for fault tests: each member a [`ZkNode`] in its own
 /// container (or local process, under the same rules as [`ZkNode::start`]) with its client,
 /// quorum and election ports on free ports of 127.0.0.1, configured as the [`ZkNode`] is.
-/// Members are numbered 0, 1 and 2 (their ZooKeeper ids are 1, 2 and 3).
+/// Members are numbered 0, 1 and 2 (their ZooKeeper ids are 1, 2 and 3). A new ensemble is
+/// marked as baton's ([`ZkBackend::init_store`](crate::ZkBackend::init_store)), so that its
+/// first use waits no restart grace.
 ///
 /// `BATON_ZOOKEEPER_CONNECT` does not apply: the members are always started.
 #[derive(Debug)]
@@ -426,7 +446,9 @@ impl ZkEnsemble {
         }))
         .await;
         let members = started.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(ZkEnsemble { members })
+        let ensemble = ZkEnsemble { members };
+        init_store(&ensemble.connect_string()).await?;
+        Ok(ensemble)
     }
 
     /// The connect string of all members, `127.0.0.1:<port>,...` in member order.
