@@ -22,7 +22,8 @@
 //!   the client library reports: it stays disconnected until 1.4 times its timeout has passed.
 //!   A renewal of a disconnected session asks a session that connects now instead (the
 //!   backend's own, or a fresh one that then replaces it) whether the marker still names this
-//!   client's epoch.
+//!   client's epoch, and, if it does, writes once through it: a store restored from an older
+//!   copy brings its marker back, but its zxids are below what this client saw.
 
 use std::time::Duration;
 
@@ -48,6 +49,24 @@ const MARKER_RACES: usize = 8;
 /// How long a look through a fresh session waits for it to connect: a server that serves
 /// accepts a session within milliseconds.
 const PROBE_CONNECT: Duration = Duration::from_secs(2);
+
+/// One write that tells the store's position and the server's clock: a setData of
+/// `/_baton-sessions` (whose data nothing reads), created if missing.
+async fn sample_once(client: &Client) -> Result<Stat, ZkError> {
+    loop {
+        match client.set_data(names::SESSIONS, &[], None).await {
+            Ok(stat) => return Ok(stat),
+            Err(ZkError::NoNode) => {
+                match client.create(names::SESSIONS, &[], &persistent()).await {
+                    Ok((stat, _)) => return Ok(stat),
+                    Err(ZkError::NodeExists) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// The epoch's own node, whose existence every grant checks.
 pub(super) fn epoch_node(epoch: &Epoch) -> String {
@@ -147,25 +166,13 @@ impl ZkBackend {
         }
     }
 
-    /// A write that tells the store's position and the server's clock now: a setData of
-    /// `/_baton-sessions` (whose data nothing reads), created if missing.
+    /// A write that tells the store's position and the server's clock now (see
+    /// [`sample_once`]), with the backend's retries; taken in as [`wrote`](Self::wrote) does.
     async fn sample(&self, op: &'static str) -> Result<Stat> {
         let sent = Instant::now();
         let (stat, _) = self
             .attempts(op, Kind::Write, |client| async move {
-                loop {
-                    match client.set_data(names::SESSIONS, &[], None).await {
-                        Ok(stat) => return Ok(stat),
-                        Err(ZkError::NoNode) => {
-                            match client.create(names::SESSIONS, &[], &persistent()).await {
-                                Ok((stat, _)) => return Ok(stat),
-                                Err(ZkError::NodeExists) => {}
-                                Err(e) => return Err(e.into()),
-                            }
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                Ok(sample_once(&client).await?)
             })
             .await?;
         self.wrote(&stat, sent)?;
@@ -486,8 +493,9 @@ impl ZkBackend {
     }
 
     /// Asks, through a session that connects now, whether the store is still in this
-    /// client's epoch: how a process learns that a server refusing its older sessions (one
-    /// that is behind them) lost its state. The backend's own session is used if it is
+    /// client's epoch (its marker, then the zxid of one write): how a process learns that a
+    /// server refusing its older sessions (one that is behind them) lost its state or went
+    /// back to an older copy of it. The backend's own session is used if it is
     /// connected; otherwise a fresh one, which then replaces it. Looks made while callers
     /// waited are shared: a look finished after `since` answers for them all.
     ///
@@ -520,11 +528,22 @@ impl ZkBackend {
             // from before are lost already.
             return Look::Moved;
         };
-        let Some(client) = self.connected_base().await else {
+        let Some((client, fresh)) = self.connected_client().await else {
             return Look::Unknown;
         };
+        let look = self.look_through(&client, &epoch).await;
+        if fresh {
+            // Only now: the backend's own requests would otherwise see the store as it is
+            // (an entry gone, say) before this look has said why.
+            self.replace_base(client);
+        }
+        look
+    }
+
+    /// [`look`](Self::look) through `client`, a session that is connected.
+    async fn look_through(&self, client: &Client, epoch: &Epoch) -> Look {
         let read = async {
-            sync(&client, MARKER).await?;
+            sync(client, MARKER).await?;
             match client.get_data(MARKER).await {
                 Ok((data, _)) => Ok(Some(data)),
                 Err(ZkError::NoNode) => Ok(None),
@@ -540,41 +559,48 @@ impl ZkBackend {
             }
             Ok(Err(super::Failure::Stop(_))) | Err(_) => return Look::Unknown,
         };
-        if seen.as_deref() == Some(epoch.encode().as_bytes()) {
-            Look::Same
-        } else {
-            self.forget(&epoch, seen.as_deref());
-            Look::Moved
+        if seen.as_deref() != Some(epoch.encode().as_bytes()) {
+            self.forget(epoch, seen.as_deref());
+            return Look::Moved;
+        }
+        // The same marker, and yet an older session is refused: a store restored from an
+        // older copy (its transaction log lost, its data dir restored) brings its marker
+        // back. A write tells: its zxid is below what this client saw.
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, sample_once(client)).await {
+            Ok(Ok(stat)) if self.wrote(&stat, sent).is_err() => Look::Moved,
+            _ => Look::Same,
         }
     }
 
-    /// The backend's own client if it is connected; otherwise a fresh session, which replaces
-    /// it if it connects (the old one may be refused by a server that lost its data, which
-    /// the client library retries until 1.4 times its timeout has passed). `None` if no
-    /// session connects within a short limit.
-    async fn connected_base(&self) -> Option<Client> {
+    /// The backend's own client if it is connected (`false`); otherwise a fresh session
+    /// (`true`), for [`replace_base`](Self::replace_base). `None` if no session connects
+    /// within a short limit.
+    async fn connected_client(&self) -> Option<(Client, bool)> {
         let current = self.current_base();
         if is_connected(&current) {
-            return Some(current);
+            return Some((current, false));
         }
         drop(current);
-        let _one = self.inner.reconnect.lock().await;
-        let current = self.current_base();
-        if is_connected(&current) {
-            return Some(current);
-        }
         let options = &self.inner.options;
         let limit = options.connect_timeout.min(PROBE_CONNECT);
         match open(&self.inner.connect, options.session_timeout, limit).await {
-            Ok(fresh) => {
-                tracing::info!(endpoint = %self.inner.connect, "the backend's ZooKeeper session is disconnected while a new one connects: replacing it");
-                *self.inner.base.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
-                Some(fresh)
-            }
+            Ok(fresh) => Some((fresh, true)),
             Err(e) => {
                 tracing::debug!(error = %e, "no ZooKeeper session connects to look at the epoch marker");
                 None
             }
+        }
+    }
+
+    /// Makes `fresh` the backend's own session if the current one is still not connected:
+    /// it may be refused by a server that lost its data, which the client library retries
+    /// until 1.4 times its timeout has passed, while `fresh` connected.
+    fn replace_base(&self, fresh: Client) {
+        let mut base = self.inner.base.lock().unwrap_or_else(|p| p.into_inner());
+        if !is_connected(&base) && is_connected(&fresh) {
+            tracing::info!(endpoint = %self.inner.connect, "the backend's ZooKeeper session is disconnected while a new one connects: replacing it");
+            *base = fresh;
         }
     }
 }
