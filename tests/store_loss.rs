@@ -269,6 +269,62 @@ async fn zookeeper_a_session_refused_by_a_wiped_server_is_told_at_once() {
     b.close().await.unwrap();
 }
 
+/// What stays undetectable, standing for its row in docs/zookeeper.md's table: ZooKeeper's
+/// data restored from an older copy (a backup, or a transaction log lost with an older
+/// snapshot kept) and reached only by a client that never saw it past the copy (a fresh
+/// process). Marker and zxids are those of a store that never moved on: it is granted at once,
+/// with a token that may repeat one handed out before. The holder from before is told at its
+/// next renewal: the restored server refuses its session (it is behind it), and a write
+/// through a session that connects now shows a zxid below what the holder's process saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_restored_and_reached_only_by_fresh_clients_is_not_detected() {
+    let _one = ZK.lock().await;
+    let ttl = Duration::from_secs(20);
+    let node = ZkNode::start_with_host_data().await.expect("zookeeper");
+    let copy = std::env::temp_dir().join(format!("baton-zk-copy-{}", std::process::id()));
+    node.stop().await.unwrap();
+    node.save_data(&copy).unwrap();
+    node.start_again().await.unwrap();
+    let holder = zk_client(&node.connect_string()).await;
+    zk_write_some(&holder, 50).await;
+    let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "store-loss/zk-restored")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    node.stop().await.unwrap();
+    node.restore_data(&copy).unwrap();
+    node.start_again().await.unwrap();
+    let back = tokio::time::Instant::now();
+    let fresh = Session::with_options(
+        zk_client(&node.connect_string()).await,
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fresh.restart_grace(), None);
+    let granted = Mutex::new(&fresh, "store-loss/zk-restored")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once: nothing tells a fresh client the store went back");
+    assert!(
+        granted.fencing_token() <= guard.fencing_token(),
+        "tokens repeat"
+    );
+    let reason = support::within("the holder told", ttl / 2, lost).await;
+    eprintln!(
+        "holder told {:?} after the server served again",
+        back.elapsed()
+    );
+    assert_eq!(reason, LostReason::StoreReset);
+    let _ = std::fs::remove_dir_all(&copy);
+}
+
 /// What must not be taken for a loss: ZooKeeper restarted with its data. Nodes, sessions and
 /// zxids come back; the holder's session resumes and renews (reading the marker it knew), a
 /// fresh client waits no grace, and the lock passes on with a higher token.

@@ -305,10 +305,7 @@ impl ZkNode {
     /// [`start_with_host_data`](Self::start_with_host_data) (or
     /// [`ZkEnsemble::start_with_host_data`]); the file system's error.
     pub fn wipe_data(&self) -> Result<(), FixtureError> {
-        let dir = self.host_data.as_deref().ok_or(FixtureError::Unsupported {
-            op: "wipe_data",
-            reason: "the server was not started with its data on the host (start_with_host_data)",
-        })?;
+        let dir = self.host_data_dir("wipe_data")?;
         // The directory itself stays: it is what the container has bound.
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
@@ -319,6 +316,37 @@ impl ZkNode {
             }
         }
         Ok(())
+    }
+
+    /// Copies the stopped server's data dir to `to` (a directory, made if missing): a backup
+    /// that [`restore_data`](Self::restore_data) brings back.
+    ///
+    /// # Errors
+    /// As [`wipe_data`](Self::wipe_data).
+    pub fn save_data(&self, to: &std::path::Path) -> Result<(), FixtureError> {
+        let dir = self.host_data_dir("save_data")?;
+        copy_dir(dir, to)?;
+        Ok(())
+    }
+
+    /// Replaces the stopped server's data with the copy [`save_data`](Self::save_data) made:
+    /// [`start_again`](Self::start_again) then serves the store as it was then (its zxids go
+    /// back, its sessions and nodes of that time come back), as for an operator who restores
+    /// a backup, or a server that lost its transaction log and kept an older snapshot.
+    ///
+    /// # Errors
+    /// As [`wipe_data`](Self::wipe_data).
+    pub fn restore_data(&self, from: &std::path::Path) -> Result<(), FixtureError> {
+        self.wipe_data()?;
+        copy_dir(from, self.host_data_dir("restore_data")?)?;
+        Ok(())
+    }
+
+    fn host_data_dir(&self, op: &'static str) -> Result<&std::path::Path, FixtureError> {
+        self.host_data.as_deref().ok_or(FixtureError::Unsupported {
+            op,
+            reason: "the server was not started with its data on the host (start_with_host_data)",
+        })
     }
 
     /// One server shared by every test of this process, started on first use on a runtime of
@@ -467,6 +495,21 @@ impl ZkNode {
     pub async fn unpause(&self) -> Result<(), FixtureError> {
         self.instance.unpause().await
     }
+}
+
+/// Copies the files and directories under `from` into `to` (made if missing).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
 }
 
 impl Drop for ZkNode {
