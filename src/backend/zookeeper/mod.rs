@@ -1,6 +1,7 @@
 //! The ZooKeeper backend (feature `zookeeper`): a lease is a ZooKeeper session, an entry an
-//! ephemeral sequential node, its token the node's czxid. docs/zookeeper.md says what it
-//! promises, which peers' layouts it shares, and what its sessions cost.
+//! ephemeral sequential node, its position the node's czxid and its token that czxid in the
+//! store epoch (`epoch.rs`). docs/zookeeper.md says what it promises, which peers' layouts it
+//! shares, and what its sessions cost.
 
 mod epoch;
 mod leases;
@@ -134,12 +135,19 @@ impl ZkOptions {
 /// Mapping (see docs/zookeeper.md): a **lease is a session** (one connection; its negotiated
 /// timeout is the TTL, every answered request renews it, revoking closes it); an **entry is
 /// an ephemeral sequential node** `/<queue>/<name>` named in Curator's or kazoo's layout
-/// ([`ZkOptions::with_layout`]); its **token and position are its czxid**, which within one
-/// queue node follows the sequence number ZooKeeper appends and also orders the entries of
-/// nested names; a **wait** is a read with a data watch on the entry ahead; a **guarded write**
-/// is a `multi` whose first operation checks that the entry exists. Parents are created as
-/// container nodes, which ZooKeeper removes once they are empty. Plain keys live apart, one
-/// node each under `/_baton-keys`.
+/// ([`ZkOptions::with_layout`]); its **position is its czxid**, which within one queue node
+/// follows the sequence number ZooKeeper appends and also orders the entries of nested names;
+/// its **token is that czxid in the store epoch** (above every token of earlier epochs: a
+/// ZooKeeper that lost its data starts its zxids over); a **wait** is a read with a data watch
+/// on the entry ahead; a **guarded write** is a `multi` that checks the store epoch and that
+/// the entry exists. Parents are created as container nodes, which ZooKeeper removes once
+/// they are empty. Plain keys live apart, one node each under `/_baton-keys`.
+///
+/// **Store epochs.** A ZooKeeper that lost its state (restarted without its data, restored
+/// from an older copy) begins a new epoch ([`StoreEpochs`]): every session from before is lost
+/// ([`LostReason::StoreReset`]), nothing is granted for the restart grace
+/// ([`ZkOptions::with_restart_grace`]), and so is the first use of a ZooKeeper baton never
+/// marked: mark a new one with [`init_store`](Self::init_store).
 ///
 /// **Connections.** The backend has one connection of its own (reads, waits, deletes, plain
 /// keys), and each lease one more: share a [`Session`](crate::Session) between the locks of a
