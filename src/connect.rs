@@ -207,8 +207,9 @@ impl ConnectOptions {
 
     /// The restart grace after the store lost or rolled back its state (a new store epoch:
     /// `EtcdOptions::with_restart_grace`, `RedisOptions::with_restart_grace`,
-    /// `PgOptions::with_restart_grace`; 60 s, the default session TTL, when not set). At
-    /// least the longest session TTL of every client of the store.
+    /// `ZkOptions::with_restart_grace`, `PgOptions::with_restart_grace`; 60 s, the default
+    /// session TTL, when not set). At least the longest session TTL of every client of the
+    /// store.
     pub fn with_restart_grace(mut self, grace: Duration) -> Self {
         self.restart_grace = Some(grace);
         self
@@ -367,6 +368,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             let mut zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
             if let Some(layout) = options.zk_layout {
                 zk = zk.with_layout(layout);
+            }
+            if let Some(grace) = options.restart_grace {
+                zk = zk.with_restart_grace(grace);
             }
             Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
         }

@@ -59,7 +59,10 @@ pub(crate) struct Epoch {
 }
 
 /// The first word of an encoded marker, with its format version.
-#[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "etcd", feature = "zookeeper", test)),
+    allow(dead_code)
+)]
 const MARKER_MAGIC: &str = "baton-epoch/1";
 
 impl Epoch {
@@ -86,6 +89,13 @@ impl Epoch {
         self.store
     }
 
+    /// The epoch's id: random, never the same for two epochs (ZooKeeper names the epoch's own
+    /// node after it).
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    pub(crate) const fn id(&self) -> u128 {
+        self.id
+    }
+
     /// The token of an entry whose store counter is `raw`. Entries older than the epoch (a
     /// foreign client's key from before it) get tokens below `base`.
     pub(crate) fn token(&self, raw: u64) -> FencingToken {
@@ -97,7 +107,10 @@ impl Epoch {
         )
     }
 
-    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "zookeeper", test)),
+        allow(dead_code)
+    )]
     /// The marker's text, as stored: `baton-epoch/1 <id, 32 hex digits> <base> <origin>`,
     /// and ` store=<16 hex digits>` when the store's identity is recorded.
     pub(crate) fn encode(&self) -> String {
@@ -111,7 +124,10 @@ impl Epoch {
         text
     }
 
-    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "zookeeper", test)),
+        allow(dead_code)
+    )]
     /// Parses a marker; `None` for anything that is not one (a store that is not baton's).
     pub(crate) fn decode(raw: &[u8]) -> Option<Epoch> {
         let text = std::str::from_utf8(raw).ok()?;
@@ -158,6 +174,9 @@ struct State {
     /// together may arrive in any order.
     identity: Option<Box<[u8]>>,
     positions: std::collections::VecDeque<(Instant, Vec<u64>)>,
+    /// When the positions last started over (the store went back): an answer to a request
+    /// sent before then is from the store as it was, and says nothing about it now.
+    reset: Option<Instant>,
     /// The highest token this client has made or seen: a new epoch's tokens start above it.
     floor: u64,
     /// Set when the store went back: every epoch whose tokens start at or below this began
@@ -218,7 +237,10 @@ impl StoreEpochs {
     }
 
     /// The epoch in force, as far as this client knows.
-    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "zookeeper", test)),
+        allow(dead_code)
+    )]
     pub(crate) fn current(&self) -> Option<Epoch> {
         self.state().current
     }
@@ -280,6 +302,9 @@ impl StoreEpochs {
         sent: Instant,
     ) -> Result<(), WentBack> {
         let mut state = self.state();
+        if state.reset.is_some_and(|reset| sent < reset) {
+            return Ok(());
+        }
         let before = state.positions.partition_point(|(at, _)| *at <= sent);
         let went_back = match &state.identity {
             None => None,
@@ -301,17 +326,10 @@ impl StoreEpochs {
         };
         let now = Instant::now();
         if let Some(back) = went_back {
+            self.went_back(&mut state, &back.what);
             // Positions start over from what the store shows now.
             state.identity = Some(identity.into());
-            state.positions.clear();
             state.positions.push_back((now, positions.to_vec()));
-            state.generation += 1;
-            let stale = state.current.take().map_or(0, |e| e.base);
-            state.stale_below = Some(state.floor.max(stale));
-            self.end_sessions(&mut state, &back.what);
-            // Until the new epoch's marker is read back, nothing is granted.
-            let end = Instant::now() + self.grace;
-            state.grace_end = Some(end);
             return Err(back);
         }
         state.identity = Some(identity.into());
@@ -351,11 +369,47 @@ impl StoreEpochs {
         Ok(())
     }
 
+    /// The store is no longer in `epoch`, as the backend learned otherwise than from a
+    /// position: its marker is gone or names another epoch (ZooKeeper reads it on a session
+    /// that connects while this client's older ones are refused). If this client is still in
+    /// `epoch`, as when a position goes back ([`saw`](Self::saw)): every session granted
+    /// before is lost at once, nothing is granted until the caller has entered the store's
+    /// epoch (which may not be one from before: [`may_enter`](Self::may_enter)), and positions
+    /// start over from the next answer. `what` says what was seen, for the log. Returns
+    /// whether this client was still in `epoch` (otherwise it has learned already, and
+    /// nothing changes).
+    #[cfg_attr(not(any(feature = "zookeeper", test)), allow(dead_code))]
+    pub(crate) fn forgot(&self, epoch: &Epoch, what: &str) -> bool {
+        let mut state = self.state();
+        if state.current.map(|e| e.id) != Some(epoch.id) {
+            return false;
+        }
+        self.went_back(&mut state, what);
+        state.identity = None;
+        true
+    }
+
+    /// What every way of learning that the store went back does: a new generation, whose
+    /// sessions are the only ones kept; the epoch left behind (and every one whose tokens
+    /// start at or below what was seen) may not be entered again; nothing granted for the
+    /// grace unless a marker read later says otherwise; positions forgotten.
+    fn went_back(&self, state: &mut State, what: &str) {
+        let now = Instant::now();
+        state.positions.clear();
+        state.reset = Some(now);
+        state.generation += 1;
+        let stale = state.current.take().map_or(0, |e| e.base);
+        let below = state.floor.max(stale).max(state.stale_below.unwrap_or(0));
+        state.stale_below = Some(below);
+        self.end_sessions(state, what);
+        // Until the new epoch's marker is read, nothing is granted.
+        state.grace_end = Some(now + self.grace);
+    }
+
     /// Whether a marker naming `epoch` may be entered: not one from before the store went
     /// back (a restore brings the marker of its time back with it, and a marker written
     /// since by a client that saw the loss first is newer). Otherwise the caller begins a new
     /// epoch in its place.
-    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
     ///
     /// An epoch older than the one this client is in (its tokens start lower) may not be
     /// entered either: the store went back to before it, or the answer that names it was
@@ -379,7 +433,10 @@ impl StoreEpochs {
 
     /// The token of an entry with store counter `raw` in the current epoch, recorded as
     /// seen; `None` before this client has entered an epoch.
-    #[cfg_attr(not(any(feature = "etcd", test)), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "zookeeper", test)),
+        allow(dead_code)
+    )]
     pub(crate) fn token(&self, raw: u64) -> Option<FencingToken> {
         let mut state = self.state();
         let token = state.current?.token(raw);
@@ -514,6 +571,38 @@ mod tests {
         ));
         epochs.register(1, &late);
         assert_eq!(late.check(), Some(LostReason::StoreReset));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_marker_gone_ends_the_epoch_and_positions_start_over() {
+        let epochs = StoreEpochs::new("test", Duration::from_secs(5));
+        let epoch = Epoch::new(1, 1_000, 1);
+        epochs.enter(epoch, None);
+        let signal = Arc::new(LostSignal::new(
+            LeaseId::new(7),
+            Instant::now() + Duration::from_secs(60),
+        ));
+        epochs.register(epochs.generation(), &signal);
+        assert_eq!(epochs.saw(b"zk", &[300], Instant::now()), Ok(()));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        // Not the epoch this client is in (it learned already): nothing changes.
+        assert!(!epochs.forgot(&Epoch::new(2, 5, 5), "another"));
+        assert_eq!(signal.check(), None);
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(epochs.forgot(&epoch, "the marker is gone"));
+        assert_eq!(signal.check(), Some(LostReason::StoreReset));
+        assert_eq!(epochs.current(), None);
+        assert_eq!(epochs.grace_left(), Some(Duration::from_secs(5)));
+        assert!(!epochs.may_enter(&epoch), "the epoch left behind");
+        assert!(epochs.may_enter(&Epoch::new(3, 2_000, 8)));
+        // An answer to a request sent before the loss was noticed says nothing of the store
+        // now; after it, the store's positions start over (from lower ones) unnoticed.
+        assert_eq!(epochs.saw(b"zk", &[500], early), Ok(()));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert_eq!(epochs.saw(b"zk", &[8], Instant::now()), Ok(()));
+        tokio::time::advance(Duration::from_millis(20)).await;
+        assert!(epochs.saw(b"zk", &[7], Instant::now()).is_err());
     }
 
     #[tokio::test(start_paused = true)]

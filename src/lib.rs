@@ -5,7 +5,8 @@
 //!   watches only its predecessor, so one release wakes exactly one waiter.
 //! - **Fencing tokens**: strictly increasing in grant order ([`MutexGuard::fencing_token`]):
 //!   on etcd the holder's key create revision, on Redis a counter that never goes backwards,
-//!   on ZooKeeper the holder's node czxid, on PostgreSQL a value of a sequence.
+//!   on ZooKeeper the holder's node czxid (above every token from before the store lost its
+//!   data), on PostgreSQL a value of a sequence.
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
 //! - **One trait, several backends**: recipes are written against [`Backend`]; etcd

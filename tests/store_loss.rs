@@ -1,6 +1,7 @@
 //! Stores that forget, on real servers (issue #36): a server restarted without its data, a
-//! store restored from a snapshot. Each test starts its own server (it is stopped, wiped or
-//! restored), and runs the scenario every backend shares (`support/epochs.rs`).
+//! store restored from a snapshot, a ZooKeeper ensemble (or one member) wiped. Each test
+//! starts its own server (it is stopped, wiped or restored), and runs the scenario every
+//! backend shares (`support/epochs.rs`) where a holder from before could overlap a newcomer.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -8,8 +9,11 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::EtcdNode;
-use baton::{Backend, EtcdBackend, EtcdOptions, LostReason, Mutex, Session, SessionOptions};
+use baton::testing::{EtcdNode, ZkEnsemble, ZkNode};
+use baton::{
+    Backend, Error, EtcdBackend, EtcdOptions, LostReason, Mutex, Session, SessionOptions,
+    ZkBackend, ZkOptions,
+};
 use support::epochs::a_holder_from_before_never_overlaps;
 
 /// The lease TTL and the restart grace of these tests: short, so that a test waits seconds.
@@ -173,4 +177,297 @@ async fn etcd_restored_as_a_new_cluster_is_detected_by_fresh_clients() {
     )
     .await;
     let _ = std::fs::remove_file(&snapshot);
+}
+
+// ZooKeeper. Every test starts a server or an ensemble of its own (JVMs): one at a time, on a
+// machine of two cores.
+static ZK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn zk_client(connect: &str) -> ZkBackend {
+    let options = ZkOptions::new().with_restart_grace(GRACE);
+    ZkBackend::connect(connect, options).await.expect("connect")
+}
+
+/// Moves the zxid on, so that a wiped store's czxids start far below it (as in the report: a
+/// holder at czxid 328, a newcomer granted at czxid 8).
+async fn zk_write_some(backend: &ZkBackend, n: usize) {
+    for i in 0..n {
+        backend
+            .swap(&format!("filler/{i}"), None, b"x")
+            .await
+            .expect("a filler write");
+    }
+}
+
+/// A renewal of `session` now, as its keeper sends them: while its server is down or has just
+/// come back, its connection is down, and the renewal looks at the epoch marker through a
+/// session that connects now. It may fail (nothing connects yet), but must not find the store
+/// in another epoch.
+async fn renew_now(backend: &ZkBackend, session: &Session) {
+    let renewal = backend.keep_alive(session.lease_id()).await;
+    assert!(
+        !matches!(renewal, Err(Error::SessionLost(_)) | Ok(None)),
+        "{renewal:?}"
+    );
+}
+
+/// Waits until `session` renewed with a round trip sent after `since`: the renewal read the
+/// epoch marker, so a loss the store showed by then would have been seen.
+async fn renewed_after(session: &Session, since: std::time::Instant) {
+    let ttl = session.ttl();
+    support::eventually("a renewal after the server came back", || async {
+        session.deadline() > since + ttl
+    })
+    .await;
+}
+
+/// ZooKeeper restarted without its data dir while a lock is held (issue #36): before store
+/// epochs the newcomer was granted 0.08 s after the server came back, with czxid 8, while the
+/// holder (czxid ~300) was never told (the server refuses its session, which the client
+/// library retries until 1.4 times its timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_restarted_without_its_data_lets_no_holder_from_before_overlap() {
+    let _one = ZK.lock().await;
+    let node = ZkNode::start_with_host_data().await.expect("zookeeper");
+    let holder = zk_client(&node.connect_string()).await;
+    zk_write_some(&holder, 300).await;
+    let out = a_holder_from_before_never_overlaps(
+        Arc::new(holder),
+        "store-loss/zk-wiped",
+        TTL,
+        GRACE,
+        || async {
+            node.stop().await.unwrap();
+            node.wipe_data().unwrap();
+            node.start_again().await.unwrap();
+        },
+        || async { Arc::new(zk_client(&node.connect_string()).await) as Arc<dyn Backend> },
+    )
+    .await;
+    eprintln!("{out:?}");
+}
+
+/// The holder of the report was never told: the wiped server refuses its session ("has seen
+/// zxid 0x148 our last zxid is 0x8"), and the client library only retries, until 1.4 times
+/// the session timeout. Its renewal asks a session that connects now instead, which finds the
+/// epoch marker gone: the holder is told that the store forgot, long before its deadline. A
+/// newcomer of the same process is in the new epoch (it waits the grace) and keeps its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_a_session_refused_by_a_wiped_server_is_told_at_once() {
+    let _one = ZK.lock().await;
+    let ttl = Duration::from_secs(20);
+    let node = ZkNode::start_with_host_data().await.expect("zookeeper");
+    let holder = zk_client(&node.connect_string()).await;
+    zk_write_some(&holder, 300).await;
+    let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "store-loss/zk-refused")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    node.stop().await.unwrap();
+    node.wipe_data().unwrap();
+    node.start_again().await.unwrap();
+    let back = tokio::time::Instant::now();
+    // Its deadline is at least two thirds of the TTL (13 s) after the stop.
+    let reason = support::within("the refused holder told", ttl / 2, lost).await;
+    eprintln!(
+        "told {:?} after the server served again: {reason:?}",
+        back.elapsed()
+    );
+    assert_eq!(reason, LostReason::StoreReset);
+    let b = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    assert!(
+        b.restart_grace().is_some(),
+        "the same process's newcomer waits the grace of the epoch it found or began"
+    );
+    match Mutex::new(&b, "store-loss/zk-refused")
+        .unwrap()
+        .try_lock()
+        .await
+    {
+        Err(Error::RestartGrace { .. }) => {}
+        other => panic!("try_lock during the grace: {other:?}"),
+    }
+    assert!(!b.is_lost(), "the newcomer's session is of the new epoch");
+    b.close().await.unwrap();
+}
+
+/// What stays undetectable, standing for its row in docs/zookeeper.md's table: ZooKeeper's
+/// data restored from an older copy (a backup, or a transaction log lost with an older
+/// snapshot kept) and reached only by a client that never saw it past the copy (a fresh
+/// process). Marker and zxids are those of a store that never moved on: it is granted at once,
+/// with a token that may repeat one handed out before. The holder from before is told at its
+/// next renewal: the restored server refuses its session (it is behind it), and a write
+/// through a session that connects now shows a zxid below what the holder's process saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_restored_and_reached_only_by_fresh_clients_is_not_detected() {
+    let _one = ZK.lock().await;
+    let ttl = Duration::from_secs(20);
+    let node = ZkNode::start_with_host_data().await.expect("zookeeper");
+    let copy = std::env::temp_dir().join(format!("baton-zk-copy-{}", std::process::id()));
+    node.stop().await.unwrap();
+    node.save_data(&copy).unwrap();
+    node.start_again().await.unwrap();
+    let holder = zk_client(&node.connect_string()).await;
+    zk_write_some(&holder, 50).await;
+    let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "store-loss/zk-restored")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let lost = guard.lost();
+    node.stop().await.unwrap();
+    node.restore_data(&copy).unwrap();
+    node.start_again().await.unwrap();
+    let back = tokio::time::Instant::now();
+    let fresh = Session::with_options(
+        zk_client(&node.connect_string()).await,
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fresh.restart_grace(), None);
+    let granted = Mutex::new(&fresh, "store-loss/zk-restored")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once: nothing tells a fresh client the store went back");
+    assert!(
+        granted.fencing_token() <= guard.fencing_token(),
+        "tokens repeat"
+    );
+    let reason = support::within("the holder told", ttl / 2, lost).await;
+    eprintln!(
+        "holder told {:?} after the server served again",
+        back.elapsed()
+    );
+    assert_eq!(reason, LostReason::StoreReset);
+    let _ = std::fs::remove_dir_all(&copy);
+}
+
+/// What must not be taken for a loss: ZooKeeper restarted with its data. Nodes, sessions and
+/// zxids come back; the holder's session resumes and renews (reading the marker it knew), a
+/// fresh client waits no grace, and the lock passes on with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_restarted_with_its_data_loses_nothing() {
+    let _one = ZK.lock().await;
+    let ttl = Duration::from_secs(20);
+    let node = ZkNode::start_with_host_data().await.expect("zookeeper");
+    let holder = zk_client(&node.connect_string()).await;
+    let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "store-loss/zk-kept")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let generation = holder.epochs().unwrap().generation();
+    node.stop().await.unwrap();
+    renew_now(&holder, &a).await;
+    node.start_again().await.unwrap();
+    renew_now(&holder, &a).await;
+    renewed_after(&a, std::time::Instant::now()).await;
+    assert!(!a.is_lost());
+    assert_eq!(holder.epochs().unwrap().generation(), generation);
+    lock_passes_on(&node.connect_string(), "store-loss/zk-kept", guard, ttl).await;
+}
+
+/// After a loss that was not one: a fresh client sees no grace, finds the lock held, and is
+/// granted at once with a higher token when `guard` unlocks.
+async fn lock_passes_on(connect: &str, name: &str, guard: baton::MutexGuard, ttl: Duration) {
+    let fresh = Session::with_options(
+        zk_client(connect).await,
+        SessionOptions::new().with_ttl(ttl),
+    )
+    .await
+    .unwrap();
+    assert_eq!(fresh.restart_grace(), None);
+    let mutex = Mutex::new(&fresh, name).unwrap();
+    match mutex.try_lock().await {
+        Err(Error::Locked { .. }) => {}
+        other => panic!("try_lock while held: {other:?}"),
+    }
+    let before = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    let granted = support::within("the fresh client granted", ttl, mutex.lock())
+        .await
+        .unwrap();
+    assert!(granted.fencing_token() > before);
+    granted.unlock().await.unwrap();
+    fresh.close().await.unwrap();
+}
+
+/// The whole ensemble restarted without its data: zxids start over at epoch 1, every member
+/// refuses the holder's session. As for a single server, nothing is granted for the grace, and
+/// the holder is told before anyone else is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_ensemble_wiped_lets_no_holder_from_before_overlap() {
+    let _one = ZK.lock().await;
+    let zk = ZkEnsemble::start_with_host_data()
+        .await
+        .expect("a three-member ensemble");
+    let holder = zk_client(&zk.connect_string()).await;
+    zk_write_some(&holder, 100).await;
+    let out = a_holder_from_before_never_overlaps(
+        Arc::new(holder),
+        "store-loss/zk-ensemble-wiped",
+        TTL,
+        GRACE,
+        || async { zk.restart_without_data().await.unwrap() },
+        || async { Arc::new(zk_client(&zk.connect_string()).await) as Arc<dyn Backend> },
+    )
+    .await;
+    eprintln!("{out:?}");
+}
+
+/// One follower restarted without its data: it takes a snapshot from the leader before it
+/// serves, so nothing is lost and no epoch begins. A holder whose only server is that member
+/// reconnects to it, keeps its lock and renews (reading the same marker); a fresh client waits
+/// no grace; the lock passes on with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_one_member_wiped_loses_nothing() {
+    let _one = ZK.lock().await;
+    let ttl = Duration::from_secs(20);
+    let zk = ZkEnsemble::start_with_host_data()
+        .await
+        .expect("a three-member ensemble");
+    let leader = zk.wait_for_leader().await.unwrap();
+    let follower = (leader + 1) % 3;
+    let holder = zk_client(&zk.member_connect_string(follower)).await;
+    let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(ttl))
+        .await
+        .unwrap();
+    let guard = Mutex::new(&a, "store-loss/zk-member-wiped")
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let generation = holder.epochs().unwrap().generation();
+    zk.stop_member(follower).await.unwrap();
+    zk.wipe_member_data(follower).unwrap();
+    renew_now(&holder, &a).await;
+    zk.start_member(follower).await.unwrap();
+    // The member serves only once it has the leader's snapshot: what a session that connects
+    // to it now reads is the marker the holder knows.
+    renew_now(&holder, &a).await;
+    renewed_after(&a, std::time::Instant::now()).await;
+    assert!(!a.is_lost());
+    assert_eq!(holder.epochs().unwrap().generation(), generation);
+    lock_passes_on(
+        &zk.connect_string(),
+        "store-loss/zk-member-wiped",
+        guard,
+        ttl,
+    )
+    .await;
 }

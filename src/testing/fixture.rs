@@ -855,6 +855,31 @@ mod node {
             })
         }
 
+        /// Starts `server` on `port` in a container with `args` and a directory of the host
+        /// bound into it (`(host, container)`: data a test can wipe while the server is
+        /// stopped), and waits until it logs [`Server::ready`] and `probe` answers. No
+        /// fallback: a local process would not keep its data where the test wipes it.
+        #[cfg(feature = "zookeeper")]
+        pub(crate) async fn start_mounted(
+            server: Server,
+            port: u16,
+            probe: Probe,
+            args: Vec<String>,
+            mount: (String, String),
+        ) -> Result<Instance, FixtureError> {
+            let container = server
+                .start_container_mounted(args, Vec::new(), Some(mount))
+                .await?;
+            wait_ready(&server, port, probe).await?;
+            Ok(Instance {
+                server,
+                port,
+                probe,
+                running: Running::Container(Box::new(container)),
+                watchdog: None,
+            })
+        }
+
         /// A server the test did not start, on `port`; `reason` says why it cannot be stopped,
         /// started or paused.
         pub(crate) fn external(server: Server, port: u16, reason: &'static str) -> Instance {

@@ -2,6 +2,7 @@
 //! containers, that fault tests can stop, restart and pause; and [`four_letter`], ZooKeeper's
 //! four-letter administrative words over TCP.
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use futures::future::BoxFuture;
@@ -43,6 +44,9 @@ const JVM_OPTIONS: [&str; 4] = [
     "-Dorg.slf4j.simpleLogger.showDateTime=true",
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS",
 ];
+
+/// Where a server's container keeps its data: the image's `dataDir`.
+const CONTAINER_DATA_DIR: &str = "/tmp/zookeeper/data";
 
 /// How long [`ZkEnsemble::wait_for_leader`] waits.
 const LEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -159,14 +163,18 @@ fn first_address(connect: &str) -> (String, u16) {
 }
 
 /// One ZooKeeper server for tests (standalone), with a short tick (200 ms), session timeouts
-/// from 1 s to 60 s and no fsync.
+/// from 1 s to 60 s and no fsync. A server the fixture starts is marked as baton's
+/// ([`ZkBackend::init_store`](crate::ZkBackend::init_store)), so that its first use waits no
+/// restart grace.
 ///
 /// Fault tests can [`stop`](Self::stop) it, [`start_again`](Self::start_again) or
 /// [`restart`](Self::restart) it on the same port, and [`pause`](Self::pause) it. Unlike the
 /// Redis fixture's, a restarted server keeps its data: ZooKeeper logs every change before it
 /// answers, so its znodes and sessions (with their ephemeral nodes) come back, and a client
-/// whose session has not expired meanwhile reconnects to it. See the [module docs](super) for
-/// the environment it reads.
+/// whose session has not expired meanwhile reconnects to it. A server started with
+/// [`start_with_host_data`](Self::start_with_host_data) can also lose it
+/// ([`wipe_data`](Self::wipe_data)). See the [module docs](super) for the environment it
+/// reads.
 #[derive(Debug)]
 pub struct ZkNode {
     /// The connect string clients get.
@@ -174,6 +182,9 @@ pub struct ZkNode {
     /// The `host:port` four-letter words go to.
     address: String,
     instance: Instance,
+    /// The host directory bound as the server's data dir, for a server started with
+    /// [`start_with_host_data`](Self::start_with_host_data).
+    host_data: Option<PathBuf>,
 }
 
 impl ZkNode {
@@ -216,10 +227,13 @@ impl ZkNode {
                 connect,
                 address,
                 instance: Instance::external(ZOOKEEPER, port, reason),
+                host_data: None,
             });
         }
         let extra: Vec<String> = config.iter().map(|s| (*s).to_owned()).collect();
-        ZkNode::start_on(free_port()?, &extra).await
+        let node = ZkNode::start_on(free_port()?, &extra).await?;
+        init_store(&node.connect).await?;
+        Ok(node)
     }
 
     /// Starts a server on `port` with the fixture's configuration and `extra`, in a container
@@ -232,6 +246,106 @@ impl ZkNode {
             connect: format!("127.0.0.1:{port}"),
             address: format!("127.0.0.1:{port}"),
             instance,
+            host_data: None,
+        })
+    }
+
+    /// Starts a server (standalone) in a container whose data dir is a directory of the host,
+    /// so that a test can make it forget: [`stop`](Self::stop), then
+    /// [`wipe_data`](Self::wipe_data) (a server restarted without its data: znodes, sessions
+    /// and zxids start over), then [`start_again`](Self::start_again). Needs Docker (no local
+    /// fallback). The directory is removed when the node is dropped.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the directory cannot be made or the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the container it had started; the directory may stay (in
+    /// the system's temporary directory, named after this process and the port).
+    pub async fn start_with_host_data() -> Result<ZkNode, FixtureError> {
+        let node = ZkNode::start_mounted_on(free_port()?, &[]).await?;
+        init_store(&node.connect).await?;
+        Ok(node)
+    }
+
+    /// [`start_on`](Self::start_on) in a container only, with the data dir on the host.
+    async fn start_mounted_on(port: u16, extra: &[String]) -> Result<ZkNode, FixtureError> {
+        let dir = std::env::temp_dir().join(format!(
+            "baton-zookeeper-data-{}-{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let mount = (
+            dir.to_string_lossy().into_owned(),
+            CONTAINER_DATA_DIR.to_owned(),
+        );
+        let lines = config(port, extra);
+        match Instance::start_mounted(ZOOKEEPER, port, serving, lines, mount).await {
+            Ok(instance) => Ok(ZkNode {
+                connect: format!("127.0.0.1:{port}"),
+                address: format!("127.0.0.1:{port}"),
+                instance,
+                host_data: Some(dir),
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes everything in the stopped server's data dir (snapshots, transaction logs,
+    /// `currentEpoch`): [`start_again`](Self::start_again) then starts a server with nothing,
+    /// on the same port, as an operator who lost a disk would. A member of an ensemble keeps
+    /// its id (the image writes `myid` at every start). Call it only while the server is
+    /// stopped.
+    ///
+    /// # Errors
+    /// [`FixtureError::Unsupported`] for a server not started with
+    /// [`start_with_host_data`](Self::start_with_host_data) (or
+    /// [`ZkEnsemble::start_with_host_data`]); the file system's error.
+    pub fn wipe_data(&self) -> Result<(), FixtureError> {
+        let dir = self.host_data_dir("wipe_data")?;
+        // The directory itself stays: it is what the container has bound.
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the stopped server's data dir to `to` (a directory, made if missing): a backup
+    /// that [`restore_data`](Self::restore_data) brings back.
+    ///
+    /// # Errors
+    /// As [`wipe_data`](Self::wipe_data).
+    pub fn save_data(&self, to: &std::path::Path) -> Result<(), FixtureError> {
+        let dir = self.host_data_dir("save_data")?;
+        copy_dir(dir, to)?;
+        Ok(())
+    }
+
+    /// Replaces the stopped server's data with the copy [`save_data`](Self::save_data) made:
+    /// [`start_again`](Self::start_again) then serves the store as it was then (its zxids go
+    /// back, its sessions and nodes of that time come back), as for an operator who restores
+    /// a backup, or a server that lost its transaction log and kept an older snapshot.
+    ///
+    /// # Errors
+    /// As [`wipe_data`](Self::wipe_data).
+    pub fn restore_data(&self, from: &std::path::Path) -> Result<(), FixtureError> {
+        self.wipe_data()?;
+        copy_dir(from, self.host_data_dir("restore_data")?)?;
+        Ok(())
+    }
+
+    fn host_data_dir(&self, op: &'static str) -> Result<&std::path::Path, FixtureError> {
+        self.host_data.as_deref().ok_or(FixtureError::Unsupported {
+            op,
+            reason: "the server was not started with its data on the host (start_with_host_data)",
         })
     }
 
@@ -383,10 +497,49 @@ impl ZkNode {
     }
 }
 
+/// Copies the files and directories under `from` into `to` (made if missing).
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), target)?;
+        }
+    }
+    Ok(())
+}
+
+impl Drop for ZkNode {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.host_data {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Marks the new store at `connect` as baton's (`ZkBackend::init_store`): its first use waits
+/// no restart grace.
+async fn init_store(connect: &str) -> Result<(), FixtureError> {
+    let failed = |e: crate::Error| FixtureError::Process {
+        server: ZOOKEEPER.name,
+        reason: format!("marking the new ZooKeeper as baton's: {e}"),
+    };
+    let backend = crate::ZkBackend::connect(connect, crate::ZkOptions::new())
+        .await
+        .map_err(failed)?;
+    backend.init_store().await.map_err(failed)?;
+    Ok(())
+}
+
 /// A three-member ZooKeeper ensemble for fault tests: each member a [`ZkNode`] in its own
 /// container (or local process, under the same rules as [`ZkNode::start`]) with its client,
 /// quorum and election ports on free ports of 127.0.0.1, configured as the [`ZkNode`] is.
-/// Members are numbered 0, 1 and 2 (their ZooKeeper ids are 1, 2 and 3).
+/// Members are numbered 0, 1 and 2 (their ZooKeeper ids are 1, 2 and 3). A new ensemble is
+/// marked as baton's ([`ZkBackend::init_store`](crate::ZkBackend::init_store)), so that its
+/// first use waits no restart grace.
 ///
 /// `BATON_ZOOKEEPER_CONNECT` does not apply: the members are always started.
 #[derive(Debug)]
@@ -405,6 +558,27 @@ impl ZkEnsemble {
     /// # Cancel safety
     /// Dropping the future removes the members it had started.
     pub async fn start() -> Result<ZkEnsemble, FixtureError> {
+        ZkEnsemble::start_members(false).await
+    }
+
+    /// As [`start`](Self::start), each member in a container whose data dir is a directory of
+    /// the host, so that a test can make a member, or the whole ensemble, forget:
+    /// [`wipe_member_data`](Self::wipe_member_data) (a member restarted without its data
+    /// resynchronises from the leader before it serves) and
+    /// [`restart_without_data`](Self::restart_without_data) (every member wiped: the
+    /// ensemble starts over, zxids from epoch 1 again). Needs Docker (no local fallback).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start), and if a directory cannot be made.
+    ///
+    /// # Cancel safety
+    /// As [`start`](Self::start); the directories may stay (see
+    /// [`ZkNode::start_with_host_data`]).
+    pub async fn start_with_host_data() -> Result<ZkEnsemble, FixtureError> {
+        ZkEnsemble::start_members(true).await
+    }
+
+    async fn start_members(host_data: bool) -> Result<ZkEnsemble, FixtureError> {
         const MEMBERS: usize = 3;
         // Client, quorum and election ports, all different.
         let ports = free_ports(3 * MEMBERS)?;
@@ -422,11 +596,19 @@ impl ZkEnsemble {
                 "cnxTimeout=1000".to_owned(),
             ];
             extra.extend(servers.iter().cloned());
-            async move { ZkNode::start_on(client[i], &extra).await }
+            async move {
+                if host_data {
+                    ZkNode::start_mounted_on(client[i], &extra).await
+                } else {
+                    ZkNode::start_on(client[i], &extra).await
+                }
+            }
         }))
         .await;
         let members = started.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(ZkEnsemble { members })
+        let ensemble = ZkEnsemble { members };
+        init_store(&ensemble.connect_string()).await?;
+        Ok(ensemble)
     }
 
     /// The connect string of all members, `127.0.0.1:<port>,...` in member order.
@@ -478,6 +660,38 @@ impl ZkEnsemble {
     /// As [`ZkNode::start_again`].
     pub async fn start_member(&self, i: usize) -> Result<(), FixtureError> {
         self.get(i)?.start_again().await
+    }
+
+    /// Removes everything in stopped member `i`'s data dir ([`ZkNode::wipe_data`]): started
+    /// again, it joins with nothing and takes a snapshot from the leader before it serves.
+    ///
+    /// # Errors
+    /// [`FixtureError::NoSuchMember`] for an index out of range; as [`ZkNode::wipe_data`].
+    pub fn wipe_member_data(&self, i: usize) -> Result<(), FixtureError> {
+        self.get(i)?.wipe_data()
+    }
+
+    /// Stops every member, wipes every member's data dir and starts them all again (an
+    /// ensemble that lost every disk): it elects a leader with nothing, and zxids start over
+    /// at epoch 1. Returns once every member serves.
+    ///
+    /// # Errors
+    /// As [`stop_member`](Self::stop_member), [`wipe_member_data`](Self::wipe_member_data) and
+    /// [`start_member`](Self::start_member).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, members may be stopped, wiped or not, until started again.
+    pub async fn restart_without_data(&self) -> Result<(), FixtureError> {
+        for member in &self.members {
+            member.stop().await?;
+        }
+        for member in &self.members {
+            member.wipe_data()?;
+        }
+        // Concurrently: a member serves only once a quorum has formed.
+        let started = futures::future::join_all(self.members.iter().map(ZkNode::start_again)).await;
+        started.into_iter().collect::<Result<Vec<()>, _>>()?;
+        Ok(())
     }
 
     /// Freezes member `i` ([`ZkNode::pause`]). The others notice after 2 s of silence (the

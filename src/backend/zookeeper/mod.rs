@@ -1,7 +1,9 @@
 //! The ZooKeeper backend (feature `zookeeper`): a lease is a ZooKeeper session, an entry an
-//! ephemeral sequential node, its token the node's czxid. docs/zookeeper.md says what it
-//! promises, which peers' layouts it shares, and what its sessions cost.
+//! ephemeral sequential node, its position the node's czxid and its token that czxid in the
+//! store epoch (`epoch.rs`). docs/zookeeper.md says what it promises, which peers' layouts it
+//! shares, and what its sessions cost.
 
+mod epoch;
 mod leases;
 mod names;
 mod observe;
@@ -24,6 +26,7 @@ pub use self::names::ZkLayout;
 use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp, queue_of,
 };
+use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
 
 type ZkError = zookeeper_client::Error;
@@ -51,6 +54,7 @@ pub struct ZkOptions {
     request_timeout: Duration,
     retry_for: Duration,
     session_timeout: Duration,
+    restart_grace: Duration,
 }
 
 impl Default for ZkOptions {
@@ -61,7 +65,8 @@ impl Default for ZkOptions {
 
 impl ZkOptions {
     /// Defaults: Curator's layout, connect timeout 5 s, request timeout 5 s, retries for up to
-    /// 10 s, and a 10 s session for the backend's own connection (reads, waits, plain keys).
+    /// 10 s, a 10 s session for the backend's own connection (reads, waits, plain keys), and
+    /// a restart grace of 60 s (the default session TTL).
     pub fn new() -> Self {
         ZkOptions {
             layout: ZkLayout::Curator,
@@ -69,6 +74,7 @@ impl ZkOptions {
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(10),
             session_timeout: Duration::from_secs(10),
+            restart_grace: crate::SessionOptions::DEFAULT_TTL,
         }
     }
 
@@ -105,6 +111,22 @@ impl ZkOptions {
         self.session_timeout = timeout;
         self
     }
+
+    /// How long nothing is granted after ZooKeeper lost its state (a server or the whole
+    /// ensemble restarted without its data, a data dir restored from an older copy), and
+    /// after the first use of a ZooKeeper that baton has never marked: a holder from before
+    /// may still believe it holds until its session would have expired. The client that finds
+    /// the store so begins a new *store epoch* ([`StoreEpochs`]), counted from the epoch's
+    /// start on the ZooKeeper leader's clock; every client waits it out.
+    ///
+    /// ## Warning
+    /// At least the longest session TTL of every client of this ZooKeeper: a shorter grace
+    /// lets a new holder overlap one from before. An operator who knows a ZooKeeper is new
+    /// marks it first ([`ZkBackend::init_store`]), and its first use waits nothing.
+    pub fn with_restart_grace(mut self, grace: Duration) -> Self {
+        self.restart_grace = grace;
+        self
+    }
 }
 
 /// The ZooKeeper backend: ZooKeeper 3.6 or newer (containers, multi-reads, persistent
@@ -113,12 +135,19 @@ impl ZkOptions {
 /// Mapping (see docs/zookeeper.md): a **lease is a session** (one connection; its negotiated
 /// timeout is the TTL, every answered request renews it, revoking closes it); an **entry is
 /// an ephemeral sequential node** `/<queue>/<name>` named in Curator's or kazoo's layout
-/// ([`ZkOptions::with_layout`]); its **token and position are its czxid**, which within one
-/// queue node follows the sequence number ZooKeeper appends and also orders the entries of
-/// nested names; a **wait** is a read with a data watch on the entry ahead; a **guarded write**
-/// is a `multi` whose first operation checks that the entry exists. Parents are created as
-/// container nodes, which ZooKeeper removes once they are empty. Plain keys live apart, one
-/// node each under `/_baton-keys`.
+/// ([`ZkOptions::with_layout`]); its **position is its czxid**, which within one queue node
+/// follows the sequence number ZooKeeper appends and also orders the entries of nested names;
+/// its **token is that czxid in the store epoch** (above every token of earlier epochs: a
+/// ZooKeeper that lost its data starts its zxids over); a **wait** is a read with a data watch
+/// on the entry ahead; a **guarded write** is a `multi` that checks the store epoch and that
+/// the entry exists. Parents are created as container nodes, which ZooKeeper removes once
+/// they are empty. Plain keys live apart, one node each under `/_baton-keys`.
+///
+/// **Store epochs.** A ZooKeeper that lost its state (restarted without its data, restored
+/// from an older copy) begins a new epoch ([`StoreEpochs`]): every session from before is lost
+/// ([`LostReason::StoreReset`]), nothing is granted for the restart grace
+/// ([`ZkOptions::with_restart_grace`]), and so is the first use of a ZooKeeper baton never
+/// marked: mark a new one with [`init_store`](Self::init_store).
 ///
 /// **Connections.** The backend has one connection of its own (reads, waits, deletes, plain
 /// keys), and each lease one more: share a [`Session`](crate::Session) between the locks of a
@@ -139,6 +168,15 @@ struct Shared {
     /// Held while the backend's own session is replaced.
     reconnect: tokio::sync::Mutex<()>,
     requests: AtomicU64,
+    /// What this client remembers of the store's epochs (see `epoch.rs`).
+    epochs: StoreEpochs,
+    /// The ZooKeeper leader's clock as the last write's answer showed it.
+    clock: std::sync::Mutex<Option<epoch::ServerClock>>,
+    /// Held while this client reads the marker to enter an epoch (or begin one).
+    establishing: tokio::sync::Mutex<()>,
+    /// The last conclusive look at the marker through a session that connects now, and when
+    /// it ended; held while one is made.
+    probed: tokio::sync::Mutex<Option<(Instant, epoch::Look)>>,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -261,16 +299,60 @@ fn gone(entry: &Entry) -> Error {
     }
 }
 
-/// An entry as read: token and position are the czxid, the lease its ephemeral owner.
-pub(super) fn to_entry(key: String, data: Vec<u8>, stat: &Stat) -> Entry {
+/// An entry as read: its position is the czxid, its token the czxid in the store epoch
+/// `epochs` is in, its lease its ephemeral owner.
+pub(super) fn to_entry(key: String, data: Vec<u8>, stat: &Stat, epochs: &StoreEpochs) -> Entry {
     let zxid = u64::try_from(stat.czxid).unwrap_or(0);
     Entry::new(
         key,
         data,
         Position::new(zxid),
-        FencingToken::new(zxid),
+        epochs.token(zxid).unwrap_or(FencingToken::new(zxid)),
         (stat.ephemeral_owner != 0).then(|| LeaseId::new(stat.ephemeral_owner)),
     )
+}
+
+/// Whether `client`'s session is connected (not refused, not waiting for a server).
+fn is_connected(client: &Client) -> bool {
+    matches!(
+        client.state(),
+        zookeeper_client::SessionState::SyncConnected
+            | zookeeper_client::SessionState::ConnectedReadOnly
+    )
+}
+
+/// A queue as [`collect`] read it.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    /// Every entry, oldest first, each with its data version.
+    pub(super) entries: Vec<(Entry, i32)>,
+    /// The epoch marker's data, read with the entries when asked for (`None`: absent).
+    pub(super) marker: Option<Vec<u8>>,
+}
+
+/// Adds the read of the epoch marker to `reader` if `marker` asks for it and it has not been
+/// added yet.
+fn read_marker_with(
+    reader: &mut zookeeper_client::MultiReader<'_>,
+    marker: &mut bool,
+) -> Result<bool, ZkError> {
+    if !std::mem::take(marker) {
+        return Ok(false);
+    }
+    reader.add_get_data(epoch::MARKER)?;
+    Ok(true)
+}
+
+/// The marker's data from the answer to its read.
+fn marker_of(result: Option<MultiReadResult>) -> Result<Option<Vec<u8>>, Failure> {
+    match result {
+        Some(MultiReadResult::Data { data, .. }) => Ok(Some(data)),
+        Some(MultiReadResult::Error {
+            err: ZkError::NoNode,
+        }) => Ok(None),
+        Some(MultiReadResult::Error { err }) => Err(err.into()),
+        _ => Err(ZkError::UnexpectedError("a multi-read answered out of order".into()).into()),
+    }
 }
 
 fn persistent() -> CreateOptions<'static> {
@@ -282,18 +364,23 @@ fn container() -> CreateOptions<'static> {
 }
 
 /// Every entry of `queue` (its node and the nodes of nested names), oldest first, each with
-/// its data version. With `strict`, nodes named in the other layout are refused. `known` is
-/// an entry this client has just created (data version 0): it is taken as it is, not read
-/// again, so that a queue holding only it costs one request (a listing), as Curator's does.
+/// its data version, tokens in the epoch `epochs` is in. With `strict`, nodes named in the
+/// other layout are refused. `known` is an entry this client has just created (data version
+/// 0): it is taken as it is, not read again, so that a queue holding only it costs one
+/// request (a listing), as Curator's does. With `marker`, the epoch marker is read in the
+/// same request as the entries (the first multi-read; one more request if there is none).
 pub(super) async fn collect(
     client: &Client,
     layout: ZkLayout,
     queue: &str,
     strict: bool,
     known: Option<&Entry>,
-) -> Result<Vec<(Entry, i32)>, Failure> {
+    epochs: &StoreEpochs,
+    marker: bool,
+) -> Result<Listing, Failure> {
     let mut dirs = vec![queue.to_owned()];
     let mut out = Vec::new();
+    let (mut want_marker, mut seen_marker) = (marker, None);
     while let Some(dir) = dirs.pop() {
         let children = match client.list_children(&format!("/{dir}")).await {
             Ok(children) => children,
@@ -326,16 +413,20 @@ pub(super) async fn collect(
             .collect();
         for chunk in children.chunks(MULTI_READ_MAX) {
             let mut reader = client.new_multi_reader();
+            let with_marker = read_marker_with(&mut reader, &mut want_marker)?;
             for name in chunk {
                 reader.add_get_data(&format!("/{dir}/{name}"))?;
             }
-            let results = reader.commit().await?;
+            let mut results = reader.commit().await?.into_iter();
+            if with_marker {
+                seen_marker = marker_of(results.next())?;
+            }
             for (name, result) in chunk.iter().zip(results) {
                 match result {
                     MultiReadResult::Data { data, stat } => {
                         let key = format!("{dir}/{name}");
                         if layout.sequence(name).is_some() {
-                            out.push((to_entry(key, data, &stat), stat.version));
+                            out.push((to_entry(key, data, &stat, epochs), stat.version));
                         } else if stat.num_children > 0 {
                             dirs.push(key);
                         }
@@ -349,8 +440,17 @@ pub(super) async fn collect(
             }
         }
     }
+    if want_marker {
+        // Nothing was read with it.
+        let mut reader = client.new_multi_reader();
+        read_marker_with(&mut reader, &mut want_marker)?;
+        seen_marker = marker_of(reader.commit().await?.into_iter().next())?;
+    }
     out.sort_by_key(|(e, _)| e.position());
-    Ok(out)
+    Ok(Listing {
+        entries: out,
+        marker: seen_marker,
+    })
 }
 
 /// Opens a session on `connect` with `timeout`, within `limit`.
@@ -376,8 +476,9 @@ async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Clien
 }
 
 /// Creates the fence node of `client`'s session (and, once, the node above it) and returns
-/// its data version: every entry's create checks it (see `ZkBackend::move_fence`).
-async fn make_fence(client: &Client, limit: Duration) -> Result<i32> {
+/// its data version: every entry's create checks it (see `ZkBackend::move_fence`). With it,
+/// the create's stat when its answer came (not when an earlier attempt had created the node).
+async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Stat>)> {
     let path = names::fence_path(client.session_id().0);
     let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
     let give_up = Instant::now() + limit;
@@ -385,9 +486,11 @@ async fn make_fence(client: &Client, limit: Duration) -> Result<i32> {
     loop {
         let attempt = async {
             match client.create(&path, &[], &ephemeral).await {
-                Ok(_) => Ok(Some(0)),
+                Ok((stat, _)) => Ok(Some((0, Some(stat)))),
                 // Ours: an earlier attempt whose answer was lost.
-                Err(ZkError::NodeExists) => Ok(client.check_stat(&path).await?.map(|s| s.version)),
+                Err(ZkError::NodeExists) => {
+                    Ok(client.check_stat(&path).await?.map(|s| (s.version, None)))
+                }
                 Err(ZkError::NoNode) => {
                     match client.create(names::SESSIONS, &[], &persistent()).await {
                         Ok(_) | Err(ZkError::NodeExists) => Ok(None),
@@ -398,7 +501,7 @@ async fn make_fence(client: &Client, limit: Duration) -> Result<i32> {
             }
         };
         let error = match tokio::time::timeout_at(give_up, attempt).await {
-            Ok(Ok(Some(version))) => return Ok(version),
+            Ok(Ok(Some(fence))) => return Ok(fence),
             Ok(Ok(None)) => continue,
             Ok(Err(e)) if is_transient(&e) => Box::new(e) as BoxError,
             Ok(Err(e)) => return Err(zk_err("grant_lease", e)),
@@ -464,6 +567,12 @@ impl ZkBackend {
             })?,
             Some(unreachable) = hopeless => return Err(failed(Box::new(unreachable))),
         };
+        let epochs = StoreEpochs::new(
+            format!("ZooKeeper at zk://{connect}"),
+            options.restart_grace,
+        );
+        // The store's epoch is looked at by the first request that needs it, so that an
+        // operator's `init_store` can come first.
         Ok(ZkBackend {
             inner: Arc::new(Shared {
                 connect,
@@ -471,8 +580,30 @@ impl ZkBackend {
                 base: std::sync::Mutex::new(client),
                 reconnect: tokio::sync::Mutex::new(()),
                 requests: AtomicU64::new(0),
+                epochs,
+                clock: std::sync::Mutex::new(None),
+                establishing: tokio::sync::Mutex::new(()),
+                probed: tokio::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// Marks this ZooKeeper as baton's: if it has no epoch marker, its first store epoch
+    /// begins now **without a restart grace**. Returns whether it began one (`false`: the
+    /// store was marked already, and nothing changed).
+    ///
+    /// Call it only for a ZooKeeper you know is new, or whose every baton client has stopped:
+    /// the grace it skips is what keeps a newcomer from being granted while a holder from
+    /// before (of a store that lost its data) still believes it holds.
+    ///
+    /// # Errors
+    /// The backend's errors: [`Error::Backend`] when ZooKeeper cannot be reached or refuses
+    /// the write (with a chroot, the chroot node must exist).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the marker is written in one `multi`, or not at all.
+    pub async fn init_store(&self) -> Result<bool> {
+        Ok(self.establish_as("init_store", true).await?.1)
     }
 
     /// How many requests this backend (all its clones) has sent through its own connection,
@@ -502,15 +633,18 @@ impl ZkBackend {
         format!("ZooKeeper at zk://{}", self.inner.connect)
     }
 
+    /// The backend's own client as it is now.
+    fn current_base(&self) -> Client {
+        self.inner
+            .base
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The backend's own client, opening a new session if the last one ended.
     async fn base(&self) -> Result<Client> {
-        let current = || {
-            self.inner
-                .base
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        };
+        let current = || self.current_base();
         let client = current();
         if !client.state().is_terminated() {
             return Ok(client);
@@ -661,17 +795,23 @@ impl ZkBackend {
     }
 
     /// Reads `queue` through `client` (a lease's, whose own writes it sees) or, without one,
-    /// through the backend's after a `sync`.
+    /// through the backend's after a `sync`, with tokens in the current store epoch.
     async fn read_queue(
         &self,
         op: &'static str,
         client: Option<&Client>,
         queue: &str,
     ) -> Result<Vec<(Entry, i32)>> {
-        self.read_queue_as(op, client, queue, true, None).await
+        self.epoch().await?;
+        self.read_queue_as(op, client, queue, true, None, false)
+            .await
     }
 
     /// [`read_queue`](Self::read_queue), tolerating nodes of the other layout unless `strict`.
+    /// With `in_epoch`, for a read that decides a grant: the epoch marker is read with the
+    /// entries, and a store in another epoch than this client's fails the read with
+    /// [`Error::SessionLost`] ([`LostReason::StoreReset`]: every session from before is
+    /// lost).
     async fn read_queue_as(
         &self,
         op: &'static str,
@@ -679,33 +819,49 @@ impl ZkBackend {
         queue: &str,
         strict: bool,
         known: Option<&Entry>,
+        in_epoch: bool,
     ) -> Result<Vec<(Entry, i32)>> {
         let layout = self.inner.options.layout;
+        let epochs = &self.inner.epochs;
         if let Some(client) = client {
             let client = client.clone();
             let read = self
                 .lease_attempts(op, || {
                     let client = client.clone();
-                    async move { collect(&client, layout, queue, strict, known).await }
+                    async move {
+                        collect(&client, layout, queue, strict, known, epochs, in_epoch).await
+                    }
                 })
                 .await;
             match read {
-                Ok(entries) => return Ok(entries),
+                Ok(listing) => {
+                    if in_epoch {
+                        // A lease's server may lag: a marker it shows otherwise is read
+                        // again in sync with the leader before anything is concluded.
+                        self.check_marker(op, listing.marker.as_deref(), false)
+                            .await?;
+                    }
+                    return Ok(listing.entries);
+                }
                 Err(Error::SessionLost(_)) => {}
                 Err(e) => return Err(e),
             }
         }
         let dir = format!("/{queue}");
-        let (entries, _) = self
+        let (listing, _) = self
             .attempts(op, Kind::Read, |client| {
                 let dir = dir.clone();
                 async move {
                     sync(&client, &dir).await?;
-                    collect(&client, layout, queue, strict, None).await
+                    collect(&client, layout, queue, strict, None, epochs, in_epoch).await
                 }
             })
             .await?;
-        Ok(entries)
+        if in_epoch {
+            self.check_marker(op, listing.marker.as_deref(), true)
+                .await?;
+        }
+        Ok(listing.entries)
     }
 
     /// Runs a read on a lease's client, retrying transient failures; a session that ended is
@@ -767,9 +923,13 @@ impl ZkBackend {
     /// Creates the entry node for one enqueue attempt, in a `multi` that checks the session's
     /// fence (see [`move_fence`](Self::move_fence)); `Ok(Err(_))` when the answer was lost
     /// (the node may exist).
+    /// The `multi` is also conditional on `epoch` (its node exists): a store in another epoch
+    /// creates nothing, and the caller's session, from before, is lost
+    /// ([`LostReason::StoreReset`]).
     async fn create_entry(
         &self,
         held: &leases::Held,
+        epoch: &Epoch,
         queue: &str,
         prefix: &str,
         value: &[u8],
@@ -779,16 +939,19 @@ impl ZkBackend {
         let path = format!("{dir}/{prefix}");
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let limit = self.inner.options.request_timeout;
+        let in_epoch = epoch::epoch_node(epoch);
         for _ in 0..PARENT_RETRIES {
             let mut writer = client.new_multi_writer();
             writer
-                .add_check_version(&held.fence, held.fence_version())
+                .add_check_version(&in_epoch, -1)
+                .and_then(|()| writer.add_check_version(&held.fence, held.fence_version()))
                 .and_then(|()| writer.add_create(&path, value, &options))
                 .map_err(|e| zk_err("enqueue", e))?;
+            let sent = Instant::now();
             let created = tokio::time::timeout(limit, writer.commit()).await;
             let failed = match created {
                 Ok(Ok(results)) => {
-                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().nth(1)
+                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().nth(2)
                     else {
                         return Err(Error::Backend {
                             op: "enqueue",
@@ -810,12 +973,23 @@ impl ZkBackend {
                     };
                     let key = path.trim_start_matches('/').to_owned();
                     observe::record(&path, stat.version, value);
-                    return Ok(Ok(to_entry(key, value.to_vec(), &stat)));
+                    // The entry's czxid is the store's position: below one seen before the
+                    // create was sent, the store went back (the session with it).
+                    self.wrote(&stat, sent)?;
+                    if self.inner.epochs.current() != Some(*epoch) {
+                        return Err(Error::SessionLost(LostReason::StoreReset));
+                    }
+                    return Ok(Ok(self.to_entry(key, value.to_vec(), &stat)));
                 }
+                // The store is in another epoch: this session is from before it.
+                Ok(Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoNode,
+                })) => return Err(self.epoch_refused(epoch)),
                 // The fence moved since this process last read it (an answer to moving it was
                 // lost): read it again and create again. Nothing was applied.
                 Ok(Err(MultiWriteError::OperationFailed {
-                    index: 0,
+                    index: 1,
                     source: ZkError::BadVersion,
                 })) => match tokio::time::timeout(limit, client.check_stat(&held.fence)).await {
                     Ok(Ok(Some(stat))) => {
@@ -827,7 +1001,7 @@ impl ZkBackend {
                     Err(_) => return Ok(Err(ZkError::Timeout)),
                 },
                 Ok(Err(MultiWriteError::OperationFailed {
-                    index: 0,
+                    index: 1,
                     source: ZkError::NoNode,
                 })) => return Err(fence_gone()),
                 Ok(Err(
@@ -868,17 +1042,18 @@ impl ZkBackend {
     /// made the session's again (ZOOKEEPER-2886). One sent earlier and applied is before the
     /// move in ZooKeeper's order, so a read on the session after this sees it.
     async fn move_fence(&self, held: &leases::Held) -> Result<()> {
-        let version = self
+        let sent = Instant::now();
+        let stat = self
             .lease_attempts("enqueue", || async {
                 match held.client.set_data(&held.fence, &[], None).await {
-                    Ok(stat) => Ok(stat.version),
+                    Ok(stat) => Ok(stat),
                     Err(ZkError::NoNode) => Err(Failure::Stop(fence_gone())),
                     Err(e) => Err(Failure::Zk(e)),
                 }
             })
             .await?;
-        held.fenced_at(version);
-        Ok(())
+        held.fenced_at(stat.version);
+        self.wrote(&stat, sent)
     }
 
     async fn enqueue_here(
@@ -896,6 +1071,8 @@ impl ZkBackend {
         }
         let held = leases::get(lease.get()).ok_or(Error::SessionLost(LostReason::Revoked))?;
         let client = held.client.clone();
+        // The create is conditional on the store epoch this client is in.
+        let epoch = self.epoch().await?;
         let layout = self.inner.options.layout;
         let id = names::NodeId::new(queue, tag);
         let prefix = layout.prefix(id);
@@ -926,7 +1103,10 @@ impl ZkBackend {
                     break (e.clone(), entries);
                 }
             }
-            let created = match self.create_entry(&held, queue, &prefix, value).await {
+            let created = match self
+                .create_entry(&held, &epoch, queue, &prefix, value)
+                .await
+            {
                 Ok(created) => created,
                 // The session ended: its nodes went with it.
                 Err(e @ Error::SessionLost(_)) => return Err(e),
@@ -935,8 +1115,9 @@ impl ZkBackend {
             };
             let failure = match created {
                 Ok(entry) => {
+                    let known = Some(&entry);
                     let read =
-                        self.read_queue_as("enqueue", Some(&client), queue, true, Some(&entry));
+                        self.read_queue_as("enqueue", Some(&client), queue, true, known, false);
                     let entries = match read.await {
                         Ok(entries) => entries,
                         Err(Error::ForeignLayout {
@@ -997,16 +1178,26 @@ impl ZkBackend {
         Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
     }
 
+    /// The entry a node read as `stat` is, its token in the current store epoch.
+    fn to_entry(&self, key: String, data: Vec<u8>, stat: &Stat) -> Entry {
+        to_entry(key, data, stat, &self.inner.epochs)
+    }
+
     /// The client of `lease` if this process holds it and its session lives.
     fn lease_client(lease: Option<LeaseId>) -> Option<Client> {
         let held = leases::get(lease?.get())?;
         (!held.is_over()).then(|| held.client.clone())
     }
 
+    /// The entries ahead of `mine`, newest first, read with the epoch marker: a queue read in
+    /// another store epoch than this client's decides no grant.
     async fn ahead_here(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
         names::check_name(queue)?;
         let client = Self::lease_client(mine.lease());
-        let entries = self.read_queue("ahead", client.as_ref(), queue).await?;
+        self.epoch().await?;
+        let entries = self
+            .read_queue_as("ahead", client.as_ref(), queue, true, None, true)
+            .await?;
         let inside = mine
             .key()
             .strip_prefix(queue)
@@ -1030,8 +1221,8 @@ impl ZkBackend {
     /// Whether `entry` (this incarnation) exists.
     async fn exists(&self, client: Option<&Client>, entry: &Entry) -> Result<bool> {
         let path = format!("/{}", entry.key());
-        let token = i64::try_from(entry.token().get()).unwrap_or(-1);
-        let check = |stat: Option<Stat>| stat.is_some_and(|s| s.czxid == token);
+        let czxid = i64::try_from(entry.position().get()).unwrap_or(-1);
+        let check = |stat: Option<Stat>| stat.is_some_and(|s| s.czxid == czxid);
         if let Some(client) = client {
             let read = self
                 .lease_attempts("ahead", || {
@@ -1109,9 +1300,17 @@ impl Backend for ZkBackend {
             })?;
         let id = LeaseId::new(client.session_id().0);
         // On failure the client is dropped, and its session closed with it.
-        let fence = make_fence(&client, self.inner.options.connect_timeout)
+        let (fence, created) = make_fence(&client, self.inner.options.connect_timeout)
             .await
             .map_err(|e| e.at_endpoint(&self.label()))?;
+        if let Some(stat) = created {
+            // The server's clock, and the store's position: a store that went back ends every
+            // session from before (this one is granted in the epoch entered below).
+            let _ = self.wrote(&stat, sent);
+        }
+        // A new session learns of a store that forgot (and of its grace) before it is
+        // granted anything.
+        self.confirm_epoch("grant_lease", &client).await?;
         let held = leases::register(client, sent, fence);
         tracing::debug!(lease = %id, ttl = ?held.ttl, "ZooKeeper session opened as a lease");
         Ok(Lease::new(id, held.ttl))
@@ -1121,26 +1320,66 @@ impl Backend for ZkBackend {
         let Some(held) = leases::get(lease.get()) else {
             return Ok(None);
         };
+        let sent = Instant::now();
         if held.is_over() {
             leases::forget(lease.get(), &held);
+            // A session that ended may be the first sign that the store forgot (a server
+            // that lost its data and has since passed the session's zxid says it expired):
+            // lost with that reason if so.
+            let _ = self.probe(sent).await;
             return Ok(None);
         }
+        if !is_connected(&held.client) {
+            // Refused by a server that is behind it (one that lost its data: the client
+            // library retries until 1.4 TTL has passed), or its server is down: a session
+            // that connects now tells which. Nothing is sent on a disconnected session (it
+            // would wait for a reconnection); the next try comes soon.
+            self.probe(sent).await?;
+            return Err(Error::Backend {
+                op: "keep_alive",
+                source: "the session is disconnected".into(),
+                at: Default::default(),
+            }
+            .at_endpoint(&self.label()));
+        }
         // A real round trip: its answer proves the server heard from the session after
-        // `sent`, so the session lasts at least its timeout from then.
-        let sent = Instant::now();
-        // The session's fence is read, not the root: a session whose fence was deleted from
-        // outside can create no entry safely, and is ended.
-        let answer = tokio::time::timeout(
-            self.inner.options.request_timeout,
-            held.client.check_stat(&held.fence),
-        )
-        .await;
+        // `sent`, so the session lasts at least its timeout from then. The session's fence is
+        // read, not the root: a session whose fence was deleted from outside can create no
+        // entry safely, and is ended. The epoch marker comes in the same request: a session
+        // a restore brought back renews, and only the marker tells its holder.
+        let renewal = async {
+            let mut reader = held.client.new_multi_reader();
+            reader.add_get_data(&held.fence)?;
+            reader.add_get_data(epoch::MARKER)?;
+            let mut results = reader.commit().await?.into_iter();
+            let fence = match results.next() {
+                Some(MultiReadResult::Data { .. }) => true,
+                Some(MultiReadResult::Error {
+                    err: ZkError::NoNode,
+                }) => false,
+                Some(MultiReadResult::Error { err }) => return Err(err),
+                _ => {
+                    return Err(ZkError::UnexpectedError(
+                        "a multi-read answered out of order".into(),
+                    ));
+                }
+            };
+            let marker = match marker_of(results.next()) {
+                Ok(marker) => marker,
+                Err(Failure::Zk(e) | Failure::Unsent(e)) => return Err(e),
+                Err(Failure::Stop(_)) => None,
+            };
+            Ok((fence, marker))
+        };
+        let answer = tokio::time::timeout(self.inner.options.request_timeout, renewal).await;
         match answer {
-            Ok(Ok(Some(_))) => {
+            Ok(Ok((true, marker))) => {
                 held.renewed(sent);
+                self.check_marker("keep_alive", marker.as_deref(), false)
+                    .await?;
                 Ok(Some(held.ttl))
             }
-            Ok(Ok(None)) => {
+            Ok(Ok((false, _))) => {
                 tracing::warn!(%lease, "the session's fence node under /_baton-sessions was deleted: ending the lease");
                 // The session closes once no one holds its client.
                 drop(held);
@@ -1149,15 +1388,24 @@ impl Backend for ZkBackend {
             }
             Ok(Err(e)) if is_over(&e) => {
                 leases::forget(lease.get(), &held);
+                let _ = self.probe(sent).await;
                 Ok(None)
             }
-            Ok(Err(e)) => Err(zk_err("keep_alive", e).at_endpoint(&self.label())),
-            Err(elapsed) => Err(Error::Backend {
-                op: "keep_alive",
-                source: Box::new(elapsed),
-                at: Default::default(),
+            Ok(Err(e)) => {
+                if is_transient(&e) {
+                    self.probe(sent).await?;
+                }
+                Err(zk_err("keep_alive", e).at_endpoint(&self.label()))
             }
-            .at_endpoint(&self.label())),
+            Err(elapsed) => {
+                self.probe(sent).await?;
+                Err(Error::Backend {
+                    op: "keep_alive",
+                    source: Box::new(elapsed),
+                    at: Default::default(),
+                }
+                .at_endpoint(&self.label()))
+            }
         }
     }
 
@@ -1191,8 +1439,9 @@ impl Backend for ZkBackend {
         let client = Self::lease_client(owner);
         // Foreign nodes are tolerated: the entry looked for may be one whose enqueue was
         // refused because of them.
+        self.epoch().await?;
         let entries = self
-            .read_queue_as("find_entry", client.as_ref(), queue, false, None)
+            .read_queue_as("find_entry", client.as_ref(), queue, false, None, false)
             .await?;
         let mut found = None;
         for (e, _) in entries {
@@ -1242,7 +1491,7 @@ impl Backend for ZkBackend {
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         let path = format!("/{}", entry.key());
-        let token = i64::try_from(entry.token().get()).unwrap_or(-1);
+        let czxid = i64::try_from(entry.position().get()).unwrap_or(-1);
         loop {
             let client = self.base().await?;
             let read = tokio::time::timeout(
@@ -1251,7 +1500,7 @@ impl Backend for ZkBackend {
             )
             .await;
             let watcher = match read {
-                Ok(Ok((_, stat, _))) if stat.czxid != token => return Ok(()),
+                Ok(Ok((_, stat, _))) if stat.czxid != czxid => return Ok(()),
                 Ok(Ok((_, _, watcher))) => watcher,
                 Ok(Err(ZkError::NoNode)) => return Ok(()),
                 Ok(Err(e)) => return Err(zk_err("wait_gone", e).at_endpoint(&self.label())),
@@ -1299,14 +1548,28 @@ impl Backend for ZkBackend {
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         // A node's name is one incarnation: every attempt names its node with random bits.
         let path = format!("/{}", entry.key());
-        self.write_if_live("delete_entry", |client| {
-            let path = path.clone();
-            async move {
-                match client.delete(&path, None).await {
-                    Ok(()) => Ok(true),
-                    Err(ZkError::NoNode) => Ok(false),
-                    Err(e) => Err(e.into()),
-                }
+        // In the store epoch this client is in (its node exists), in the same `multi`.
+        let epoch = self.epoch().await?;
+        let in_epoch = epoch::epoch_node(&epoch);
+        let (path, in_epoch, epoch) = (&path, &in_epoch, &epoch);
+        self.write_if_live("delete_entry", |client| async move {
+            let mut writer = client.new_multi_writer();
+            writer.add_check_version(in_epoch, -1)?;
+            writer.add_delete(path, None)?;
+            match writer.commit().await {
+                Ok(_) => Ok(true),
+                Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoNode,
+                }) => Err(Failure::Stop(self.epoch_refused(epoch))),
+                Err(MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: ZkError::NoNode,
+                }) => Ok(false),
+                Err(
+                    MultiWriteError::OperationFailed { source, .. }
+                    | MultiWriteError::RequestFailed { source },
+                ) => Err(source.into()),
             }
         })
         .await
@@ -1314,17 +1577,34 @@ impl Backend for ZkBackend {
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
         let path = format!("/{}", entry.key());
-        self.write_if_live("update_entry", |client| {
-            let path = path.clone();
-            async move {
-                match client.set_data(&path, value, None).await {
-                    Ok(stat) => {
-                        observe::record(&path, stat.version, value);
-                        Ok(true)
+        let epoch = self.epoch().await?;
+        let in_epoch = epoch::epoch_node(&epoch);
+        let (path, in_epoch, epoch) = (&path, &in_epoch, &epoch);
+        self.write_if_live("update_entry", |client| async move {
+            let mut writer = client.new_multi_writer();
+            writer.add_check_version(in_epoch, -1)?;
+            writer.add_set_data(path, value, None)?;
+            let sent = Instant::now();
+            match writer.commit().await {
+                Ok(results) => {
+                    if let Some(MultiWriteResult::SetData { stat }) = results.into_iter().nth(1) {
+                        observe::record(path, stat.version, value);
+                        self.wrote(&stat, sent).map_err(Failure::Stop)?;
                     }
-                    Err(ZkError::NoNode) => Ok(false),
-                    Err(e) => Err(e.into()),
+                    Ok(true)
                 }
+                Err(MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: ZkError::NoNode,
+                }) => Err(Failure::Stop(self.epoch_refused(epoch))),
+                Err(MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: ZkError::NoNode,
+                }) => Ok(false),
+                Err(
+                    MultiWriteError::OperationFailed { source, .. }
+                    | MultiWriteError::RequestFailed { source },
+                ) => Err(source.into()),
             }
         })
         .await
@@ -1340,11 +1620,13 @@ impl Backend for ZkBackend {
             });
         }
         let planned = &planned;
+        let epoch = self.epoch().await?;
+        let epoch = &epoch;
         let sent = AtomicBool::new(false);
         let flag = &sent;
         self.write_if_live_flagged("guarded", Some(flag), |client| {
             let guard = guard.clone();
-            async move { guarded_once(&client, &guard, planned, flag).await }
+            async move { guarded_once(self, epoch, &client, &guard, planned, flag).await }
         })
         .await
     }
@@ -1449,6 +1731,10 @@ impl Backend for ZkBackend {
             .map(|held| held.remaining()))
     }
 
+    fn epochs(&self) -> Option<&StoreEpochs> {
+        Some(&self.inner.epochs)
+    }
+
     fn observe_head(&self, queue: &str) -> BoxStream<'static, Result<HeadEvent>> {
         let backend = self.clone();
         let queue = queue.to_owned();
@@ -1465,12 +1751,14 @@ impl Backend for ZkBackend {
     }
 }
 
-/// One attempt of a guarded write: a `multi` that checks the entry, then puts or deletes
-/// each key. ZooKeeper has no "create or set" nor "delete if present", so each key is read
-/// first and the `multi` asserts what was read: a set needs the node, a create fails if it
-/// appeared, and a key read absent is created and deleted again (failing if it appeared).
-/// A race with another writer of a key is retried.
+/// One attempt of a guarded write: a `multi` that checks the store epoch and the entry, then
+/// puts or deletes each key. ZooKeeper has no "create or set" nor "delete if present", so
+/// each key is read first and the `multi` asserts what was read: a set needs the node, a
+/// create fails if it appeared, and a key read absent is created and deleted again (failing
+/// if it appeared). A race with another writer of a key is retried.
 async fn guarded_once(
+    backend: &ZkBackend,
+    epoch: &Epoch,
     client: &Client,
     guard: &str,
     planned: &[(String, Option<&[u8]>)],
@@ -1498,6 +1786,7 @@ async fn guarded_once(
             }
         }
         let mut writer = client.new_multi_writer();
+        writer.add_check_version(&epoch::epoch_node(epoch), -1)?;
         writer.add_check_version(guard, -1)?;
         for (path, value) in planned {
             let present = exists.get(path.as_str()).copied().unwrap_or(false);
@@ -1515,7 +1804,11 @@ async fn guarded_once(
         sent.store(true, Ordering::SeqCst);
         match writer.commit().await {
             Ok(_) => return Ok(true),
-            Err(MultiWriteError::OperationFailed { index: 0, source }) => {
+            Err(MultiWriteError::OperationFailed {
+                index: 0,
+                source: ZkError::NoNode,
+            }) => return Err(Failure::Stop(backend.epoch_refused(epoch))),
+            Err(MultiWriteError::OperationFailed { index: 1, source }) => {
                 return match source {
                     ZkError::NoNode => Ok(false),
                     e => Err(e.into()),

@@ -179,8 +179,8 @@ fn refused(c: char) -> bool {
 
 /// Checks that `name` (a queue, or a segment to append to one) maps to a valid ZooKeeper path
 /// `/<name>`: no empty segment (so no leading, trailing or doubled `/`), no `.` or `..`
-/// segment, no character ZooKeeper refuses, and not under ZooKeeper's own `/zookeeper` or
-/// baton's keys node.
+/// segment, no character ZooKeeper refuses, and not under ZooKeeper's own `/zookeeper` nor
+/// baton's own nodes (keys, session fences, the store epoch).
 pub(super) fn check_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidArgument("a ZooKeeper name may not be empty"));
@@ -216,6 +216,11 @@ pub(super) fn check_name(name: &str) -> Result<()> {
     if first == &SESSIONS[1..] {
         return Err(Error::InvalidArgument(
             "`/_baton-sessions` holds baton's session fences, not queues",
+        ));
+    }
+    if first == &super::epoch::MARKER[1..] {
+        return Err(Error::InvalidArgument(
+            "`/_baton-epoch` holds baton's store epoch, not queues",
         ));
     }
     Ok(())
@@ -308,6 +313,8 @@ mod tests {
             "_baton-keys/x",
             "_baton-sessions",
             "_baton-sessions/0000000000000001",
+            "_baton-epoch",
+            "_baton-epoch/0123",
         ] {
             assert!(
                 matches!(check_name(bad), Err(Error::InvalidArgument(_))),

@@ -17,7 +17,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use zookeeper_client::{AddWatchMode, Client, EventType, SessionState};
 
 use super::{Failure, ZkBackend, collect, names, to_entry};
-use crate::backend::{Entry, FencingToken, HeadEvent, LeaseId, Position, QueueChange, QueueMirror};
+use crate::backend::{Entry, HeadEvent, LeaseId, Position, QueueChange, QueueMirror};
 use crate::error::{Error, Result};
 
 /// Values this process wrote to entries, kept while an observer of their queue runs, so
@@ -99,7 +99,7 @@ type Events = UnboundedSender<Result<HeadEvent>>;
 /// One snapshot of the queue: its entries with their data versions, by key.
 #[derive(Debug, PartialEq, Eq)]
 struct Snapshot {
-    /// (key, token, version), by key.
+    /// (key, czxid, version), by key.
     nodes: Vec<(String, u64, i32)>,
 }
 
@@ -152,7 +152,7 @@ struct Observer {
     dir: String,
     tx: Events,
     mirror: QueueMirror,
-    /// Entry key -> (token, data version last read).
+    /// Entry key -> (czxid, data version last read).
     versions: HashMap<String, (u64, i32)>,
     /// Entry key -> its lease, to rebuild an entry from a value this process wrote.
     owners: HashMap<String, Option<LeaseId>>,
@@ -183,6 +183,8 @@ impl Observer {
     /// Watches the queue, reads it, and follows its changes until the session breaks (then
     /// returns `Ok` to start again) or a request fails.
     async fn follow(&mut self) -> Result<()> {
+        // Tokens are the store epoch's: entered first.
+        self.backend.epoch().await?;
         let client = self.backend.base().await?;
         let label = self.backend.label();
         let fail = |e: zookeeper_client::Error| super::zk_err("observe", e).at_endpoint(&label);
@@ -301,7 +303,7 @@ impl Observer {
             match recorded(path, version) {
                 Some(value) => {
                     self.versions.insert(key.clone(), (token, version));
-                    let e = to_entry(key.clone(), value, &stat);
+                    let e = to_entry(key.clone(), value, &stat, &self.backend.inner.epochs);
                     self.mirror.apply(QueueChange::Put(e));
                     self.report();
                 }
@@ -317,8 +319,12 @@ impl Observer {
             self.send(HeadEvent::Skipped);
             self.mirror.forget_reported();
         }
-        self.mirror
-            .apply(QueueChange::Put(to_entry(key, data, &stat)));
+        self.mirror.apply(QueueChange::Put(to_entry(
+            key,
+            data,
+            &stat,
+            &self.backend.inner.epochs,
+        )));
         self.report();
         Ok(())
     }
@@ -337,7 +343,7 @@ impl Observer {
                 key,
                 value,
                 Position::new(token),
-                FencingToken::new(token),
+                self.backend.token(token),
                 lease,
             );
             self.mirror.apply(QueueChange::Put(e));
@@ -357,12 +363,14 @@ impl Observer {
             zookeeper_client::Error::NoNode => Ok(()),
             e => Err(fail(Failure::Zk(e))),
         })?;
-        let nodes = collect(client, layout, &self.queue, false, None)
+        let epochs = &self.backend.inner.epochs;
+        let nodes = collect(client, layout, &self.queue, false, None, epochs, false)
             .await
-            .map_err(fail)?;
+            .map_err(fail)?
+            .entries;
         let mut listed: Vec<_> = nodes
             .iter()
-            .map(|(e, version)| (e.key().to_owned(), e.token().get(), *version))
+            .map(|(e, version)| (e.key().to_owned(), e.position().get(), *version))
             .collect();
         listed.sort();
         Ok((
