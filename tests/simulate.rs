@@ -31,7 +31,12 @@ fn main() {
                     .get(1)
                     .and_then(|s| s.parse().ok())
                     .unwrap_or_else(fresh_seed);
-                campaign(Duration::from_secs_f64(s), seed, REGRESSION_SEEDS, stop_at_first)
+                campaign(
+                    Duration::from_secs_f64(s),
+                    seed,
+                    REGRESSION_SEEDS,
+                    stop_at_first,
+                )
             }
             // `cargo test` passes test filters: run the default.
             Err(_) => default_run(),
@@ -48,7 +53,12 @@ fn fresh_seed() -> u64 {
 }
 
 fn default_run() -> i32 {
-    campaign(Duration::from_secs(5), fresh_seed(), REGRESSION_SEEDS, false)
+    campaign(
+        Duration::from_secs(5),
+        fresh_seed(),
+        REGRESSION_SEEDS,
+        false,
+    )
 }
 
 /// Whether `seed` replays bit for bit: two runs, one history.
@@ -154,6 +164,13 @@ fn replay(args: &[String]) -> i32 {
         return 64;
     };
     let steps = args.get(1).and_then(|s| s.parse().ok());
+    // BATON_LOG=baton=debug (a tracing filter): the library's own account of the schedule.
+    if let Ok(filter) = std::env::var("BATON_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let plan = Plan::from_seed(seed, steps);
     println!("simulate: seed {seed}: {plan:?}");
     let outcome = sim::run(&plan);

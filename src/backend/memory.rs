@@ -181,7 +181,11 @@ impl State {
             .iter()
             .map(|(id, l)| (l.deadline, *id))
             .collect();
-        self.waiters.clear();
+        // Every wait fails (its sender dropped), in key order: a simulation replays the order
+        // in which their tasks wake (a map's own order differs from process to process).
+        let mut waiters: Vec<_> = self.waiters.drain().collect();
+        waiters.sort_by(|a, b| a.0.cmp(&b.0));
+        drop(waiters);
         // Value waiters hear the new value (or its absence) through `publish`.
         self.publish();
     }
@@ -865,6 +869,14 @@ pub struct MemorySnapshot {
     marker: Option<(Epoch, Instant)>,
     kvs: Vec<(String, SavedKv)>,
     leases: Vec<(LeaseId, Duration)>,
+}
+
+impl MemorySnapshot {
+    /// The store's revision when the snapshot was taken: a restore loses what was written
+    /// since only if the store's revision is past it by then.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
 }
 
 #[cfg(test)]

@@ -40,19 +40,16 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
     let grace = u64::try_from(plan.grace.as_millis()).unwrap_or(u64::MAX);
     // When each hold ended: a hold that ends at the very instant a successor is granted did
     // not overlap it (two tasks of one instant are recorded in either order).
-    let ended: HashMap<u64, u64> = history
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Ended { at, hold, .. } => Some((*hold, *at)),
-            _ => None,
-        })
-        .collect();
+    // (A hold lost and then released ends twice: the first counts.)
+    let mut ended: HashMap<u64, u64> = HashMap::new();
+    for event in &history.events {
+        if let Event::Ended { at, hold, .. } = event {
+            ended.entry(*hold).or_insert(*at);
+        }
+    }
     let mut active: BTreeMap<u64, Hold> = BTreeMap::new();
     // Per name: the highest token granted to an exclusive holder, and to any holder.
     let mut last_token: HashMap<String, (u64, u64)> = HashMap::new();
-    let mut limits: HashMap<String, u32> = HashMap::new();
-    let mut limits_at_snapshot: HashMap<String, u32> = HashMap::new();
     // Every limit in force, by name, with when it took effect: a permit's grant is decided
     // by a read up to one network delay before the grant is recorded, and a change of the
     // limit is recorded up to one delay after it was made.
@@ -63,25 +60,28 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
     for event in &history.events {
         match event {
             Event::Limit { at, name, limit } => {
-                limits.insert(name.clone(), *limit);
-                limit_history
-                    .entry(name.clone())
-                    .or_default()
-                    .push((*at, *limit));
+                let history = limit_history.entry(name.clone()).or_default();
+                // A change answered just after the store forgot may have been made before it
+                // (its answer held up on the way), and lost with it: any limit ever stored may
+                // be the one in force.
+                let limit = match losses.last() {
+                    Some(loss) if at.saturating_sub(*loss) <= NETWORK_DELAY_MS => {
+                        let ever = history.iter().map(|(_, l)| *l).max().unwrap_or(0);
+                        (*limit).max(ever).max(plan.first_limit)
+                    }
+                    _ => *limit,
+                };
+                history.push((*at, limit));
             }
-            Event::Snapshot { .. } => limits_at_snapshot = limits.clone(),
-            Event::StoreLost { at, restored } => {
+            Event::StoreLost { at, .. } => {
                 losses.push(*at);
                 highest_before_loss = highest;
-                // The stored limits are gone (the first client stores its own again), or back
-                // to what they were at the snapshot.
-                limits = if *restored {
-                    limits_at_snapshot.clone()
-                } else {
-                    HashMap::new()
-                };
-                for (name, history) in &mut limit_history {
-                    history.push((*at, limits.get(name).copied().unwrap_or(plan.first_limit)));
+                // The first permit asked for afterwards stores its handle's limit again: any
+                // limit ever stored (a handle made before the loss carries an old one), until
+                // the administrator's next change says which.
+                for history in limit_history.values_mut() {
+                    let ever = history.iter().map(|(_, l)| *l).max().unwrap_or(0);
+                    history.push((*at, ever.max(plan.first_limit)));
                 }
                 // A new epoch: tokens start above, queue order starts over.
                 last_token.clear();
@@ -108,7 +108,13 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                         .copied()
                         .or_else(|| others.iter().find(|h| h.kind == Kind::Permit).copied()),
                     Kind::Permit => {
-                        let permits = others.iter().filter(|h| h.kind == Kind::Permit).count();
+                        // The semaphore's rule: fewer than the limit ahead of it. A permit behind
+                        // it that holds was granted under a higher limit, before a lowering
+                        // (permits granted stay granted).
+                        let permits = others
+                            .iter()
+                            .filter(|h| h.kind == Kind::Permit && h.token < *token)
+                            .count();
                         let limit = limit_around(
                             limit_history.get(name).map_or(&[][..], Vec::as_slice),
                             *at,
@@ -118,7 +124,7 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                             out.push(Violation {
                                 rule: "never more holders than permits",
                                 detail: format!(
-                                    "at {at} ms client {client} was granted a permit of `{name}` (token {token}) while {permits} permits were held and the stored limit was {limit}"
+                                    "at {at} ms client {client} was granted a permit of `{name}` (token {token}) while {permits} permits ahead of it were held and the stored limit was {limit}"
                                 ),
                             });
                         }

@@ -398,9 +398,10 @@ async fn acquire(
     name: &str,
     recipe: Recipe,
     permits: u32,
+    may_cancel: bool,
 ) -> Option<(Guard, Kind)> {
     let wait = Duration::from_millis(200 + rng.below(6_000));
-    let cancel = rng.chance(250);
+    let cancel = may_cancel && rng.chance(250);
     let attempt = async {
         Some(match recipe {
             Recipe::Mutex => (
@@ -462,8 +463,15 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
         let Some((session, session_at)) = client.session(&ctx).await else {
             continue;
         };
-        let Some((guard, kind)) =
-            acquire(&mut rng, &session, &name, recipe, ctx.plan.first_limit).await
+        let Some((guard, kind)) = acquire(
+            &mut rng,
+            &session,
+            &name,
+            recipe,
+            ctx.plan.first_limit,
+            true,
+        )
+        .await
         else {
             continue;
         };
@@ -581,19 +589,20 @@ async fn limit_admin(ctx: Ctx, mut client: Client, mut rng: Rng, name: String) {
                     limit,
                 });
             }
-            // Maybe applied: read what is stored; if that fails too, either may be stored
-            // (the higher is recorded, and the next change learns which from its refusal).
-            Err(_) => {
-                limit = match sem.limit().await {
-                    Ok(Some(now)) => now,
-                    _ => limit.max(to),
-                };
-                ctx.record(Event::Limit {
-                    at: ctx.now(),
-                    name: name.clone(),
-                    limit,
-                });
-            }
+            // Maybe applied: read what is stored. If that fails too, nothing is known (after a
+            // loss, not even that the limit was `limit`): nothing is recorded, and the next
+            // change learns it from its refusal. (The checker kept the higher of the two.)
+            Err(_) => match sem.limit().await {
+                Ok(Some(now)) => {
+                    limit = now;
+                    ctx.record(Event::Limit {
+                        at: ctx.now(),
+                        name: name.clone(),
+                        limit,
+                    });
+                }
+                _ => limit = limit.max(to),
+            },
         }
     }
 }
@@ -639,13 +648,17 @@ async fn store_faults(ctx: Ctx, store: MemoryBackend, witness: MemoryBackend, mu
         match snapshot.take() {
             Some(saved) => {
                 // The witness looks just before and just after (no other task runs between):
-                // the first answer after the restore is behind one it saw.
+                // the first answer after the restore is behind one it saw. A restore that
+                // loses nothing (nothing written since the snapshot) is no loss.
                 let _ = witness.entries("w").now_or_never();
+                let lost_writes = store.snapshot().revision() > saved.revision();
                 store.restore(&saved);
-                ctx.record(Event::StoreLost {
-                    at: ctx.now(),
-                    restored: true,
-                });
+                if lost_writes {
+                    ctx.record(Event::StoreLost {
+                        at: ctx.now(),
+                        restored: true,
+                    });
+                }
                 let _ = witness.entries("w").now_or_never();
             }
             None => {
@@ -673,7 +686,9 @@ pub fn run(plan: &Plan) -> Outcome {
     // `tokio::select!` picks among ready branches at random: from the seed, so that a
     // schedule replays (a tokio_unstable build, as `just simulate` makes).
     #[cfg(tokio_unstable)]
-    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&plan.seed.to_le_bytes()));
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(
+        &plan.seed.to_le_bytes(),
+    ));
     let runtime = builder.build().expect("a current-thread runtime");
     runtime.block_on(schedule(plan.clone()))
 }
@@ -780,7 +795,7 @@ async fn schedule(plan: Plan) -> Outcome {
             let mut last = String::new();
             // Entries of lost sessions go with their leases: a few tries.
             for _ in 0..3 {
-                match acquire(&mut r, &clean, name, *recipe, plan.first_limit).await {
+                match acquire(&mut r, &clean, name, *recipe, plan.first_limit, false).await {
                     Some((guard, _)) => {
                         guard.release(&mut Rng::new(1)).await;
                         return Ok(());
