@@ -88,8 +88,9 @@ struct LeaseState {
 #[derive(Debug)]
 struct State {
     /// The store's epoch marker (what a network backend keeps in a key) and when its restart
-    /// grace ends; `None` once the state was lost, until a client begins the next epoch.
-    marker: Option<(Epoch, Instant)>,
+    /// grace ends (`None`: the epoch began without one); `None` once the state was lost,
+    /// until a client begins the next epoch.
+    marker: Option<(Epoch, Option<Instant>)>,
     revision: u64,
     next_lease: i64,
     kvs: BTreeMap<String, Kv>,
@@ -323,7 +324,7 @@ impl MemoryBackend {
     pub fn new() -> Self {
         let created = Instant::now();
         let state = State {
-            marker: Some((Epoch::new(crate::epoch::random_u128(), 1, 1), created)),
+            marker: Some((Epoch::new(crate::epoch::random_u128(), 1, 1), None)),
             ..State::default()
         };
         let shared = Arc::new(Shared {
@@ -509,11 +510,13 @@ impl MemoryBackend {
             let epoch = self.epochs.next_epoch(state.revision, clock);
             // Leases from before stay until they expire: their owners stop renewing them
             // when they notice the new epoch, as on a network store.
-            state.marker = Some((epoch, now + self.epochs.grace()));
+            state.marker = Some((epoch, Some(now + self.epochs.grace())));
         }
         if let Some((epoch, grace_end)) = state.marker {
-            let left = grace_end.saturating_duration_since(now);
-            self.epochs.enter(epoch, (!left.is_zero()).then_some(left));
+            let left = grace_end
+                .map(|end| end.saturating_duration_since(now))
+                .filter(|left| !left.is_zero());
+            self.epochs.enter(epoch, left);
         }
         Ok(Answering {
             state,
@@ -866,7 +869,7 @@ type SavedKv = (Vec<u8>, u64, Option<LeaseId>);
 #[derive(Debug, Clone)]
 pub struct MemorySnapshot {
     revision: u64,
-    marker: Option<(Epoch, Instant)>,
+    marker: Option<(Epoch, Option<Instant>)>,
     kvs: Vec<(String, SavedKv)>,
     leases: Vec<(LeaseId, Duration)>,
 }
