@@ -73,6 +73,11 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                 };
                 history.push((*at, limit));
             }
+            Event::LimitMayRise { at, name, to } => {
+                let history = limit_history.entry(name.clone()).or_default();
+                let now = history.last().map_or(plan.first_limit, |(_, l)| *l);
+                history.push((*at, now.max(*to)));
+            }
             Event::StoreLost { at, .. } => {
                 losses.push(*at);
                 highest_before_loss = highest;
@@ -111,10 +116,20 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                         // The semaphore's rule: fewer than the limit ahead of it. A permit behind
                         // it that holds was granted under a higher limit, before a lowering
                         // (permits granted stay granted).
-                        let permits = others
+                        let ahead: Vec<&&Hold> = others
                             .iter()
                             .filter(|h| h.kind == Kind::Permit && h.token < *token)
-                            .count();
+                            .collect();
+                        let permits = ahead.len();
+                        let held: Vec<String> = ahead
+                            .iter()
+                            .map(|h| {
+                                format!(
+                                    "client {} token {} since {} ms",
+                                    h.client, h.token, h.granted
+                                )
+                            })
+                            .collect();
                         let limit = limit_around(
                             limit_history.get(name).map_or(&[][..], Vec::as_slice),
                             *at,
@@ -124,7 +139,8 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                             out.push(Violation {
                                 rule: "never more holders than permits",
                                 detail: format!(
-                                    "at {at} ms client {client} was granted a permit of `{name}` (token {token}) while {permits} permits ahead of it were held and the stored limit was {limit}"
+                                    "at {at} ms client {client} was granted a permit of `{name}` (token {token}) while {permits} permits ahead of it were held ({}) and the stored limit was {limit}",
+                                    held.join("; ")
                                 ),
                             });
                         }
@@ -263,9 +279,11 @@ fn observers(history: &History, out: &mut Vec<Violation>) {
                 observer,
                 name,
                 token,
+                ..
             } if *token > 0 => {
                 let last = seen.entry((*observer, name.as_str())).or_default();
-                if *token <= *last {
+                // (A proclamation repeats its leader's token.)
+                if *token < *last {
                     out.push(Violation {
                         rule: "observers see leaders in order",
                         detail: format!(
@@ -276,6 +294,43 @@ fn observers(history: &History, out: &mut Vec<Violation>) {
                 *last = *token;
             }
             _ => {}
+        }
+    }
+    // Every proclamation acknowledged is seen by every observer of its name, with its value.
+    let values: std::collections::HashSet<(usize, &str, u64, &str)> = history
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Observed {
+                observer,
+                name,
+                token,
+                value,
+                ..
+            } => Some((*observer, name.as_str(), *token, value.as_str())),
+            _ => None,
+        })
+        .collect();
+    let watchers: std::collections::HashSet<(usize, &str)> =
+        values.iter().map(|(o, n, _, _)| (*o, *n)).collect();
+    for event in &history.events {
+        if let Event::Proclaimed {
+            at,
+            name,
+            token,
+            value,
+        } = event
+        {
+            for &(o, n) in &watchers {
+                if n == name && !values.contains(&(o, n, *token, value.as_str())) {
+                    out.push(Violation {
+                        rule: "observers see every proclamation",
+                        detail: format!(
+                            "observer {o} of `{name}` never saw leader {token} proclaim `{value}` (acknowledged at {at} ms)"
+                        ),
+                    });
+                }
+            }
         }
     }
     // Every leadership granted (by token) is seen by every observer of its name.

@@ -158,16 +158,28 @@ pub enum Event {
     Acked { at: u64, name: String, token: u64 },
     /// A semaphore's stored limit is now `limit`.
     Limit { at: u64, name: String, limit: u32 },
+    /// A change of a semaphore's limit to `to` is in flight: from now on the stored limit may
+    /// be `to`, or still what it was (which the administrator may not know, after a loss).
+    LimitMayRise { at: u64, name: String, to: u32 },
     /// A snapshot of the store was taken (a restore later brings it back).
     Snapshot { at: u64 },
     /// The store lost its state (`restored`: went back to a snapshot).
     StoreLost { at: u64, restored: bool },
-    /// An election observer saw a leader (or a vacancy: `token` 0).
+    /// An election observer saw a leader, or its proclamation (or a vacancy: `token` 0),
+    /// with the leader's value.
     Observed {
         at: u64,
         observer: usize,
         name: String,
         token: u64,
+        value: String,
+    },
+    /// A leader's proclamation of `value` was acknowledged.
+    Proclaimed {
+        at: u64,
+        name: String,
+        token: u64,
+        value: String,
     },
     /// A client was paused (cut off, its work stopped) from `at` for `ms`.
     Paused { at: u64, client: usize, ms: u64 },
@@ -496,7 +508,15 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
         if let Guard::Lead(leader) = &mut guard
             && rng.chance(300)
         {
-            let _ = leader.proclaim(format!("p{}", rng.below(100))).await;
+            let value = format!("p{}", rng.below(100));
+            if leader.proclaim(value.clone()).await.is_ok() {
+                ctx.record(Event::Proclaimed {
+                    at: ctx.now(),
+                    name: name.clone(),
+                    token: leader.fencing_token().get(),
+                    value,
+                });
+            }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(800))).await;
         ctx.released(hold, &ended);
@@ -561,10 +581,10 @@ async fn limit_admin(ctx: Ctx, mut client: Client, mut rng: Rng, name: String) {
         // While the change is in flight (its answer may come late, or be lost) either limit
         // may be the stored one: the checker allows the higher.
         if to > limit {
-            ctx.record(Event::Limit {
+            ctx.record(Event::LimitMayRise {
                 at: ctx.now(),
                 name: name.clone(),
-                limit: to,
+                to,
             });
         }
         match sem.set_limit(limit, to).await {
@@ -618,10 +638,13 @@ async fn observer(ctx: Ctx, id: usize, session: Session, name: String, until: In
             next = events.next() => next,
             () = tokio::time::sleep_until(until) => return,
         };
-        let token = match next {
-            Some(Ok(LeaderEvent::Elected(leader))) => leader.token().get(),
-            Some(Ok(LeaderEvent::Vacant | LeaderEvent::Skipped)) => 0,
-            Some(Ok(_)) | Some(Err(_)) => continue,
+        let (token, value) = match next {
+            Some(Ok(LeaderEvent::Elected(leader) | LeaderEvent::Proclaimed(leader))) => (
+                leader.token().get(),
+                String::from_utf8_lossy(leader.value()).into_owned(),
+            ),
+            Some(Ok(LeaderEvent::Vacant | LeaderEvent::Skipped)) => (0, String::new()),
+            Some(Ok(_) | Err(_)) => continue,
             None => return,
         };
         ctx.record(Event::Observed {
@@ -629,6 +652,7 @@ async fn observer(ctx: Ctx, id: usize, session: Session, name: String, until: In
             observer: id,
             name: name.clone(),
             token,
+            value,
         });
     }
 }
