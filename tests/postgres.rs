@@ -125,7 +125,13 @@ async fn auth_and_permission_errors_are_typed() {
         ))
         .await
         .unwrap();
-    let url = |user: &str| format!("postgres://{user}@127.0.0.1:{}/postgres", node.port());
+    // A schema the fixture did not create (it marks `baton` as baton's on every new server).
+    let url = |user: &str| {
+        format!(
+            "postgres://{user}@127.0.0.1:{}/postgres?baton_schema=app_locks",
+            node.port()
+        )
+    };
     let err = PgBackend::connect(&url("app:wrong"), PgOptions::new())
         .await
         .unwrap_err();
@@ -138,15 +144,19 @@ async fn auth_and_permission_errors_are_typed() {
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Permission { .. }), "{err:?}");
-    // Once an owner created the schema and granted its use, the role locks.
-    PgBackend::connect(&node.url(), PgOptions::new())
+    // Once an owner created the schema (and marked it new) and granted its use, the role
+    // locks.
+    PgBackend::connect(&node.url(), PgOptions::new().with_schema("app_locks"))
+        .await
+        .unwrap()
+        .init_store()
         .await
         .unwrap();
     admin
         .batch_execute(
-            "GRANT USAGE ON SCHEMA baton TO app;
-             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA baton TO app;
-             GRANT USAGE ON ALL SEQUENCES IN SCHEMA baton TO app;",
+            "GRANT USAGE ON SCHEMA app_locks TO app;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA app_locks TO app;
+             GRANT USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA app_locks TO app;",
         )
         .await
         .unwrap();
@@ -258,6 +268,13 @@ async fn an_older_schema_is_migrated_on_connect() {
          DROP FUNCTION {schema}.timeline_age(); \
          DROP TABLE {schema}.timelines; \
          DROP FUNCTION {schema}.timeline(); \
+         DROP TABLE {schema}.store; \
+         DROP FUNCTION {schema}.clock_us(), {schema}.flush_lsn(), {schema}.new_marker(), \
+             {schema}.floor_sequences(bigint), {schema}.floor_once(), {schema}.next_token(), \
+             {schema}.next_lease_id(), {schema}.epoch_state(), \
+             {schema}.begin_epoch(text, boolean, bigint), {schema}.grant_lease_v8(bigint), \
+             {schema}.renew_v8(bigint), \
+             {schema}.enqueue_v8(text, text, bigint, bytea, bigint); \
          DELETE FROM {schema}.schema_version WHERE version >= 2"
     ))
     .await
@@ -271,11 +288,13 @@ async fn an_older_schema_is_migrated_on_connect() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 7);
+    assert_eq!(version, 8);
     // The functions as the migrations left them, each with a line only its newest body has.
     for (function, line) in [
         ("enqueue_v4", "Whatever is before the head"),
+        ("enqueue_v4", "next_token()"),
         ("grant_lease", "deadline <= now_ts"),
+        ("grant_lease", "next_lease_id()"),
     ] {
         let body: String = raw
             .query_one(
@@ -299,10 +318,9 @@ async fn an_older_schema_is_migrated_on_connect() {
         async { Mutex::new(&session, &name).unwrap().lock().await.unwrap() },
     )
     .await;
-    // Version 3: the token starts with the timeline (1: this server was never promoted).
-    assert_eq!(
-        guard.fencing_token().get() >> 40,
-        1,
+    // Version 8: tokens start at the clock's microseconds, the timeline above them.
+    assert!(
+        guard.fencing_token().get() > (1 << 40) + 1_000_000_000_000_000,
         "{}",
         guard.fencing_token()
     );
@@ -523,61 +541,88 @@ async fn a_holder_whose_schema_is_dropped_is_told_at_its_next_renewal() {
     drop(guard);
 }
 
-/// baton's state lost under a holder (`DROP SCHEMA baton CASCADE`; a cluster created anew at
-/// the same address looks the same once a client has connected to it): **not detected**,
-/// unlike a failover or a Redis flush (docs/postgres.md). A client that connects re-creates
-/// the schema and is granted at once, with a token below the holder's (the sequence starts
-/// again). What holds: the holder is told lost at its next renewal (its lease is gone),
-/// within a third of its TTL of the loss plus the renewal's round trip, and before its own
-/// deadline. Before schema version 7 it was never told: the new schema's first lease had the
-/// holder's lease id (both 1), and the holder's renewals renewed the newcomer's lease.
+/// baton's state lost under a holder (`DROP SCHEMA baton CASCADE`): a schema created again
+/// has no epoch marker, so its first use begins a new store epoch. Before issue #36 it was
+/// not detected: a client that connected re-created the schema and was granted at once, with
+/// a token below the holder's (the sequence started again). Now the newcomer waits the grace,
+/// its token is above the holder's (the sequences start at the clock), and the holder is told
+/// at its next renewal, before the newcomer is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_at_its_renewal() {
+async fn baton_state_lost_under_a_holder_is_a_new_epoch() {
     let node = own_node().await;
-    let ttl = Duration::from_secs(6);
-    let old = node.backend().await.unwrap();
-    let holder = session(&old, ttl).await;
-    let mut earlier = FencingToken::new(0);
-    for i in 0..20 {
-        let g = Mutex::new(&holder, format!("wiped/{i}"))
-            .unwrap()
-            .lock()
-            .await
-            .unwrap();
-        earlier = g.fencing_token();
-        g.unlock().await.unwrap();
-    }
-    let guard = Mutex::new(&holder, "wiped").unwrap().lock().await.unwrap();
-    assert!(guard.fencing_token() > earlier);
-    let lost = holder.lost();
-    drop_baton_schema(&node).await;
-    let dropped = tokio::time::Instant::now();
-    // A newcomer's connect creates the schema again; nothing in it tells of the holder.
-    let fresh = node.backend().await.unwrap();
-    let newcomer = session(&fresh, ttl).await;
-    let granted = within(
-        "the newcomer, granted at once on the new schema",
-        ttl / 3,
-        Mutex::new(&newcomer, "wiped").unwrap().lock(),
+    let ttl = Duration::from_secs(2);
+    let grace = Duration::from_secs(3);
+    let options = || PgOptions::new().with_restart_grace(grace);
+    let old = PgBackend::connect(&node.url(), options()).await.unwrap();
+    let out = support::epochs::a_holder_from_before_never_overlaps(
+        Arc::new(old),
+        "wiped",
+        ttl,
+        grace,
+        || drop_baton_schema(&node),
+        || async {
+            Arc::new(PgBackend::connect(&node.url(), options()).await.unwrap()) as Arc<dyn Backend>
+        },
+    )
+    .await;
+    eprintln!("{out:?}");
+}
+
+/// A failover to a standby that missed commits (issue #36): the old primary granted a lock
+/// and leases the standby never received; the new primary's sequences were behind them.
+/// Before, lease ids repeated on the new primary, and a stale client ending its session
+/// deleted a newcomer's lease: the newcomer lost a correctly granted lock. Now the sequences
+/// jump to the clock on the new primary, the holder from before (which reaches the new
+/// primary through an address that moved) is told at once when its client sees the flush
+/// position behind what it saw (or the new timeline's epoch), the newcomer waits the grace,
+/// and a stale client's revoke finds no lease of anyone else's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_to_a_standby_that_missed_commits_lets_no_holder_from_before_overlap() {
+    let f = Failover::start().await;
+    let ttl = Duration::from_secs(2);
+    let grace = Duration::from_secs(3);
+    let holder = f.front_backend("missed_commits", grace).await;
+    f.caught_up().await;
+    f.link.refuse().unwrap();
+    // Leases and a lock the standby never receives.
+    let stale = Session::from_shared(
+        Arc::new(holder.clone()),
+        SessionOptions::new().with_ttl(Duration::from_secs(30)),
     )
     .await
     .unwrap();
-    assert!(
-        granted.fencing_token() < guard.fencing_token(),
-        "the sequence started again: {} after {}",
-        granted.fencing_token(),
-        guard.fencing_token()
-    );
-    // The holder's next renewal finds no lease: it is told within TTL/3 and a round trip.
-    within(
-        "the holder told lost",
-        ttl / 3 + Duration::from_secs(1),
-        lost,
+    let name = test_name("missed-commits");
+    let out = support::epochs::a_holder_from_before_never_overlaps(
+        Arc::new(holder.clone()),
+        &name,
+        ttl,
+        grace,
+        || f.fail_over(),
+        || async { Arc::new(f.standby_backend(grace).await) as Arc<dyn Backend> },
     )
     .await;
-    assert!(dropped.elapsed() < ttl, "told only at its own deadline");
-    granted.unlock().await.unwrap();
-    drop(guard);
+    eprintln!("{out:?}");
+    // A newcomer's lease on the new primary, and a lock under it; then the stale client
+    // ends its session (a revoke of its lease id, which the new primary must not know).
+    let newcomer = f.standby_backend(grace).await;
+    let fresh = session(&newcomer, Duration::from_secs(30)).await;
+    assert_ne!(fresh.lease_id(), stale.lease_id(), "lease ids repeat");
+    let guard = Mutex::new(&fresh, format!("{name}-2"))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    let _ = stale.close().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !fresh.is_lost(),
+        "the stale client's close ended the newcomer's session"
+    );
+    assert!(
+        guard.is_owner().await.unwrap(),
+        "the newcomer lost its lock"
+    );
+    guard.unlock().await.unwrap();
 }
 
 /// A failover to an asynchronous standby that missed the primary's last commits (replication
@@ -902,11 +947,12 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
     );
     assert!(next.fencing_token() > held.fencing_token());
     next.unlock().await.unwrap();
-    // A schema created on the new timeline lost nothing: no grace there.
+    // A schema created on the new timeline and marked new by an operator: no grace there.
     let fresh = PgOptions::new()
         .with_schema("baton_after_failover")
         .with_restart_grace(Duration::from_secs(60));
     let fresh = PgBackend::connect(&f.standby.url(), fresh).await.unwrap();
+    assert!(fresh.init_store().await.unwrap(), "marked new");
     let f = session(&fresh, Duration::from_secs(30)).await;
     within(
         "a lock in a schema created after the failover",
@@ -1115,6 +1161,7 @@ async fn pg_fence(_test: &str) -> Arc<dyn Fence> {
     )
     .await
     .unwrap();
+    backend.init_store().await.unwrap();
     Arc::new(PgFence::new(&backend))
 }
 
@@ -1527,4 +1574,205 @@ async fn an_abandoned_enqueue_delivered_late_lands_nowhere() {
     // Once, so that the LISTEN connection already listens for this name.
     mutex.lock().await.unwrap().unlock().await.unwrap();
     support::abandoned_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
+}
+
+/// A role or database default isolation of REPEATABLE READ or SERIALIZABLE changes nothing
+/// (issue #36): baton sets READ COMMITTED on every connection. Before, an enqueue that waited
+/// behind another's queue lock read the queue in a snapshot taken before the wait: enqueues
+/// that queued behind one another all saw no one ahead and were granted together (6 of 6
+/// holders at once), and clients starting together on a fresh database failed with `relation
+/// "tokens" already exists`. Per default, on a server of its own: 6 clients start at once on
+/// a database without baton's schema (each migrating), then contend for one lock, each
+/// holding it a moment; never more than one holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolation_defaults_of_the_role_or_database_change_nothing() {
+    let node = own_node().await;
+    let admin = node.client().await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE ROLE rr LOGIN SUPERUSER; \
+             ALTER ROLE rr SET default_transaction_isolation = 'repeatable read';",
+        )
+        .await
+        .unwrap();
+    // One statement each: CREATE DATABASE runs outside a transaction.
+    admin.batch_execute("CREATE DATABASE ser").await.unwrap();
+    admin
+        .batch_execute("ALTER DATABASE ser SET default_transaction_isolation = 'serializable'")
+        .await
+        .unwrap();
+    for (who, url) in [
+        (
+            "role rr, repeatable read",
+            format!(
+                "postgres://rr@127.0.0.1:{}/postgres?baton_schema=iso_rr",
+                node.port()
+            ),
+        ),
+        (
+            "database ser, serializable",
+            format!("postgres://postgres@127.0.0.1:{}/ser", node.port()),
+        ),
+    ] {
+        // First use, all at once.
+        let connects = (0..6).map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { PgBackend::connect(&url, PgOptions::new()).await })
+        });
+        let mut backends = Vec::new();
+        for c in connects {
+            backends.push(c.await.unwrap().unwrap_or_else(|e| {
+                panic!(
+                    "{who}: concurrent first use failed: {e:?} ({:?})",
+                    std::error::Error::source(&e)
+                )
+            }));
+        }
+        backends[0].init_store().await.unwrap();
+        let holding = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let barrier = Arc::new(tokio::sync::Barrier::new(backends.len()));
+        let tasks: Vec<_> = backends
+            .into_iter()
+            .map(|b| {
+                let (holding, most, barrier) = (holding.clone(), most.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let s = session(&b, Duration::from_secs(30)).await;
+                    barrier.wait().await;
+                    let g = Mutex::new(&s, "isolation").unwrap().lock().await.unwrap();
+                    let now = holding.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    g.unlock().await.unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            within("the contenders", Duration::from_secs(30), t)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            most.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{who}: holders at once"
+        );
+    }
+}
+
+/// Errors a DBA meets (issue #38), each typed and said at once, nothing sent that can be
+/// refused before: an unknown URL option and a port out of range are the caller's to fix
+/// (`InvalidInput`, the CLI's 64, not "cannot reach", 69); a lock name too long for the
+/// entries' index is refused before it is sent, naming the limit and the name shortened
+/// (not PostgreSQL's B-tree error echoing the whole name); a role whose transactions are
+/// read-only by default is refused at connect (not retried 11.5 s as if a standby); a schema
+/// of the application's is not taken over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dbas_errors_are_typed_and_said_at_once() {
+    let node = PgNode::shared();
+    for url in [
+        format!("{}?no_such_option=1", node.url()),
+        format!("postgres://postgres@127.0.0.1:70000/postgres"),
+    ] {
+        let err = PgBackend::connect(&url, PgOptions::new())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{url}: {err:?}");
+    }
+
+    let backend = node.backend().await.unwrap();
+    let s = session(&backend, Duration::from_secs(30)).await;
+    let long = format!("{}{}", test_name("long"), "x".repeat(5_000));
+    let err = Mutex::new(&s, &long).unwrap().lock().await.unwrap_err();
+    let text = err.to_string();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(text.contains("2000") && text.len() < 400, "{text}");
+
+    let admin = node.client().await.unwrap();
+    admin
+        .batch_execute(
+            "CREATE ROLE ro LOGIN SUPERUSER; \
+             ALTER ROLE ro SET default_transaction_read_only = on; \
+             CREATE SCHEMA IF NOT EXISTS appdata; \
+             CREATE TABLE IF NOT EXISTS appdata.customers (id int); \
+             CREATE SCHEMA IF NOT EXISTS appclash; \
+             CREATE TABLE IF NOT EXISTS appclash.tokens (id int);",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = PgBackend::connect(
+        &format!("postgres://ro@127.0.0.1:{}/postgres", node.port()),
+        PgOptions::new(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Misconfigured { .. }), "{err:?}");
+    assert!(
+        std::error::Error::source(&err)
+            .is_some_and(|s| s.to_string().contains("default_transaction_read_only")),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    for schema in ["appdata", "appclash"] {
+        let err = PgBackend::connect(&node.url(), PgOptions::new().with_schema(schema))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::ForeignSchema { schema: s } if s == schema),
+            "{schema}: {err:?}"
+        );
+        assert!(err.to_string().contains("with_schema"), "{err}");
+    }
+}
+
+/// A server out of connections (issue #38): the request connection got the last one, the
+/// LISTEN connection gets `too many clients`. Before, the connect waited 5 s and blamed a
+/// transaction-mode pooler, naming no address (`baton:  does not match`). Now it says what
+/// the server said, at once, with the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_out_of_connections_is_named_as_such() {
+    let node = PgNode::start_with(&[
+        "-c",
+        "max_connections=8",
+        "-c",
+        "superuser_reserved_connections=0",
+    ])
+    .await
+    .unwrap();
+    // Take every slot but one.
+    let mut held = Vec::new();
+    loop {
+        match node.client().await {
+            Ok(c) => held.push(c),
+            Err(_) => break,
+        }
+    }
+    // Let one go: the request connection takes it, the LISTEN connection finds none.
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let err = PgBackend::connect(&node.url(), PgOptions::new())
+        .await
+        .unwrap_err();
+    let text = format!(
+        "{err} / {:?}",
+        std::error::Error::source(&err).map(|s| s.to_string())
+    );
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(text.contains("too many clients"), "{text}");
+    assert!(!text.contains("pooler"), "{text}");
+    assert!(text.contains("127.0.0.1"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
 }
