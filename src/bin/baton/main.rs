@@ -38,7 +38,8 @@ Exit codes:
   77   authentication failed (user and password, or a client certificate refused)
   78   the server does not match the configuration: https:// to a server without TLS (or
        the reverse), its certificate not trusted, --user for a server without authentication,
-       a server too old or set up wrongly, another --layout: fix the configuration
+       a server too old or set up wrongly, another --layout, a permission the user lacks:
+       fix the configuration
   79   the lock or leadership was lost (its key deleted, or its session lost), or renewals
        failed until its lease was about to expire; the command, if any, was stopped (79
        whatever the command returned)
