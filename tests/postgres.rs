@@ -52,10 +52,12 @@ async fn fault_harness_sample() {
 /// refused at connect with typed errors, the cause kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_errors_are_typed() {
+    // Nothing is sent: the caller's to fix (issue #38: it was Connect, "cannot reach").
     let err = PgBackend::connect("postgres://a b c:xx/", PgOptions::new())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some(), "{err:?}");
 
     let port = support::refused_port();
     let started = std::time::Instant::now();
@@ -967,10 +969,12 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
 
 /// A waiter queued before a failover is woken on the new timeline by a deletion's notice that
 /// names it the head (its holder's lease ended there, as an expiry of a lease whose renewals
-/// the standby missed would). The notice comes from a timeline still in its restart grace, so
-/// the waiter does not take it at its word: it reads again and waits the grace out.
+/// the standby missed would). The notice comes from another timeline than the waiter saw, so
+/// the waiter does not take it at its word: it reads again, and its read answers the new
+/// timeline's store epoch, which ends every session from before (schema version 8: before,
+/// it waited the grace out and was granted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_failover_a_notice_naming_the_next_holder_waits_the_grace() {
+async fn after_a_failover_a_notice_naming_the_next_holder_is_not_taken_at_its_word() {
     let f = Failover::start().await;
     let grace = Duration::from_secs(6);
     // The waiter reaches the primary through an address the failover moves.
@@ -985,21 +989,17 @@ async fn after_a_failover_a_notice_naming_the_next_holder_waits_the_grace() {
     f.caught_up().await;
     f.fail_over().await;
     let raw = f.standby.client().await.unwrap();
-    // Its LISTEN connection is back on the new primary, and it has looked at the holder's
-    // entry again there (and so waits for a notice, nothing else).
-    support::eventually("the waiter waits on the new primary", || async {
+    // Its LISTEN connection is back on the new primary.
+    support::eventually("the waiter listens on the new primary", || async {
         raw.query_one(
-            "SELECT count(*) FILTER (WHERE query LIKE 'LISTEN%'), \
-                    count(*) FILTER (WHERE query LIKE '%.alive(%' AND state = 'idle') \
+            "SELECT count(*) FILTER (WHERE query LIKE 'LISTEN%') \
              FROM pg_stat_activity WHERE application_name = 'failover_waiter'",
             &[],
         )
         .await
-        .is_ok_and(|r| r.get::<_, i64>(0) >= 1 && r.get::<_, i64>(1) >= 1)
+        .is_ok_and(|r| r.get::<_, i64>(0) >= 1)
     })
     .await;
-    assert!(!waiter.is_lost());
-    let ended = std::time::Instant::now();
     let n = raw
         .execute(
             "DELETE FROM baton.leases WHERE id = $1",
@@ -1010,14 +1010,12 @@ async fn after_a_failover_a_notice_naming_the_next_holder_waits_the_grace() {
     assert_eq!(n, 1, "the holder's lease is on the new primary");
     let next = within("the waiter", Duration::from_secs(30), queued)
         .await
-        .unwrap()
         .unwrap();
     assert!(
-        ended.elapsed() >= grace - Duration::from_secs(1),
-        "granted {:?} after the notice, within the restart grace ({grace:?})",
-        ended.elapsed()
+        matches!(next, Err(Error::SessionLost(LostReason::StoreReset))),
+        "{next:?}"
     );
-    drop(next);
+    assert_eq!(waiter.lost().await, LostReason::StoreReset);
 }
 
 /// `pg_terminate_backend` on the holder's connections and then on the waiter's: each
@@ -1365,11 +1363,21 @@ async fn one_release_notifies_one_waiter() {
         notified.push(payload);
     }
     // The released entry's token, the head it left (the next waiter, which is granted from
-    // this notice without reading the queue) and the timeline (1: never promoted).
+    // this notice without reading the queue), the timeline (1: never promoted) and the
+    // flush LSN (schema version 8: a notice from a server behind what the waiter saw is not
+    // taken at its word).
     assert_eq!(
-        notified,
-        vec![format!("{} {} 1", queued[0].token(), queued[1].token())],
-        "one notification per release, naming the new head"
+        notified.len(),
+        1,
+        "one notification per release: {notified:?}"
+    );
+    let prefix = format!("{} {} 1 ", queued[0].token(), queued[1].token());
+    assert!(
+        notified[0].starts_with(&prefix)
+            && notified[0][prefix.len()..]
+                .parse::<u64>()
+                .is_ok_and(|lsn| lsn > 0),
+        "naming the new head: {notified:?}"
     );
     assert_eq!(next.fencing_token(), queued[1].token());
     next.unlock().await.unwrap();
@@ -1683,7 +1691,12 @@ async fn a_dbas_errors_are_typed_and_said_at_once() {
 
     let backend = node.backend().await.unwrap();
     let s = session(&backend, Duration::from_secs(30)).await;
-    let long = format!("{}{}", test_name("long"), "x".repeat(5_000));
+    // Pseudo-random digits: a name that compresses would fit the index (it takes the
+    // compressed key).
+    let digits: String = (0u64..1_500)
+        .map(|i| format!("{:x}", i.wrapping_mul(2_654_435_761) % 65_521))
+        .collect();
+    let long = format!("{}{digits}", test_name("long"));
     let err = Mutex::new(&s, &long).unwrap().lock().await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");

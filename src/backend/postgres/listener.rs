@@ -296,10 +296,13 @@ async fn run(
         let wanted: Vec<String> = lock(&strong.subscribers).keys().cloned().collect();
         drop(strong);
         let mut listening: HashSet<String> = HashSet::new();
-        // One transaction: LISTENs and registrations take effect together; and first, the
-        // isolation the registrations were written for, whatever the role's default.
-        let sql: String = std::iter::once(super::ISOLATION.to_owned())
-            .chain(wanted.iter().map(|c| listen_sql(&schema, c)))
+        // One transaction: LISTENs and registrations take effect together; and the isolation
+        // the later registrations were written for, whatever the role's default (a SET in a
+        // batch takes effect for the transactions after it).
+        let sql: String = wanted
+            .iter()
+            .map(|c| listen_sql(&schema, c))
+            .chain(std::iter::once(super::ISOLATION.to_owned()))
             .collect();
         if let Err(e) = client.batch_execute(&sql).await {
             tracing::debug!(error = %e, "the LISTEN connection could not listen; reconnecting");
