@@ -1681,7 +1681,7 @@ async fn a_dbas_errors_are_typed_and_said_at_once() {
     let node = PgNode::shared();
     for url in [
         format!("{}?no_such_option=1", node.url()),
-        format!("postgres://postgres@127.0.0.1:70000/postgres"),
+        "postgres://postgres@127.0.0.1:70000/postgres".to_owned(),
     ] {
         let err = PgBackend::connect(&url, PgOptions::new())
             .await
@@ -1761,11 +1761,8 @@ async fn a_server_out_of_connections_is_named_as_such() {
     .unwrap();
     // Take every slot but one.
     let mut held = Vec::new();
-    loop {
-        match node.client().await {
-            Ok(c) => held.push(c),
-            Err(_) => break,
-        }
+    while let Ok(c) = node.client().await {
+        held.push(c);
     }
     // Let one go: the request connection takes it, the LISTEN connection finds none.
     held.pop();
