@@ -125,7 +125,12 @@ impl PgOptions {
     /// The schema baton keeps its tables, sequences and functions in (default `baton`),
     /// created on connect if missing. Clients that share locks must use the same schema. A
     /// plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 40 characters); anything
-    /// else is refused at connect with [`Error::InvalidArgument`].
+    /// else is refused at connect with [`Error::InvalidArgument`]. A URL's `baton_schema=NAME`
+    /// overrides it (the CLI's way to choose one).
+    ///
+    /// A schema of that name that exists and holds someone else's tables, sequences or
+    /// functions (and no `schema_version` of baton's) is refused at connect with
+    /// [`Error::ForeignSchema`]: nothing is created in it. An empty one is used.
     pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
@@ -569,13 +574,17 @@ impl PgBackend {
     /// # Errors
     /// [`Error::InvalidArgument`] for a schema name that is not a plain identifier, an unknown
     /// `sslmode`, TLS options without a TLS `sslmode`, a CA or client certificate that does
-    /// not parse; [`Error::Connect`] for a URL that does not parse, a server that refuses the
-    /// connection or does not answer within the connect timeout; [`Error::Auth`] for a wrong
+    /// not parse; [`Error::InvalidInput`] for a URL that does not parse (an option the driver
+    /// does not know, a port out of range); [`Error::Connect`] for a server that refuses the
+    /// connection, does not answer within the connect timeout, or is out of connections
+    /// (`too many clients`, for either of the two connections); [`Error::Auth`] for a wrong
     /// or missing password (or a role that may not log in), or a client certificate the
     /// server refuses; [`Error::Misconfigured`] for a database that does not exist, a server
     /// certificate baton does not trust, TLS asked of a server without it (or plain text of
-    /// one that takes the client over TLS only), a certificate file that cannot be read;
+    /// one that takes the client over TLS only), a certificate file that cannot be read, a
+    /// standby, a role or database whose transactions are read-only by default;
     /// [`Error::Permission`] for a role that may not create the schema or use it;
+    /// [`Error::ForeignSchema`] for a schema of someone else's;
     /// [`Error::UnsupportedVersion`] below PostgreSQL 13.
     ///
     /// # Cancel safety
