@@ -275,7 +275,7 @@ async fn an_older_schema_is_migrated_on_connect() {
              {schema}.floor_sequences(bigint), {schema}.floor_once(), {schema}.next_token(), \
              {schema}.next_lease_id(), {schema}.epoch_state(), \
              {schema}.begin_epoch(text, boolean, bigint), {schema}.grant_lease_v8(bigint), \
-             {schema}.renew_v8(bigint), \
+             {schema}.renew_v8(bigint), {schema}.started_us(), \
              {schema}.enqueue_v8(text, text, bigint, bytea, bigint); \
          DELETE FROM {schema}.schema_version WHERE version >= 2"
     ))
@@ -1363,9 +1363,9 @@ async fn one_release_notifies_one_waiter() {
         notified.push(payload);
     }
     // The released entry's token, the head it left (the next waiter, which is granted from
-    // this notice without reading the queue), the timeline (1: never promoted) and the
-    // flush LSN (schema version 8: a notice from a server behind what the waiter saw is not
-    // taken at its word).
+    // this notice without reading the queue), the timeline (1: never promoted) and when the
+    // postmaster started (schema version 8: a notice from a server the waiter had no
+    // answer from is not taken at its word).
     assert_eq!(
         notified.len(),
         1,

@@ -19,6 +19,7 @@
 //!   start and at every new epoch, so the epoch's base (the clock's microseconds when it
 //!   began) only names it and orders it.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -43,10 +44,12 @@ pub(super) struct EpochAnswer {
     incarnation: Option<String>,
     timeline: Option<i32>,
     lsn: Option<i64>,
+    /// When the server's postmaster started (µs since 1970).
+    started: Option<i64>,
 }
 
 impl EpochAnswer {
-    /// The five columns from `at` on: marker, age_ms, incarnation, tl, lsn.
+    /// The six columns from `at` on: marker, age_ms, incarnation, tl, lsn, started.
     pub(super) fn from_row(row: &Row, at: usize) -> EpochAnswer {
         EpochAnswer {
             marker: row.try_get(at).ok().flatten(),
@@ -54,6 +57,7 @@ impl EpochAnswer {
             incarnation: row.try_get(at + 2).ok().flatten(),
             timeline: row.try_get(at + 3).ok().flatten(),
             lsn: row.try_get(at + 4).ok().flatten(),
+            started: row.try_get(at + 5).ok().flatten(),
         }
     }
 
@@ -79,15 +83,26 @@ impl EpochAnswer {
     }
 }
 
-/// Whether a deletion's notice sent at `timeline` and flush LSN `lsn` comes from a server
-/// no behind what this client had seen when it began to wait (`seen`): only then may the
-/// waiter take its word for the head, rather than read again (a read compares the
-/// position, and notices a store that went back).
-pub(super) fn notice_is_current(seen: Option<&[u64]>, timeline: i32, lsn: Option<i64>) -> bool {
-    let (Some([tl, at]), Some(lsn)) = (seen, lsn) else {
+/// Whether a deletion's notice sent on `timeline` by the postmaster that started at
+/// `started` comes from the server this client's answers came from (`seen`: the highest
+/// positions seen, the timeline first; `answered`: the postmaster of the latest answer):
+/// only then may the waiter take its word for the head, rather than read again. Every way a
+/// server goes back in time is a new postmaster (a restore, a crash, a new cluster) or a new
+/// timeline (a promotion), and a read compares the position, so it notices.
+///
+/// (A flush LSN in the notice, compared with the highest seen, was tried first: the notice's
+/// is read in the deleting transaction before it commits, and an answer to another request
+/// may show a later one before the notice arrives: a false "behind", which costs a read.)
+pub(super) fn notice_is_current(
+    seen: Option<&[u64]>,
+    answered: Option<i64>,
+    timeline: i32,
+    started: Option<i64>,
+) -> bool {
+    let (Some([tl, ..]), Some(answered), Some(started)) = (seen, answered, started) else {
         return false;
     };
-    u64::try_from(timeline).is_ok_and(|t| t == *tl) && u64::try_from(lsn).is_ok_and(|l| l >= *at)
+    u64::try_from(timeline).is_ok_and(|t| t == *tl) && started == answered
 }
 
 impl PgBackend {
@@ -120,7 +135,11 @@ impl PgBackend {
             return Ok(());
         };
         let epochs = &self.inner.epochs;
-        if let Err(back) = epochs.saw(&identity, &positions, sent) {
+        let saw = epochs.saw(&identity, &positions, sent);
+        if let Some(started) = answer.started {
+            self.inner.postmaster.store(started, Ordering::Relaxed);
+        }
+        if let Err(back) = saw {
             tracing::warn!(
                 store = %self.inner.target.endpoint,
                 "PostgreSQL went back in time ({}: restored from an earlier backup, or a standby \
@@ -242,12 +261,12 @@ mod tests {
     #[test]
     fn a_notice_is_taken_at_its_word_only_from_where_the_client_was() {
         let seen = [2u64, 1_000];
-        assert!(notice_is_current(Some(&seen), 2, Some(1_000)));
-        assert!(notice_is_current(Some(&seen), 2, Some(5_000)));
-        // Behind what the client saw (a restored server), another timeline, no position.
-        assert!(!notice_is_current(Some(&seen), 2, Some(999)));
-        assert!(!notice_is_current(Some(&seen), 3, Some(5_000)));
-        assert!(!notice_is_current(Some(&seen), 2, None));
-        assert!(!notice_is_current(None, 2, Some(5_000)));
+        assert!(notice_is_current(Some(&seen), Some(77), 2, Some(77)));
+        // Another postmaster (a restore, a crash), another timeline, nothing known.
+        assert!(!notice_is_current(Some(&seen), Some(77), 2, Some(78)));
+        assert!(!notice_is_current(Some(&seen), Some(77), 3, Some(77)));
+        assert!(!notice_is_current(Some(&seen), Some(77), 2, None));
+        assert!(!notice_is_current(Some(&seen), None, 2, Some(77)));
+        assert!(!notice_is_current(None, Some(77), 2, Some(77)));
     }
 }

@@ -333,7 +333,7 @@ impl Sql {
             abandon: r("SELECT * FROM {s}.abandon($1, $2, $3)"),
             ahead: r(&format!(
                 "SELECT me.ok, x.key, x.token, x.lease, x.value, \
-                 a.marker, a.age_ms, a.incarnation, a.tl, a.lsn FROM \
+                 a.marker, a.age_ms, a.incarnation, a.tl, a.lsn, a.started FROM \
                  (SELECT EXISTS (SELECT 1 FROM {{s}}.entries e {live} \
                   WHERE e.key = $3 AND e.token = $4) AS ok) me \
                  CROSS JOIN {{s}}.epoch_state() a \
@@ -398,6 +398,9 @@ struct Inner {
     epochs: StoreEpochs,
     /// The highest token this client has seen: a new epoch's tokens start above it.
     top_token: AtomicU64,
+    /// When the postmaster of the latest answer started (µs; 0: none yet): a deletion's
+    /// notice from another is not taken at its word.
+    postmaster: AtomicI64,
 }
 
 /// The PostgreSQL backend: baton's queues in a schema of its own (`baton` by default) on
@@ -664,6 +667,7 @@ impl PgBackend {
                 stamps: AtomicI64::new(1),
                 epochs,
                 top_token: AtomicU64::new(0),
+                postmaster: AtomicI64::new(0),
             }),
         })
     }
@@ -882,8 +886,8 @@ impl PgBackend {
     }
 
     /// Waits until `entry` (this incarnation) is gone. Returns the token of the head its
-    /// queue had in the deleting transaction and the timeline that transaction ran on, when a
-    /// notification said so.
+    /// queue had in the deleting transaction, the timeline that transaction ran on and when
+    /// its server's postmaster started (schema version 8), when a notification said so.
     async fn await_deletion(&self, entry: &Entry) -> Result<Option<(i64, i32, Option<i64>)>> {
         let sql = &self.inner.sql.alive;
         let key = entry.key();
@@ -1496,16 +1500,20 @@ impl Backend for PgBackend {
     }
 
     async fn wait_gone_then_head(&self, predecessor: &Entry, mine: &Entry) -> Result<bool> {
-        let seen = self.inner.epochs.highest_seen();
         // The deleting transaction's notice names the head it left behind: no read needed
         // when that is `mine` (present, live, nothing older, in the state that deletion
-        // committed), sent by a server not behind what this client saw before it waited
-        // (a read compares the position; a notice from a restored server must not skip it),
-        // outside a restart grace.
-        if let Some((head, timeline, lsn)) = self.await_deletion(predecessor).await?
+        // committed), sent by the server (postmaster, timeline) this client's answers come
+        // from (a read compares the position; a notice from a restored server must not skip
+        // it), outside a restart grace.
+        if let Some((head, timeline, started)) = self.await_deletion(predecessor).await?
             && head == token_of(mine)
             && self.grants_nothing_for().is_none()
-            && epoch::notice_is_current(seen.as_deref(), timeline, lsn)
+            && epoch::notice_is_current(
+                self.inner.epochs.highest_seen().as_deref(),
+                Some(self.inner.postmaster.load(Ordering::Relaxed)).filter(|&p| p != 0),
+                timeline,
+                started,
+            )
         {
             return Ok(true);
         }

@@ -442,10 +442,10 @@ fn enqueue(name: &str, new_token: &str, tail: Tail, sweep: Sweep) -> String {
         ),
         Tail::Epoch => (
             ",\n    OUT marker text, OUT age_ms bigint, OUT incarnation text, OUT tl integer, \
-             OUT lsn bigint",
+             OUT lsn bigint, OUT started bigint",
             "    -- The store's epoch and position, read after the grant was decided.\n    \
-             SELECT a.marker, a.age_ms, a.incarnation, a.tl, a.lsn\n        \
-             INTO marker, age_ms, incarnation, tl, lsn FROM {s}.epoch_state() a;\n",
+             SELECT a.marker, a.age_ms, a.incarnation, a.tl, a.lsn, a.started\n        \
+             INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state() a;\n",
         ),
     };
     ENQUEUE
@@ -671,11 +671,11 @@ SELECT setval('{s}.lease_ids', greatest(last_value,
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) FROM {s}.lease_ids;
 "#;
 
-/// A deletion's notice from version 8 on: after the head, the timeline and the flush LSN of
-/// the server that sent it, so that a waiter takes its word only from a server that has not
-/// gone back behind what the waiter saw (clients of versions 4 to 7 read the timeline and
-/// ignore the rest).
-const NOTICE_POSITION: &str = " || ' ' || {s}.timeline() || ' ' || {s}.flush_lsn()";
+/// A deletion's notice from version 8 on: after the head, the timeline and the start of the
+/// postmaster that sent it (µs), so that a waiter takes its word only from a server it has
+/// had an answer from (every way back in time is a new postmaster or a new timeline), and
+/// reads otherwise; clients of versions 4 to 7 read the timeline and ignore the rest.
+const NOTICE_POSITION: &str = " || ' ' || {s}.timeline() || ' ' || {s}.started_us()";
 
 /// A new token from version 8 on: as in version 3, after the sequences were floored on this
 /// postmaster's start (`next_token`).
@@ -712,6 +712,12 @@ $$;
 -- a crash may legitimately lose).
 CREATE FUNCTION {s}.flush_lsn() RETURNS bigint LANGUAGE sql VOLATILE AS $$
     SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint
+$$;
+
+-- When this postmaster started, in µs: a restore, a crash and a re-created server all mean a
+-- new one.
+CREATE FUNCTION {s}.started_us() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
 $$;
 
 -- One row: the incarnation of this schema (drawn when it is created), the marker of the
@@ -777,10 +783,11 @@ BEGIN
 END $$;
 
 -- The store's epoch and position: its marker (NULL: none yet), how long ago it began (NULL:
--- marked new), the incarnation, the timeline and the flush LSN. The first call on a new
--- timeline begins an epoch there: the new primary may lack the old one's last commits.
+-- marked new), the incarnation, the timeline, the flush LSN and when the postmaster started.
+-- The first call on a new timeline begins an epoch there: the new primary may lack the old
+-- one's last commits.
 CREATE FUNCTION {s}.epoch_state(OUT marker text, OUT age_ms bigint, OUT incarnation text,
-    OUT tl integer, OUT lsn bigint)
+    OUT tl integer, OUT lsn bigint, OUT started bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     st {s}.store;
@@ -802,6 +809,7 @@ BEGIN
         age_ms := floor(extract(epoch FROM (clock_timestamp() - st.began)) * 1000)::bigint;
     END IF;
     lsn := {s}.flush_lsn();
+    started := {s}.started_us();
 END $$;
 
 -- Begins a new epoch in place of `expected` (NULL: none), unless another client changed the
@@ -809,7 +817,7 @@ END $$;
 -- above `floor`, the highest token the client saw. Answers the epoch in force.
 CREATE FUNCTION {s}.begin_epoch(expected text, marked_new boolean, floor bigint,
     OUT begun boolean, OUT marker text, OUT age_ms bigint, OUT incarnation text,
-    OUT tl integer, OUT lsn bigint)
+    OUT tl integer, OUT lsn bigint, OUT started bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE {s}.store SET epoch = {s}.new_marker(), timeline = {s}.timeline(),
@@ -819,7 +827,7 @@ BEGIN
     IF begun THEN
         PERFORM {s}.floor_sequences(floor);
     END IF;
-    SELECT * INTO marker, age_ms, incarnation, tl, lsn FROM {s}.epoch_state();
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
 END $$;
 
 INSERT INTO {s}.store (incarnation, epoch, began, timeline, floored)
@@ -850,21 +858,23 @@ END $$;
 
 -- A new lease, and the epoch it was granted in (the session registers there).
 CREATE FUNCTION {s}.grant_lease_v8(ttl bigint, OUT id bigint, OUT marker text,
-    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint)
+    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint,
+    OUT started bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
     id := {s}.grant_lease(ttl);
-    SELECT * INTO marker, age_ms, incarnation, tl, lsn FROM {s}.epoch_state();
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
 END $$;
 
 -- Version 3's renewal, and the epoch it was renewed in: a lease that a restore brought back
 -- renews like any other, and only the epoch and the position tell its holder.
 CREATE FUNCTION {s}.renew_v8(lid bigint, OUT ttl_ms bigint, OUT marker text,
-    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint)
+    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint,
+    OUT started bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
     ttl_ms := {s}.renew(lid);
-    SELECT * INTO marker, age_ms, incarnation, tl, lsn FROM {s}.epoch_state();
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
 END $$;
 "#;
 
@@ -945,7 +955,7 @@ mod tests {
         );
         assert!(v8.contains("FUNCTION baton.enqueue_v8(") && v8.contains("OUT lsn bigint"));
         assert!(v8.contains("VALUES (baton.next_lease_id(), ttl"), "{v8}");
-        assert!(v8.contains("|| ' ' || baton.timeline() || ' ' || baton.flush_lsn()"));
+        assert!(v8.contains("|| ' ' || baton.timeline() || ' ' || baton.started_us()"));
         assert!(!v8.contains("{head_suffix}") && !v8.contains("{grace_outs}"));
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
