@@ -10,7 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use baton::testing::{EtcdNode, PgNode};
+use baton::testing::{EtcdNode, PgNode, Proxy};
 use baton::{
     Backend, EtcdBackend, EtcdOptions, LostReason, Mutex, PgBackend, PgOptions, Session,
     SessionOptions,
@@ -212,18 +212,62 @@ async fn postgres_recreated_without_its_data_lets_no_holder_from_before_overlap(
     eprintln!("{out:?}");
 }
 
+/// A holder's client reaches `node` through a proxy that a test cuts while the server is
+/// restored, and heals once the newcomer has made contact: the holder's client would
+/// otherwise notice the restore first (its renewals run every TTL/3), begin the new epoch
+/// itself, and the newcomer would wait less than a grace after its own first contact (what
+/// the shared scenario checks). Another client noticing first is fine for safety; it only
+/// makes the measure start earlier.
+struct CutOff {
+    proxy: Proxy,
+    upstream: String,
+    contacted: tokio::sync::Notify,
+}
+
+impl CutOff {
+    async fn new(node: &PgNode) -> CutOff {
+        let upstream = format!("127.0.0.1:{}", node.port());
+        CutOff {
+            proxy: Proxy::start(&upstream).await.expect("proxy"),
+            upstream,
+            contacted: tokio::sync::Notify::new(),
+        }
+    }
+
+    async fn client(&self) -> PgBackend {
+        let url = format!("postgres://postgres@{}/postgres", self.proxy.addr());
+        let options = PgOptions::new()
+            .with_restart_grace(GRACE)
+            .with_request_timeout(Duration::from_secs(1));
+        PgBackend::connect(&url, options).await.expect("connect")
+    }
+
+    fn cut(&self) {
+        self.proxy.refuse().expect("refuse");
+    }
+
+    /// Heals the proxy half a second after [`contacted`](Self::contacted) was notified.
+    async fn heal_after_contact(&self) {
+        self.contacted.notified().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        self.proxy.redirect(&self.upstream).expect("redirect");
+        self.proxy.heal();
+    }
+}
+
 /// PostgreSQL restored from a base backup taken before the holder's lock (same system
 /// identifier, same timeline; the WAL position goes back): before issue #36 the sequences went
 /// back with it, and lease ids, keys and tokens handed out after the backup were handed out
 /// again, so a holder cut off during the restore renewed the newcomer's lease and held with
 /// its token. A client that saw the server past the backup (`other`) sees the flush LSN go
-/// back, begins a new epoch, and waits its grace; the holder is told at its next renewal
-/// (its lease is not in the backup); a session from before the backup, which the restore
+/// back, begins a new epoch, and waits its grace; the holder (cut off during the restore) is
+/// told once it reaches the server again; a session from before the backup, which the restore
 /// brought back and which renews, is told the store reset.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restored_from_an_earlier_base_backup_lets_no_holder_from_before_overlap() {
     let node = pg_node().await;
-    let holder = pg_client(&node).await;
+    let cut = CutOff::new(&node).await;
+    let holder = cut.client().await;
     let other = pg_client(&node).await;
     // Longer than the restore takes: it outlives the outage, and renews on the restored
     // server.
@@ -234,8 +278,8 @@ async fn postgres_restored_from_an_earlier_base_backup_lets_no_holder_from_befor
     pg_use(&holder, 5).await;
     node.take_base_backup("nightly").await.expect("base backup");
     let mut held_before = Vec::new();
-    let (n, o, held) = (&node, &other, &mut held_before);
-    let out = a_holder_from_before_never_overlaps(
+    let (n, o, c, held) = (&node, &other, &cut, &mut held_before);
+    let scenario = a_holder_from_before_never_overlaps(
         Arc::new(holder.clone()),
         "store-loss/pg-restored",
         TTL,
@@ -249,15 +293,19 @@ async fn postgres_restored_from_an_earlier_base_backup_lets_no_holder_from_befor
                 .unwrap();
             held.push(s.lease_id());
             other.entries("store-loss/pg-restored").await.unwrap();
+            c.cut();
             node.stop_fast().await.unwrap();
             node.restore_base_backup("nightly").expect("restore");
             node.start_again().await.unwrap();
             drop(s);
         },
-        || async { Arc::new(other.clone()) as Arc<dyn Backend> },
-    )
-    .await;
-    // Its lease is not in the backup (or ran out while the server was down).
+        || async {
+            cut.contacted.notify_one();
+            Arc::new(other.clone()) as Arc<dyn Backend>
+        },
+    );
+    let (out, ()) = tokio::join!(scenario, cut.heal_after_contact());
+    // Its lease is not in the backup (or ran out while it was cut off).
     assert!(
         matches!(
             out.reason,
@@ -284,14 +332,16 @@ async fn postgres_restored_from_an_earlier_base_backup_lets_no_holder_from_befor
 
 /// What stays undetectable, standing for its row in docs/postgres.md's failure table: a
 /// server restored from a base backup and reached only by clients that never saw it past the
-/// backup (a fresh process) looks like a server that restarted; they are granted at once.
-/// Ids and tokens still never repeat (the sequences jump to the clock at every postmaster
-/// start), and the holder from before is told at its next renewal (its lease is not in the
-/// backup).
+/// backup (a fresh process; the holder's client is cut off meanwhile) looks like a server
+/// that restarted; they are granted at once. Ids and tokens still never repeat (the
+/// sequences jump to the clock at every postmaster start), and the holder from before is told
+/// once its client reaches the server (its lease is not in the backup, and its client sees
+/// the position behind what it saw).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restored_and_reached_only_by_fresh_clients_is_granted_with_higher_tokens() {
     let node = pg_node().await;
-    let holder = pg_client(&node).await;
+    let cut = CutOff::new(&node).await;
+    let holder = cut.client().await;
     node.take_base_backup("early").await.expect("base backup");
     let a = Session::with_options(holder.clone(), SessionOptions::new().with_ttl(TTL))
         .await
@@ -301,6 +351,7 @@ async fn postgres_restored_and_reached_only_by_fresh_clients_is_granted_with_hig
         .lock()
         .await
         .unwrap();
+    cut.cut();
     node.stop_fast().await.unwrap();
     node.restore_base_backup("early").expect("restore");
     node.start_again().await.unwrap();
@@ -320,9 +371,14 @@ async fn postgres_restored_and_reached_only_by_fresh_clients_is_granted_with_hig
         granted.fencing_token(),
         guard.fencing_token()
     );
+    cut.contacted.notify_one();
+    cut.heal_after_contact().await;
     let reason = support::within("the holder told", TTL * 2, guard.lost()).await;
     assert!(
-        matches!(reason, LostReason::StoreReset | LostReason::Revoked),
+        matches!(
+            reason,
+            LostReason::StoreReset | LostReason::Revoked | LostReason::Expired
+        ),
         "{reason:?}"
     );
 }
