@@ -444,6 +444,14 @@ impl StoreEpochs {
         Some(token)
     }
 
+    /// The highest position seen in the store's answers so far, per component (`None`:
+    /// none yet, or none since the store went back): a notice that comes by another path
+    /// than an answer (PostgreSQL's NOTIFY) is taken at its word only if it is not behind.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn highest_seen(&self) -> Option<Vec<u64>> {
+        self.state().positions.back().map(|(_, p)| p.clone())
+    }
+
     /// How much longer nothing is granted, as far as this client knows.
     pub fn grace_left(&self) -> Option<Duration> {
         let end = self.state().grace_end?;

@@ -60,6 +60,33 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
 
+    /// An argument was rejected before anything was sent, for a reason that names it (a URL
+    /// option the driver does not know, a port out of range, a lock name longer than the
+    /// backend can index): nothing was created. Like [`InvalidArgument`](Error::InvalidArgument),
+    /// with the offending value (shortened) in the message and the parser's error, if any, as
+    /// the source.
+    #[error("invalid argument: {what}")]
+    InvalidInput {
+        /// What was wrong, naming the value (shortened) and the limit or the form expected.
+        what: String,
+        /// The parser's error, where there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// A PostgreSQL schema baton was told to use exists and is not baton's: it holds tables,
+    /// sequences or functions of someone else's, and no `schema_version` of baton's. baton
+    /// would mix its tables with the application's (or fail on a name both use), so nothing
+    /// was created; choose another schema (`PgOptions::with_schema`).
+    #[error(
+        "schema `{schema}` exists and is not baton's (it holds objects of another application); \
+         choose another schema for baton (PgOptions::with_schema; in a URL, `baton_schema=NAME`)"
+    )]
+    ForeignSchema {
+        /// The schema.
+        schema: String,
+    },
+
     /// A semaphore's stored limit is not the one this contender was created with (or is
     /// not a positive number). Nothing was created; no contender ever holds more permits
     /// than the stored limit allows. Change a limit with

@@ -51,6 +51,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct PgNode {
     port: u16,
     container: ContainerAsync<GenericImage>,
+    /// The host directory bound at the container's `/tmp` (the data directory and base
+    /// backups in it), for a node started with [`start_with_host_data`](Self::start_with_host_data).
+    host_tmp: Option<std::path::PathBuf>,
     /// The PgBouncers started in the container (port, the script that starts it): started
     /// again with the server.
     poolers: std::sync::Mutex<Vec<(u16, String)>>,
@@ -80,19 +83,152 @@ impl PgNode {
         let port = free_port()?;
         let mut all = vec![port.to_string(), "-c".into(), "max_connections=400".into()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        PgNode::launch(&POSTGRES, port, all).await
+        PgNode::launch(&POSTGRES, port, all, None).await
     }
 
-    /// Starts `server`'s container on `port` with `args` and waits until it answers.
-    async fn launch(server: &Server, port: u16, args: Vec<String>) -> Result<PgNode, FixtureError> {
-        let container = server.start_container_with_files(args, Vec::new()).await?;
+    /// Starts `server`'s container on `port` with `args` and waits until it answers; a new
+    /// primary is marked as baton's ([`PgBackend::init_store`](crate::PgBackend::init_store)),
+    /// so that tests wait no restart grace at its first use.
+    async fn launch(
+        server: &Server,
+        port: u16,
+        args: Vec<String>,
+        host_tmp: Option<std::path::PathBuf>,
+    ) -> Result<PgNode, FixtureError> {
+        let mount = host_tmp
+            .as_ref()
+            .map(|dir| (dir.to_string_lossy().into_owned(), "/tmp".to_owned()));
+        let container = server
+            .start_container_mounted(args, Vec::new(), mount)
+            .await?;
         let node = PgNode {
             port,
             container,
+            host_tmp,
             poolers: std::sync::Mutex::new(Vec::new()),
         };
         node.wait_ready().await?;
+        if server.ready == POSTGRES.ready {
+            node.init_store().await?;
+        }
         Ok(node)
+    }
+
+    /// Marks the new server's schema `baton` as baton's (`baton init`).
+    async fn init_store(&self) -> Result<(), FixtureError> {
+        let failed = |e: crate::Error| FixtureError::Process {
+            server: "postgres",
+            reason: format!("marking the new PostgreSQL as baton's: {e}"),
+        };
+        self.backend()
+            .await
+            .map_err(failed)?
+            .init_store()
+            .await
+            .map_err(failed)?;
+        Ok(())
+    }
+
+    /// As [`start_with`](Self::start_with), with the container's `/tmp` (the data directory,
+    /// and the base backups [`take_base_backup`](Self::take_base_backup) makes) in a
+    /// directory of the host, so that a stopped server's data can be wiped
+    /// ([`wipe_data`](Self::wipe_data): a server re-created without its data) or replaced
+    /// by a base backup ([`restore_base_backup`](Self::restore_base_backup)), and
+    /// [`start_again`](Self::start_again) serves what is there, on the same port.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the directory cannot be made or the container does not start.
+    ///
+    /// # Cancel safety
+    /// As for [`start`](Self::start).
+    pub async fn start_with_host_data(args: &[&str]) -> Result<PgNode, FixtureError> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!("baton-pg-data-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        // The server runs as its own user: /tmp's mode, for any user, with the sticky bit.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+        let mut all = vec![port.to_string(), "-c".into(), "max_connections=400".into()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        PgNode::launch(&POSTGRES, port, all, Some(dir)).await
+    }
+
+    fn host_tmp(&self, what: &'static str) -> Result<&std::path::Path, FixtureError> {
+        self.host_tmp
+            .as_deref()
+            .ok_or_else(|| FixtureError::Process {
+                server: "postgres",
+                reason: format!("{what}: the node was not started with start_with_host_data"),
+            })
+    }
+
+    /// Takes a base backup of the running server (`pg_basebackup -X stream -c fast`, as an
+    /// operator's nightly backup), named `name`, beside its data directory.
+    ///
+    /// # Errors
+    /// Docker's error, or `pg_basebackup`'s.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the backup may be half written.
+    pub async fn take_base_backup(&self, name: &str) -> Result<(), FixtureError> {
+        self.host_tmp("take_base_backup")?;
+        let port = self.port.to_string();
+        let dir = format!("/tmp/backup-{name}");
+        docker(&[
+            "exec",
+            self.container.id(),
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-D",
+            &dir,
+            "-X",
+            "stream",
+            "-c",
+            "fast",
+            "--no-sync",
+        ])
+        .await
+    }
+
+    /// Replaces the stopped server's data directory with the base backup `name` (restored
+    /// as an operator restores one, without a `recovery.signal`: the server recovers to the
+    /// end of the backup and goes on on the same timeline, its WAL position back where the
+    /// backup ended). [`start_again`](Self::start_again) then serves it.
+    ///
+    /// # Errors
+    /// The file system's error, or `cp`'s.
+    pub fn restore_base_backup(&self, name: &str) -> Result<(), FixtureError> {
+        let tmp = self.host_tmp("restore_base_backup")?;
+        let data = tmp.join("pgdata");
+        std::fs::remove_dir_all(&data)?;
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(tmp.join(format!("backup-{name}")))
+            .arg(&data)
+            .status()?;
+        if !status.success() {
+            return Err(FixtureError::Process {
+                server: "postgres",
+                reason: format!("cp -a of the base backup {name}: {status}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes the stopped server's data directory: [`start_again`](Self::start_again) then
+    /// creates a new cluster on the same port (a server re-created without its data: another
+    /// system identifier, no baton schema).
+    ///
+    /// # Errors
+    /// The file system's error.
+    pub fn wipe_data(&self) -> Result<(), FixtureError> {
+        let tmp = self.host_tmp("wipe_data")?;
+        std::fs::remove_dir_all(tmp.join("pgdata"))?;
+        Ok(())
     }
 
     /// Starts an asynchronous streaming standby of the server on 127.0.0.1:`primary_port`
@@ -116,7 +252,7 @@ impl PgNode {
             "-c".into(),
             "max_connections=400".into(),
         ];
-        PgNode::launch(&POSTGRES_STANDBY, port, args).await
+        PgNode::launch(&POSTGRES_STANDBY, port, args, None).await
     }
 
     /// Promotes this standby to a primary (`pg_promote()`, which waits until it is one): it
@@ -532,6 +668,16 @@ impl PgNode {
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for PgNode {
+    fn drop(&mut self) {
+        // The data and backups of a node started with host data: gone with it (the
+        // container is removed right after, by its own drop).
+        if let Some(dir) = &self.host_tmp {
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }

@@ -14,17 +14,32 @@ use tokio_postgres::{Client, Row, Statement};
 pub(super) struct Conn {
     client: Client,
     prepared: Mutex<HashMap<String, Statement>>,
+    /// The server's system identifier (`pg_control_system()`), read when the connection
+    /// opened: the first half of the store's identity (see `epoch_answered`).
+    system_id: u64,
 }
 
 /// A parameter and its PostgreSQL type.
 pub(super) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 impl Conn {
-    pub(super) fn new(client: Client) -> Conn {
+    pub(super) fn new(client: Client, system_id: u64) -> Conn {
         Conn {
             client,
             prepared: Mutex::new(HashMap::new()),
+            system_id,
         }
+    }
+
+    /// The client, for a caller that runs its own transaction (the migration, before the
+    /// connection is shared).
+    pub(super) fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// The system identifier of the server this connection reached.
+    pub(super) fn system_id(&self) -> u64 {
+        self.system_id
     }
 
     /// Whether the connection is closed (a request would fail at once).

@@ -45,6 +45,9 @@ struct Shared {
     commands: StdMutex<mpsc::UnboundedSender<Command>>,
     target: Arc<Target>,
     schema: String,
+    /// Why the connection could not be made, while it cannot (cleared once it is): the
+    /// connect reports it rather than guess (a server out of connections is not a pooler).
+    failure: StdMutex<Option<tokio_postgres::Error>>,
 }
 
 impl Shared {
@@ -108,13 +111,18 @@ impl Drop for Subscription {
     }
 }
 
-fn lock(subs: &StdMutex<Subscribers>) -> std::sync::MutexGuard<'_, Subscribers> {
-    subs.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Listener {
     /// Starts the task (on the current runtime) that connects to `target` and listens, for
     /// the backend on `schema`.
+    /// Why the LISTEN connection could not connect, if it cannot now (taken: told once).
+    pub(super) fn take_failure(&self) -> Option<tokio_postgres::Error> {
+        lock(&self.shared.failure).take()
+    }
+
     pub(super) fn start(target: Arc<Target>, schema: String) -> Listener {
         let shared = Arc::new(Shared {
             subscribers: StdMutex::new(HashMap::new()),
@@ -124,6 +132,7 @@ impl Listener {
             commands: StdMutex::new(mpsc::unbounded_channel().0),
             target,
             schema,
+            failure: StdMutex::new(None),
         });
         let commands = shared.spawn_task(true);
         *shared.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
@@ -242,7 +251,13 @@ async fn run(
             Ok(Ok(pair)) => pair,
             failed => {
                 let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
+                    Ok(Err(e)) => {
+                        let text = e.to_string();
+                        if let Some(shared) = shared.upgrade() {
+                            *lock(&shared.failure) = Some(e);
+                        }
+                        text
+                    }
                     _ => "timed out".to_owned(),
                 };
                 tracing::debug!(error = %error, "the LISTEN connection could not connect; retrying");
@@ -254,6 +269,9 @@ async fn run(
                 continue;
             }
         };
+        if let Some(shared) = shared.upgrade() {
+            lock(&shared.failure).take();
+        }
         // Notifications go straight to their subscribers from the connection's own task.
         let (dead_tx, mut dead) = oneshot::channel::<()>();
         let weak = shared.clone();
@@ -278,11 +296,15 @@ async fn run(
         let wanted: Vec<String> = lock(&strong.subscribers).keys().cloned().collect();
         drop(strong);
         let mut listening: HashSet<String> = HashSet::new();
-        // One transaction: LISTENs and registrations take effect together.
-        let sql: String = wanted.iter().map(|c| listen_sql(&schema, c)).collect();
-        if !sql.is_empty()
-            && let Err(e) = client.batch_execute(&sql).await
-        {
+        // One transaction: LISTENs and registrations take effect together; and the isolation
+        // the later registrations were written for, whatever the role's default (a SET in a
+        // batch takes effect for the transactions after it).
+        let sql: String = wanted
+            .iter()
+            .map(|c| listen_sql(&schema, c))
+            .chain(std::iter::once(super::ISOLATION.to_owned()))
+            .collect();
+        if let Err(e) = client.batch_execute(&sql).await {
             tracing::debug!(error = %e, "the LISTEN connection could not listen; reconnecting");
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(1));

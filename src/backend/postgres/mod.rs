@@ -3,8 +3,8 @@
 //! docs/postgres.md says what it promises and what it needs from the server.
 
 mod conn;
+mod epoch;
 mod fence;
-mod grace;
 mod listener;
 mod observe;
 mod schema;
@@ -12,7 +12,7 @@ mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,15 +26,29 @@ use tokio_postgres::{Client, Connection, Row, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use self::conn::Conn;
-use self::grace::Grace;
+use self::epoch::EpochAnswer;
 use self::listener::{Heard, Listener};
 use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
+use crate::epoch::StoreEpochs;
 use crate::error::{BoxError, Error, LostReason, Result, Where};
 
 pub use self::fence::PgFence;
 
 /// The oldest PostgreSQL baton runs on: 13.
 const MINIMUM_VERSION: i32 = 130_000;
+
+/// The longest entry key (`<lock name>/<tag>`, in bytes) baton sends: the primary key's
+/// B-tree takes index rows of at most 2704 bytes (a third of a page), less when a key does not
+/// compress; a longer one is refused before it is sent.
+const MAX_KEY_BYTES: usize = 2_000;
+
+/// The isolation every transaction of baton's runs at, whatever the role's or the database's
+/// default: its functions were written for READ COMMITTED (a statement's snapshot taken
+/// before a lock wait would not see the entry committed by the holder of that lock: under
+/// REPEATABLE READ, enqueues that queued behind one another were all granted). Sent on every
+/// connection baton opens, as a `SET` (a pooler refuses startup options), which a session-
+/// mode pooler resets for the next client.
+pub(super) const ISOLATION: &str = "SET default_transaction_isolation = 'read committed'; ";
 
 /// How many times an enqueue refused because another call of its lease gave up (which
 /// fences off every stamp handed out until then) is sent again with a new stamp.
@@ -111,7 +125,12 @@ impl PgOptions {
     /// The schema baton keeps its tables, sequences and functions in (default `baton`),
     /// created on connect if missing. Clients that share locks must use the same schema. A
     /// plain lowercase identifier (`[a-z_][a-z0-9_]*`, at most 40 characters); anything
-    /// else is refused at connect with [`Error::InvalidArgument`].
+    /// else is refused at connect with [`Error::InvalidArgument`]. A URL's `baton_schema=NAME`
+    /// overrides it (the CLI's way to choose one).
+    ///
+    /// A schema of that name that exists and holds someone else's tables, sequences or
+    /// functions (and no `schema_version` of baton's) is refused at connect with
+    /// [`Error::ForeignSchema`]: nothing is created in it. An empty one is used.
     pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
@@ -137,22 +156,25 @@ impl PgOptions {
         self
     }
 
-    /// How long nothing is granted after the server began a new WAL timeline (default 60 s,
-    /// the default session TTL): after a standby's promotion, or a recovery to a point in
-    /// time.
+    /// How long nothing is granted after a new store epoch began (default 60 s, the default
+    /// session TTL): after a standby's promotion or a recovery to a point in time (a new WAL
+    /// timeline), after a client saw the server go back (restored from an earlier base
+    /// backup, a standby that missed commits), and at the first use of a schema created
+    /// anew (unless an operator marked it new: [`PgBackend::init_store`]).
     ///
-    /// A standby promoted by a failover may lack the old primary's last commits: a grant (its
-    /// entry is missing, so the lock looks free), a renewal (a lease looks older than it is).
-    /// The old holder still believes it holds until its session is told lost, for at most
-    /// its session TTL after it last renewed on the old primary. So nothing is granted on a
-    /// new timeline until the grace has passed since baton first saw it; set the grace to at
-    /// least the longest session TTL of every client of this database. A shorter grace lets
-    /// a new holder overlap an old one (a fence still refuses the old holder's writes: tokens
-    /// of a new timeline are above every token of the old). Each wait is logged once
-    /// (`warn`). A server never promoted or recovered (timeline 1), and a schema created on
-    /// the timeline it runs on, wait nothing.
+    /// Such a server may lack its last grants (the lock looks free) and renewals (a lease
+    /// looks older than it is), while their holders still believe they hold until their
+    /// sessions are told lost, up to a session TTL later. So nothing is granted until the
+    /// grace has passed since the epoch began (on the server's clock); set it to at least the
+    /// longest session TTL of every client of this database. A shorter grace lets a new
+    /// holder overlap an old one (a fence still refuses the old holder's writes: tokens of a
+    /// new epoch are above every earlier token). Each wait is logged once (`warn`).
     ///
     /// `Duration::ZERO` turns the wait off.
+    ///
+    /// ## Warning
+    /// The grace protects holders from before only: sessions granted before a new epoch are
+    /// told at once by every client that sees it ([`LostReason::StoreReset`]).
     pub fn with_restart_grace(mut self, grace: Duration) -> Self {
         self.restart_grace = grace;
         self
@@ -167,6 +189,8 @@ struct Target {
     /// `PostgreSQL at postgres://host:port/db`, without credentials.
     endpoint: String,
     connect_timeout: Duration,
+    /// The URL without its password, for errors that list endpoints.
+    url: String,
     /// Whether request connections set `synchronous_commit = on` (the URL's `options` did
     /// not name it).
     synchronous_commit: bool,
@@ -183,8 +207,24 @@ async fn connect_client(
     target.config.connect(target.tls.connector.clone()).await
 }
 
-/// A request connection: connected, driven on the current runtime, and committing
-/// synchronously.
+/// Why a request connection could not be opened.
+enum OpenFailure {
+    /// The driver's error: connecting, or the first statements.
+    Pg(tokio_postgres::Error),
+    /// Reached, and refused for good (a role or database whose transactions are read-only
+    /// by default).
+    Refused(Error),
+}
+
+/// The role or database defaults a request connection is checked for, and the server's
+/// identity, in the round trip that sets the session up.
+const SESSION_CHECK: &str = "SELECT (SELECT system_identifier FROM pg_control_system())::text, \
+     pg_is_in_recovery()::text, current_setting('default_transaction_read_only'), \
+     (SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only')";
+
+/// A request connection: connected, driven on the current runtime, committing
+/// synchronously, at READ COMMITTED ([`ISOLATION`]), and checked not to be read-only by a
+/// role's or database's default.
 ///
 /// A grant, a release and a lease are facts others act on once committed, so a commit must
 /// survive a crash of the server: with `synchronous_commit = off` (a server may default to it
@@ -193,17 +233,54 @@ async fn connect_client(
 /// also waits for synchronous standbys. Set per session, for baton's own connections only,
 /// unless the URL's `options` say otherwise; with `SET` rather than in the startup options,
 /// which a pooler (PgBouncer) refuses or drops.
-async fn open_request_connection(
-    target: &Target,
-) -> std::result::Result<Client, tokio_postgres::Error> {
-    let (client, connection) = connect_client(target).await?;
+///
+/// `default_transaction_read_only = on` as a role's or a database's default (`pg_settings.source`
+/// `user`, `database`, `database user`, or the URL's own options: `client`) on a server that
+/// is not in recovery is a configuration baton cannot work with: refused at once
+/// ([`Error::Misconfigured`]). The same setting from the server's configuration is an
+/// operator's fence of a primary (docs/postgres.md): it is not overridden, and a write it
+/// refuses is retried as on a standby.
+async fn open_request_connection(target: &Target) -> std::result::Result<Conn, OpenFailure> {
+    let (client, connection) = connect_client(target).await.map_err(OpenFailure::Pg)?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
+    let mut sql = String::new();
     if target.synchronous_commit {
-        client.batch_execute("SET synchronous_commit = on").await?;
+        sql.push_str("SET synchronous_commit = on; ");
     }
-    Ok(client)
+    sql.push_str(ISOLATION);
+    sql.push_str(SESSION_CHECK);
+    let messages = client.simple_query(&sql).await.map_err(OpenFailure::Pg)?;
+    let row = messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let value = |i: usize| row.and_then(|r| r.get(i)).unwrap_or_default();
+    let system_id = value(0).parse().unwrap_or(0);
+    let (in_recovery, read_only, source) = (value(1) == "true", value(2) == "on", value(3));
+    if read_only
+        && !in_recovery
+        && matches!(source, "user" | "database" | "database user" | "client")
+    {
+        let whose = match source {
+            "user" => "the role's",
+            "database" => "the database's",
+            "database user" => "the role's in this database",
+            _ => "the URL's `options`'",
+        };
+        return Err(OpenFailure::Refused(Error::Misconfigured {
+            endpoints: vec![target.url.clone()],
+            source: format!(
+                "default_transaction_read_only is on as {whose} default (pg_settings.source \
+                 `{source}`): every transaction of this role is read-only, and baton writes. \
+                 Connect as a role that may write, or ALTER ROLE ... SET \
+                 default_transaction_read_only = off (or RESET it)"
+            )
+            .into(),
+        }));
+    }
+    Ok(Conn::new(client, system_id))
 }
 
 /// The SQL of every request, rendered for one schema.
@@ -228,6 +305,8 @@ struct Sql {
     swap: String,
     snapshot: String,
     reap: String,
+    epoch_state: String,
+    begin_epoch: String,
 }
 
 impl Sql {
@@ -237,24 +316,27 @@ impl Sql {
         let range = r#"e.key >= $1 COLLATE "C" AND e.key < $2 COLLATE "C""#;
         Sql {
             schema: s.to_owned(),
-            grant: r("SELECT {s}.grant_lease($1)"),
-            renew: r("SELECT {s}.renew($1)"),
+            // With the store's epoch and position: a session registers in the epoch its
+            // lease was granted in, and a renewal confirms it (epoch.rs).
+            grant: r("SELECT * FROM {s}.grant_lease_v8($1)"),
+            renew: r("SELECT * FROM {s}.renew_v8($1)"),
             revoke: r("DELETE FROM {s}.leases WHERE id = $1"),
             lease_ttl: r("SELECT {s}.ms_left(deadline) FROM {s}.leases \
                  WHERE id = $1 AND deadline > clock_timestamp()"),
-            // With the timeline and its age when the entry is the head: the grant decision and
-            // the restart grace, read in one call.
-            enqueue: r("SELECT * FROM {s}.enqueue_v4($1, $2, $3, $4, $5)"),
+            // With the store's epoch and position: the grant decision and the epoch it was
+            // made in, read in one call.
+            enqueue: r("SELECT * FROM {s}.enqueue_v8($1, $2, $3, $4, $5)"),
             find: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE e.key = $1"
             )),
             abandon: r("SELECT * FROM {s}.abandon($1, $2, $3)"),
             ahead: r(&format!(
-                "SELECT me.ok, x.key, x.token, x.lease, x.value, a.tl, a.age_ms FROM \
+                "SELECT me.ok, x.key, x.token, x.lease, x.value, \
+                 a.marker, a.age_ms, a.incarnation, a.tl, a.lsn, a.started FROM \
                  (SELECT EXISTS (SELECT 1 FROM {{s}}.entries e {live} \
                   WHERE e.key = $3 AND e.token = $4) AS ok) me \
-                 CROSS JOIN {{s}}.timeline_age() a \
+                 CROSS JOIN {{s}}.epoch_state() a \
                  LEFT JOIN LATERAL (SELECT e.key::text, e.token, e.lease, e.value \
                   FROM {{s}}.entries e {live} WHERE {range} AND e.token < $4 \
                   ORDER BY e.token DESC LIMIT $5) x ON me.ok"
@@ -281,6 +363,8 @@ impl Sql {
             swap: r("SELECT {s}.swap($1, $2, $3)"),
             snapshot: r("SELECT * FROM {s}.snapshot($1, $2)"),
             reap: r("SELECT * FROM {s}.reap($1, $2)"),
+            epoch_state: r("SELECT * FROM {s}.epoch_state()"),
+            begin_epoch: r("SELECT * FROM {s}.begin_epoch($1, $2, $3)"),
         }
     }
 
@@ -309,8 +393,14 @@ struct Inner {
     retry_for: Duration,
     /// Stamps for enqueue and abandon (see `abandon`).
     stamps: AtomicI64,
-    /// The restart grace of the timelines seen.
-    grace: Grace,
+    /// What this client remembers of the store's epochs (the core's rules: a new one ends
+    /// every session from before, and holds grants back for its grace). See `epoch.rs`.
+    epochs: StoreEpochs,
+    /// The highest token this client has seen: a new epoch's tokens start above it.
+    top_token: AtomicU64,
+    /// When the postmaster of the latest answer started (µs; 0: none yet): a deletion's
+    /// notice from another is not taken at its word.
+    postmaster: AtomicI64,
 }
 
 /// The PostgreSQL backend: baton's queues in a schema of its own (`baton` by default) on
@@ -339,10 +429,14 @@ struct Inner {
 /// them: a backend connected on a runtime that is later shut down connects (and LISTENs)
 /// again on the runtime that uses it next.
 ///
-/// **After a failover** (a promoted standby, or a recovery to a point in time: a new WAL
-/// timeline) nothing is granted until the restart grace has passed
-/// ([`PgOptions::with_restart_grace`]): the new primary may lack the old one's last grants and
-/// renewals, and their holders still believe they hold until their sessions are told lost.
+/// **When the server forgets** (a failover or a recovery to a point in time: a new WAL
+/// timeline; restored from an earlier base backup, or a standby that missed commits, seen by
+/// a client whose earlier answers it is now behind; a schema created anew) a new store epoch
+/// begins: every session from before is told at once ([`LostReason::StoreReset`]), nothing is
+/// granted until the restart grace has passed ([`PgOptions::with_restart_grace`]), and lease
+/// ids, keys and tokens never repeat (docs/postgres.md, "When the server forgets"). A new
+/// database is marked as baton's with [`init_store`](PgBackend::init_store), so that its first
+/// use waits no grace.
 ///
 /// Behind a pooler: a session-mode pool works; a transaction-mode pool is refused at connect
 /// (`Error::Misconfigured`), because LISTEN needs a session (docs/postgres.md).
@@ -378,6 +472,10 @@ fn classify(op: &'static str, e: tokio_postgres::Error) -> Failure {
         // read-only): the connection is replaced, and the next may reach the primary (an
         // address that moves, or a URL naming every server with target_session_attrs).
         || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+        // The same on a standby, met by a WAL function (the timeline, the flush position)
+        // before any write.
+        || (*code == SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+            && db.message().starts_with("recovery is in progress"))
         // A statement prepared on this connection whose result type a migration changed:
         // refused before it ran; the connection (and its statements) is replaced.
         || (*code == SqlState::FEATURE_NOT_SUPPORTED
@@ -436,6 +534,25 @@ fn token_of(entry: &Entry) -> i64 {
     i64::try_from(entry.token().get()).unwrap_or(i64::MAX)
 }
 
+/// Refuses an entry key longer than the entries' index takes ([`MAX_KEY_BYTES`]) before it
+/// is sent, naming the lock (shortened) and the limit.
+fn check_key(queue: &str, key: &str) -> Result<()> {
+    if key.len() <= MAX_KEY_BYTES {
+        return Ok(());
+    }
+    let shown: String = queue.chars().take(40).collect();
+    let more = if shown.len() < queue.len() { "…" } else { "" };
+    Err(Error::InvalidInput {
+        what: format!(
+            "lock name `{shown}{more}` ({} bytes) is too long for PostgreSQL: baton's entry keys \
+             (`<name>/<tag>`, {} bytes here) are indexed, and take at most {MAX_KEY_BYTES} bytes",
+            queue.len(),
+            key.len()
+        ),
+        source: None,
+    })
+}
+
 /// The bounds of the key range of `queue`'s entries: `queue/` up to `queue0` (`0` follows
 /// `/`), compared byte by byte (`COLLATE "C"`).
 fn range(queue: &str) -> (String, String) {
@@ -460,30 +577,40 @@ impl PgBackend {
     /// # Errors
     /// [`Error::InvalidArgument`] for a schema name that is not a plain identifier, an unknown
     /// `sslmode`, TLS options without a TLS `sslmode`, a CA or client certificate that does
-    /// not parse; [`Error::Connect`] for a URL that does not parse, a server that refuses the
-    /// connection or does not answer within the connect timeout; [`Error::Auth`] for a wrong
+    /// not parse; [`Error::InvalidInput`] for a URL that does not parse (an option the driver
+    /// does not know, a port out of range); [`Error::Connect`] for a server that refuses the
+    /// connection, does not answer within the connect timeout, or is out of connections
+    /// (`too many clients`, for either of the two connections); [`Error::Auth`] for a wrong
     /// or missing password (or a role that may not log in), or a client certificate the
     /// server refuses; [`Error::Misconfigured`] for a database that does not exist, a server
     /// certificate baton does not trust, TLS asked of a server without it (or plain text of
-    /// one that takes the client over TLS only), a certificate file that cannot be read;
+    /// one that takes the client over TLS only), a certificate file that cannot be read, a
+    /// standby, a role or database whose transactions are read-only by default;
     /// [`Error::Permission`] for a role that may not create the schema or use it;
+    /// [`Error::ForeignSchema`] for a schema of someone else's;
     /// [`Error::UnsupportedVersion`] below PostgreSQL 13.
     ///
     /// # Cancel safety
     /// Dropping the future closes what it opened; a migration interrupted half-way is rolled
     /// back by the server (it runs in one transaction).
-    pub async fn connect(url: &str, options: PgOptions) -> Result<PgBackend> {
+    pub async fn connect(url: &str, mut options: PgOptions) -> Result<PgBackend> {
+        // libpq's TLS parameters, which tokio-postgres does not know (or not all of them),
+        // and baton's own `baton_schema`.
+        let (rest, params) = tls::take_params(url);
+        if let Some(schema) = &params.schema {
+            options.schema.clone_from(schema);
+        }
         if !schema::plain_identifier(&options.schema) {
             return Err(Error::InvalidArgument(
                 "the schema name must be a plain lowercase identifier ([a-z_][a-z0-9_]*)",
             ));
         }
-        // libpq's TLS parameters, which tokio-postgres does not know (or not all of them).
-        let (rest, params) = tls::take_params(url);
         let tls = tls::Setup::new(&params, &options.tls)?;
-        let config: tokio_postgres::Config = rest.parse().map_err(|e| Error::Connect {
-            endpoints: vec![redact(url)],
-            source: Box::new(e),
+        // A URL that does not parse (an option the driver does not know, a port out of
+        // range) is the caller's to fix: nothing was sent.
+        let config: tokio_postgres::Config = rest.parse().map_err(|e| Error::InvalidInput {
+            what: format!("the PostgreSQL URL `{}` does not parse", redact(url)),
+            source: Some(Box::new(e)),
         })?;
         let mut config = config;
         config.ssl_mode(tls.mode);
@@ -500,6 +627,7 @@ impl PgBackend {
             config,
             endpoint,
             connect_timeout: options.connect_timeout,
+            url: redact(url),
             synchronous_commit,
             tls,
         });
@@ -509,9 +637,10 @@ impl PgBackend {
                 .await
             {
                 Ok(Ok(client)) => client,
-                Ok(Err(e)) => {
+                Ok(Err(OpenFailure::Pg(e))) => {
                     return Err(connect_error(endpoints(), e, target.tls.is_plain()));
                 }
+                Ok(Err(OpenFailure::Refused(e))) => return Err(e),
                 Err(_) => {
                     return Err(Error::Connect {
                         endpoints: endpoints(),
@@ -519,15 +648,14 @@ impl PgBackend {
                     });
                 }
             };
-        migrate(&mut client, &options.schema)
+        migrate(client.client_mut(), &options.schema)
             .await
             .map_err(|e| e.at_endpoint(&target.endpoint))?;
         let listener = Listener::start(Arc::clone(&target), options.schema.clone());
-        let client = Conn::new(client);
-        hears_notifications(&listener, &client, options.connect_timeout)
+        hears_notifications(&listener, &client, options.connect_timeout, &target.url)
             .await
             .map_err(|e| e.at_endpoint(&target.endpoint))?;
-        let grace = Grace::new(options.restart_grace, target.endpoint.clone());
+        let epochs = StoreEpochs::new(target.endpoint.clone(), options.restart_grace);
         Ok(PgBackend {
             inner: Arc::new(Inner {
                 target,
@@ -537,7 +665,9 @@ impl PgBackend {
                 request_timeout: options.request_timeout,
                 retry_for: options.retry_for,
                 stamps: AtomicI64::new(1),
-                grace,
+                epochs,
+                top_token: AtomicU64::new(0),
+                postmaster: AtomicI64::new(0),
             }),
         })
     }
@@ -562,7 +692,7 @@ impl PgBackend {
     }
 
     /// The request connection, connected if needed.
-    async fn client(&self) -> std::result::Result<Arc<Conn>, BoxError> {
+    async fn client(&self) -> std::result::Result<Arc<Conn>, Failure> {
         let mut slot = self.inner.client.lock().await;
         if let Some(client) = slot.as_ref()
             && !client.is_closed()
@@ -570,15 +700,31 @@ impl PgBackend {
             return Ok(Arc::clone(client));
         }
         *slot = None;
-        let client = tokio::time::timeout(
+        let opened = tokio::time::timeout(
             self.inner.target.connect_timeout,
             open_request_connection(&self.inner.target),
         )
         .await
-        .map_err(|_| -> BoxError { "no answer within the connect timeout".into() })??;
-        let client = Arc::new(Conn::new(client));
+        .map_err(|_| Failure::Transient("no answer within the connect timeout".into()))?;
+        let client = Arc::new(match opened {
+            Ok(client) => client,
+            Err(OpenFailure::Pg(e)) => return Err(Failure::Transient(e.into())),
+            Err(OpenFailure::Refused(e)) => return Err(Failure::Fatal(e)),
+        });
         *slot = Some(Arc::clone(&client));
         Ok(client)
+    }
+
+    /// The highest token this client has seen.
+    fn top_token(&self) -> u64 {
+        self.inner.top_token.load(Ordering::Relaxed)
+    }
+
+    /// Records `token` as seen.
+    fn saw_token(&self, token: FencingToken) {
+        self.inner
+            .top_token
+            .fetch_max(token.get(), Ordering::Relaxed);
     }
 
     /// Drops `client` so that the next request reconnects (it timed out or broke: requests
@@ -602,7 +748,7 @@ impl PgBackend {
         let mut backoff = Duration::from_millis(20);
         loop {
             let failure = match self.client().await {
-                Err(e) => Failure::Transient(e),
+                Err(failure) => failure,
                 Ok(client) => {
                     match tokio::time::timeout(
                         self.inner.request_timeout,
@@ -740,9 +886,9 @@ impl PgBackend {
     }
 
     /// Waits until `entry` (this incarnation) is gone. Returns the token of the head its
-    /// queue had in the deleting transaction and the timeline that transaction ran on, when a
-    /// notification said so.
-    async fn await_deletion(&self, entry: &Entry) -> Result<Option<(i64, i32)>> {
+    /// queue had in the deleting transaction, the timeline that transaction ran on and when
+    /// its server's postmaster started (schema version 8), when a notification said so.
+    async fn await_deletion(&self, entry: &Entry) -> Result<Option<(i64, i32, Option<i64>)>> {
         let sql = &self.inner.sql.alive;
         let key = entry.key();
         let token = token_of(entry);
@@ -769,7 +915,8 @@ impl PgBackend {
             let mut words = payload.split(' ');
             (words.next() == Some(token_text.as_str())).then(|| {
                 let head = words.next()?.parse().ok()?;
-                Some((head, words.next()?.parse().ok()?))
+                let timeline = words.next()?.parse().ok()?;
+                Some((head, timeline, words.next().and_then(|w| w.parse().ok())))
             })
         })
         .await
@@ -781,10 +928,18 @@ impl PgBackend {
 /// the pool once its transaction ends, and a notification for it reaches whichever client
 /// holds that connection, or no one): baton's waits would then hang until a lease deadline, so
 /// the connect is refused instead.
-async fn hears_notifications(listener: &Listener, client: &Conn, within: Duration) -> Result<()> {
+///
+/// A LISTEN connection that cannot connect at all (a server out of connections: `too many
+/// clients`) is reported as what it is, with the server's answer, as soon as it is known.
+async fn hears_notifications(
+    listener: &Listener,
+    client: &Conn,
+    within: Duration,
+    url: &str,
+) -> Result<()> {
     static PROBES: AtomicI64 = AtomicI64::new(0);
     let refused = |why: &str| Error::Misconfigured {
-        endpoints: Vec::new(),
+        endpoints: vec![url.to_owned()],
         source: format!(
             "the LISTEN connection {why}: is a transaction-mode pooler (PgBouncer's \
              pool_mode = transaction) between baton and PostgreSQL? baton's waits need LISTEN, \
@@ -798,9 +953,40 @@ async fn hears_notifications(listener: &Listener, client: &Conn, within: Duratio
         PROBES.fetch_add(1, Ordering::Relaxed)
     );
     let deadline = Instant::now() + within;
-    let mut subscription = tokio::time::timeout_at(deadline, listener.subscribe(channel.clone()))
-        .await
-        .map_err(|_| refused("did not LISTEN within the connect timeout"))??;
+    let cannot_connect = |e: tokio_postgres::Error| Error::Connect {
+        endpoints: vec![url.to_owned()],
+        source: format!(
+            "the LISTEN connection (baton's second connection) could not connect: {}",
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), ToString::to_string)
+        )
+        .into(),
+    };
+    let subscribing = listener.subscribe(channel.clone());
+    tokio::pin!(subscribing);
+    let mut subscription = loop {
+        // Looked at every 50 ms: the LISTEN connection retries by itself, and its failure
+        // says more than the timeout would.
+        let step = (Instant::now() + Duration::from_millis(50)).min(deadline);
+        match tokio::time::timeout_at(step, &mut subscribing).await {
+            Ok(subscribed) => break subscribed?,
+            Err(_) if Instant::now() >= deadline => {
+                return Err(match listener.take_failure() {
+                    Some(e) => cannot_connect(e),
+                    None => refused("did not LISTEN within the connect timeout"),
+                });
+            }
+            Err(_) => {
+                if let Some(e) = listener.take_failure()
+                    && e.as_db_error().is_some()
+                {
+                    // The server answered, and said no (out of connections, say): final
+                    // for this connect.
+                    return Err(cannot_connect(e));
+                }
+            }
+        }
+    };
     loop {
         client
             .notify(&channel)
@@ -939,13 +1125,44 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
     if installed != 0 && schema_version(&*client, schema).await? == known {
         return Ok(());
     }
-    let tx = client.transaction().await.map_err(fail("migrate"))?;
+    // READ COMMITTED whatever the defaults (the session's is set already; said again here,
+    // where it matters most): a client that waited for the lock below must see what the
+    // client before it created, or it creates it again ("relation already exists").
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await
+        .map_err(fail("migrate"))?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&schema::LOCK_CLASS, &format!("{schema}|migrate")],
     )
     .await
     .map_err(fail("migrate"))?;
+    // A schema of that name with someone else's objects in it and none of baton's: not
+    // taken over (baton would mix its tables with the application's, or fail on a name both
+    // use).
+    let foreign: bool = tx
+        .query_one(
+            &schema::render(
+                "SELECT to_regclass('{s}.schema_version') IS NULL AND ( \
+                   EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n \
+                           ON n.oid = c.relnamespace WHERE n.nspname = $1) \
+                   OR EXISTS (SELECT 1 FROM pg_proc p JOIN pg_namespace n \
+                              ON n.oid = p.pronamespace WHERE n.nspname = $1))",
+                schema,
+            ),
+            &[&schema],
+        )
+        .await
+        .map_err(fail("migrate"))?
+        .get(0);
+    if foreign {
+        return Err(Error::ForeignSchema {
+            schema: schema.to_owned(),
+        });
+    }
     tx.batch_execute(&schema::render(
         "CREATE SCHEMA IF NOT EXISTS {s}; \
          CREATE TABLE IF NOT EXISTS {s}.schema_version ( \
@@ -982,14 +1199,15 @@ async fn migrate(client: &mut Client, schema: &str) -> Result<()> {
         tracing::info!(schema, version, "migrated baton's schema");
     }
     if current == 0 {
-        // Created just now: no state of before can have been lost on this timeline.
-        tx.execute(
-            &schema::render(
-                "UPDATE {s}.timelines SET began = '-infinity' WHERE timeline = {s}.timeline()",
-                schema,
-            ),
-            &[],
-        )
+        // Created just now: for clients of versions 4 to 7, no state of before can have been
+        // lost on this timeline. For this version's, a schema created anew has no epoch: its
+        // first use begins one, with a grace (the server may have lost a schema that holders
+        // still believe in), unless an operator marks the store new first (init_store).
+        tx.batch_execute(&schema::render(
+            "UPDATE {s}.timelines SET began = '-infinity' WHERE timeline = {s}.timeline(); \
+             UPDATE {s}.store SET epoch = NULL",
+            schema,
+        ))
         .await
         .map_err(fail("migrate"))?;
     }
@@ -1007,35 +1225,60 @@ impl Backend for PgBackend {
         }
         let ttl_ms = i64::try_from(ttl.as_millis().max(1)).unwrap_or(i64::MAX);
         let sql = &self.inner.sql.grant;
-        let (id, _) = self
+        let sent = Instant::now();
+        let (answer, _) = self
             .request("grant_lease", |c| async move {
                 let rows = c.query(sql, &[(&ttl_ms, Type::INT8)]).await?;
-                Ok(rows.first().map(|r| r.get::<_, i64>(0)))
+                Ok(rows.first().map(|r| {
+                    (
+                        r.get::<_, i64>(0),
+                        EpochAnswer::from_row(r, 1),
+                        c.system_id(),
+                    )
+                }))
             })
             .await?;
-        let id = id.ok_or_else(|| Error::Backend {
+        let (id, epoch, system_id) = answer.ok_or_else(|| Error::Backend {
             op: "grant_lease",
             at: self.at(),
             source: "no lease id returned".into(),
         })?;
+        // The session registers in the epoch its lease was granted in: this client takes it
+        // in first (and learns of a grace before it is granted anything).
+        self.epoch_answered("grant_lease", system_id, &epoch, sent)
+            .await?;
         Ok(Lease::new(LeaseId::new(id), ms(ttl_ms)))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Option<Duration>> {
         let sql = &self.inner.sql.renew;
         let id = lease.get();
-        self.read_request("keep_alive", |c| async move {
-            match c.query(sql, &[(&id, Type::INT8)]).await {
-                Ok(rows) => Ok(rows
-                    .first()
-                    .and_then(|r| r.get::<_, Option<i64>>(0))
-                    .map(ms)),
-                // No schema, no lease: told now rather than at the session's deadline.
-                Err(e) if schema_gone(&e) => Ok(None),
-                Err(e) => Err(e),
-            }
-        })
-        .await
+        let sent = Instant::now();
+        let answer = self
+            .read_request("keep_alive", |c| async move {
+                match c.query(sql, &[(&id, Type::INT8)]).await {
+                    Ok(rows) => Ok(rows.first().map(|r| {
+                        (
+                            r.get::<_, Option<i64>>(0),
+                            EpochAnswer::from_row(r, 1),
+                            c.system_id(),
+                        )
+                    })),
+                    // No schema, no lease: told now rather than at the session's deadline.
+                    Err(e) if schema_gone(&e) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .await?;
+        let Some((ttl, epoch, system_id)) = answer else {
+            return Ok(None);
+        };
+        // A lease that a restore brought back renews like any other: only the epoch and the
+        // position tell its holder that the store went back (its sessions are then lost,
+        // this one with them).
+        self.epoch_answered("keep_alive", system_id, &epoch, sent)
+            .await?;
+        Ok(ttl.map(ms))
     }
 
     async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
@@ -1058,7 +1301,9 @@ impl Backend for PgBackend {
         let abandon = &self.inner.sql.abandon;
         let id = lease.get();
         let key = format!("{queue}/{tag}");
+        check_key(queue, &key)?;
         let mut refused = 0;
+        let sent_at = Instant::now();
         let row = loop {
             // The stamp of the last attempt sent (0: none yet).
             let sent = AtomicI64::new(0);
@@ -1091,18 +1336,18 @@ impl Backend for PgBackend {
                                 ],
                             )
                             .await?;
-                        Ok(rows.into_iter().next())
+                        Ok(rows.into_iter().next().map(|r| (r, c.system_id())))
                     }
                 })
                 .await
                 .map_err(|e| e.in_lock(queue))?;
-            let row = row.ok_or_else(|| Error::Backend {
+            let (row, system_id) = row.ok_or_else(|| Error::Backend {
                 op: "enqueue",
                 at: self.at(),
                 source: "no answer row".into(),
             })?;
             match row.get::<_, &str>(0) {
-                "ok" => break row,
+                "ok" => break (row, system_id),
                 "lost" => return Err(Error::SessionLost(LostReason::Revoked)),
                 // Refused by a give-up of another call of this lease (it fences off every
                 // stamp this process had handed out): nothing was created, and this call has
@@ -1119,6 +1364,7 @@ impl Backend for PgBackend {
                 }
             }
         };
+        let (row, system_id) = row;
         let token: i64 = row.get(1);
         let entry = Entry::new(
             key,
@@ -1137,19 +1383,22 @@ impl Backend for PgBackend {
                 Some(LeaseId::new(row.get(6))),
             )
         });
-        let left = row
-            .get::<_, Option<i32>>(8)
-            .and_then(|timeline| self.inner.grace.seen(timeline, row.get(9)));
-        let predecessor = self
-            .inner
-            .grace
-            .pad(predecessor.into_iter().collect(), 1, left)
-            .pop();
+        self.saw_token(entry.token());
+        // The epoch the grant was decided in: a new one ends this client's sessions from
+        // before (this one, if it is one of them), and the queue engine waits its grace out
+        // before it grants.
+        self.epoch_answered(
+            "enqueue",
+            system_id,
+            &EpochAnswer::from_row(&row, 8),
+            sent_at,
+        )
+        .await?;
         Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
     }
 
-    fn grants_nothing_for(&self) -> Option<Duration> {
-        self.inner.grace.left()
+    fn epochs(&self) -> Option<&StoreEpochs> {
+        Some(&self.inner.epochs)
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
@@ -1205,19 +1454,22 @@ impl Backend for PgBackend {
         let key = mine.key();
         let token = token_of(mine);
         let most = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self
+        let sent = Instant::now();
+        let (rows, system_id) = self
             .read_request("ahead", |c| async move {
-                c.query(
-                    sql,
-                    &[
-                        (lo, Type::TEXT),
-                        (hi, Type::TEXT),
-                        (&key, Type::TEXT),
-                        (&token, Type::INT8),
-                        (&most, Type::INT8),
-                    ],
-                )
-                .await
+                let rows = c
+                    .query(
+                        sql,
+                        &[
+                            (lo, Type::TEXT),
+                            (hi, Type::TEXT),
+                            (&key, Type::TEXT),
+                            (&token, Type::INT8),
+                            (&most, Type::INT8),
+                        ],
+                    )
+                    .await?;
+                Ok((rows, c.system_id()))
             })
             .await?;
         let Some(first) = rows.first().filter(|r| r.get::<_, bool>(0)) else {
@@ -1225,13 +1477,17 @@ impl Backend for PgBackend {
                 key: mine.key().to_owned(),
             });
         };
-        let left = self.inner.grace.seen(first.get(5), first.get(6));
-        let ahead = rows
+        self.epoch_answered("ahead", system_id, &EpochAnswer::from_row(first, 5), sent)
+            .await?;
+        let ahead: Vec<Entry> = rows
             .iter()
             .filter(|r| r.get::<_, Option<String>>(1).is_some())
             .map(|r| entry_from(r, 1))
             .collect();
-        Ok(self.inner.grace.pad(ahead, limit, left))
+        if let Some(newest) = ahead.first() {
+            self.saw_token(newest.token());
+        }
+        Ok(ahead)
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
@@ -1240,24 +1496,24 @@ impl Backend for PgBackend {
     }
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
-        if Grace::is_stand_in(entry) {
-            self.inner.grace.wait().await;
-            return Ok(());
-        }
         self.await_deletion(entry).await.map(drop)
     }
 
     async fn wait_gone_then_head(&self, predecessor: &Entry, mine: &Entry) -> Result<bool> {
-        if Grace::is_stand_in(predecessor) {
-            self.inner.grace.wait().await;
-            return Ok(self.was_head(mine).await.unwrap_or(false));
-        }
         // The deleting transaction's notice names the head it left behind: no read needed
         // when that is `mine` (present, live, nothing older, in the state that deletion
-        // committed), on a timeline out of its restart grace.
-        if let Some((head, timeline)) = self.await_deletion(predecessor).await?
+        // committed), sent by the server (postmaster, timeline) this client's answers come
+        // from (a read compares the position; a notice from a restored server must not skip
+        // it), outside a restart grace.
+        if let Some((head, timeline, started)) = self.await_deletion(predecessor).await?
             && head == token_of(mine)
-            && self.inner.grace.is_clear(timeline)
+            && self.grants_nothing_for().is_none()
+            && epoch::notice_is_current(
+                self.inner.epochs.highest_seen().as_deref(),
+                Some(self.inner.postmaster.load(Ordering::Relaxed)).filter(|&p| p != 0),
+                timeline,
+                started,
+            )
         {
             return Ok(true);
         }

@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 7;
+pub(super) const MIGRATIONS: usize = 8;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -21,20 +21,42 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
         2 => format!(
             "{V2}{}DROP TRIGGER entries_inserted ON {{s}}.entries;\n\n{}",
             ENTRIES_CHANGED.replace("{head_suffix}", ""),
-            enqueue("enqueue", "nextval('{s}.tokens')", false, Sweep::TheQueue)
+            enqueue(
+                "enqueue",
+                "nextval('{s}.tokens')",
+                Tail::Nothing,
+                Sweep::TheQueue
+            )
         ),
         3 => format!(
             "{V3}{}",
-            enqueue("enqueue", TIMELINE_TOKEN, false, Sweep::TheQueue)
+            enqueue("enqueue", TIMELINE_TOKEN, Tail::Nothing, Sweep::TheQueue)
         ),
         4 => format!(
             "{V4}{}{}",
             ENTRIES_CHANGED.replace("{head_suffix}", " || ' ' || {s}.timeline()"),
-            enqueue("enqueue_v4", TIMELINE_TOKEN, true, Sweep::TheQueue)
+            enqueue(
+                "enqueue_v4",
+                TIMELINE_TOKEN,
+                Tail::Timeline,
+                Sweep::TheQueue
+            )
         ),
-        5 => enqueue("enqueue_v4", TIMELINE_TOKEN, true, Sweep::AsTheHead),
+        5 => enqueue(
+            "enqueue_v4",
+            TIMELINE_TOKEN,
+            Tail::Timeline,
+            Sweep::AsTheHead,
+        ),
         6 => V6.to_owned(),
         7 => V7.to_owned(),
+        8 => format!(
+            "{V8}{}{}{}{}",
+            ENTRIES_CHANGED.replace("{head_suffix}", NOTICE_POSITION),
+            enqueue("enqueue", NEXT_TOKEN, Tail::Nothing, Sweep::TheQueue),
+            enqueue("enqueue_v4", NEXT_TOKEN, Tail::Timeline, Sweep::AsTheHead),
+            enqueue("enqueue_v8", NEXT_TOKEN, Tail::Epoch, Sweep::AsTheHead)
+        ),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -389,24 +411,42 @@ enum Sweep {
     AsTheHead,
 }
 
-/// The enqueue function `name` of versions 2 to 5: `new_token` makes the new entry's token;
-/// with `grace`, an entry that is the head also answers the timeline and its age
-/// (`timeline_age`, version 4); `sweep` says which expired leases it ends. Version 4's is a
-/// new function beside version 3's rather than a new result type for it: a client of version
-/// 3 still running keeps its prepared statement. Version 5 replaces version 4's in place (the
-/// same arguments and results): clients of version 4 still running keep their prepared
-/// statement and get the new body.
-fn enqueue(name: &str, new_token: &str, grace: bool, sweep: Sweep) -> String {
-    let (outs, tail) = if grace {
-        (
+/// What an enqueue answers besides the entry and its predecessor.
+#[derive(Clone, Copy)]
+enum Tail {
+    /// Versions 2 and 3: nothing.
+    Nothing,
+    /// Versions 4 to 7 (`enqueue_v4`): when the entry is the head, the timeline and how long
+    /// baton has known it (`timeline_age`, version 4).
+    Timeline,
+    /// Version 8 (`enqueue_v8`): always, the store's epoch and position (`epoch_state`).
+    Epoch,
+}
+
+/// The enqueue function `name` of versions 2 to 8: `new_token` makes the new entry's token;
+/// `tail` says what else it answers; `sweep` says which expired leases it ends. Version 4's
+/// is a new function beside version 3's rather than a new result type for it: a client of
+/// version 3 still running keeps its prepared statement (and version 8's beside version 4's,
+/// for the same reason). Versions 5 and 8 replace the earlier ones in place (the same
+/// arguments and results): clients still running keep their prepared statements and get the
+/// new body.
+fn enqueue(name: &str, new_token: &str, tail: Tail, sweep: Sweep) -> String {
+    let (outs, tail) = match tail {
+        Tail::Nothing => ("", ""),
+        Tail::Timeline => (
             ",\n    OUT tl integer, OUT age_ms bigint",
             "    -- The head: how long baton has known this timeline (the restart grace).\n    \
              IF p_key IS NULL THEN\n        \
              SELECT a.tl, a.age_ms INTO tl, age_ms FROM {s}.timeline_age() a;\n    \
              END IF;\n",
-        )
-    } else {
-        ("", "")
+        ),
+        Tail::Epoch => (
+            ",\n    OUT marker text, OUT age_ms bigint, OUT incarnation text, OUT tl integer, \
+             OUT lsn bigint, OUT started bigint",
+            "    -- The store's epoch and position, read after the grant was decided.\n    \
+             SELECT a.marker, a.age_ms, a.incarnation, a.tl, a.lsn, a.started\n        \
+             INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state() a;\n",
+        ),
     };
     ENQUEUE
         .replace("{name}", name)
@@ -631,6 +671,213 @@ SELECT setval('{s}.lease_ids', greatest(last_value,
     (extract(epoch FROM clock_timestamp()) * 1000000)::bigint)) FROM {s}.lease_ids;
 "#;
 
+/// A deletion's notice from version 8 on: after the head, the timeline and the start of the
+/// postmaster that sent it (µs), so that a waiter takes its word only from a server it has
+/// had an answer from (every way back in time is a new postmaster or a new timeline), and
+/// reads otherwise; clients of versions 4 to 7 read the timeline and ignore the rest.
+const NOTICE_POSITION: &str = " || ' ' || {s}.timeline() || ' ' || {s}.started_us()";
+
+/// A new token from version 8 on: as in version 3, after the sequences were floored on this
+/// postmaster's start (`next_token`).
+const NEXT_TOKEN: &str = "{s}.next_token()";
+
+/// Version 8: store epochs (issue #36; docs/design.md, 2026-11-28).
+///
+/// - Ids and tokens never repeat. A server restored from an earlier base backup, a standby
+///   promoted after it missed commits, and a crash all bring sequences back to an earlier
+///   value (a sequence is WAL-logged 32 ahead, and a backup holds what it held then): lease
+///   ids, entry keys (made of lease ids) and tokens were handed out again. Every one of them
+///   means a new postmaster, so before its first draw on each postmaster both sequences jump
+///   to at least the server clock's microseconds (`floor_once`, checked once per session):
+///   above every value drawn before, which grew by one a draw, far slower than the clock.
+///   Tokens start at the clock too (they started at 1: a schema created again handed out
+///   tokens below the old ones).
+/// - The store's epoch (`store`): an incarnation drawn when the schema is created, and the
+///   marker of the epoch in force (`crate::epoch`), which every grant decision, grant of a
+///   lease and renewal answers with the timeline and the flush LSN (`epoch_state`). A new
+///   timeline (a promotion, a recovery to a point in time) begins an epoch on the server at
+///   its first call there; a client that sees the LSN go back (a restore, a standby that
+///   missed commits) begins one (`begin_epoch`); a schema without a marker (created anew)
+///   is a new epoch too, unless an operator marks it new (`PgBackend::init_store`). Every
+///   client compares the marker it is answered with: a new one ends its sessions from before
+///   and holds its grants back for the restart grace.
+/// - The functions of earlier versions keep their signatures and draw through the floor:
+///   clients of versions 3 to 7 still running keep their prepared statements.
+const V8: &str = r#"
+CREATE FUNCTION {s}.clock_us() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+$$;
+
+-- The WAL flushed so far, in bytes: what a client compares (never the insert position, which
+-- a crash may legitimately lose).
+CREATE FUNCTION {s}.flush_lsn() RETURNS bigint LANGUAGE sql VOLATILE AS $$
+    SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint
+$$;
+
+-- When this postmaster started, in µs: a restore, a crash and a re-created server all mean a
+-- new one.
+CREATE FUNCTION {s}.started_us() RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint
+$$;
+
+-- One row: the incarnation of this schema (drawn when it is created), the marker of the
+-- store epoch in force (NULL: none yet, first use begins one), when it began ('-infinity':
+-- marked new, nothing to wait), the timeline it is of, and the postmaster start the
+-- sequences were last floored on.
+CREATE TABLE {s}.store (
+    one         boolean PRIMARY KEY DEFAULT true CHECK (one),
+    incarnation text NOT NULL,
+    epoch       text,
+    began       timestamptz NOT NULL,
+    timeline    integer NOT NULL,
+    floored     timestamptz
+);
+
+-- A new epoch's marker (crate::epoch::Epoch::encode): a random id, and its base, the
+-- server clock's microseconds (later epochs have higher ones).
+CREATE FUNCTION {s}.new_marker() RETURNS text LANGUAGE sql VOLATILE AS $$
+    SELECT 'baton-epoch/1 ' || md5(random()::text || clock_timestamp()::text
+        || pg_backend_pid()::text) || ' ' || {s}.clock_us() || ' 0'
+$$;
+
+-- Moves both sequences to at least the clock's microseconds, and tokens above `floor` (the
+-- highest token a client saw).
+CREATE FUNCTION {s}.floor_sequences(floor bigint) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    now_us bigint := {s}.clock_us();
+BEGIN
+    PERFORM setval('{s}.lease_ids', greatest(last_value, now_us)) FROM {s}.lease_ids;
+    PERFORM setval('{s}.tokens', greatest(last_value, now_us,
+        floor - ({s}.timeline()::bigint << 40))) FROM {s}.tokens;
+END $$;
+
+-- Floors the sequences once per postmaster start, before its first draw (a restore, a
+-- promotion or a crash brought them back). Checked once per session: the setting is
+-- rolled back with a transaction that fails.
+CREATE FUNCTION {s}.floor_once() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT floored FROM {s}.store) IS DISTINCT FROM pg_postmaster_start_time() THEN
+        PERFORM pg_advisory_xact_lock({class}, hashtext('{s}|floor'));
+        IF (SELECT floored FROM {s}.store) IS DISTINCT FROM pg_postmaster_start_time() THEN
+            PERFORM {s}.floor_sequences(0);
+            UPDATE {s}.store SET floored = pg_postmaster_start_time();
+        END IF;
+    END IF;
+    PERFORM set_config('baton_floor.{s}', 'y', false);
+END $$;
+
+CREATE FUNCTION {s}.next_token() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('baton_floor.{s}', true) IS DISTINCT FROM 'y' THEN
+        PERFORM {s}.floor_once();
+    END IF;
+    RETURN ({s}.timeline()::bigint << 40) + nextval('{s}.tokens');
+END $$;
+
+CREATE FUNCTION {s}.next_lease_id() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('baton_floor.{s}', true) IS DISTINCT FROM 'y' THEN
+        PERFORM {s}.floor_once();
+    END IF;
+    RETURN nextval('{s}.lease_ids');
+END $$;
+
+-- The store's epoch and position: its marker (NULL: none yet), how long ago it began (NULL:
+-- marked new), the incarnation, the timeline, the flush LSN and when the postmaster started.
+-- The first call on a new timeline begins an epoch there: the new primary may lack the old
+-- one's last commits.
+CREATE FUNCTION {s}.epoch_state(OUT marker text, OUT age_ms bigint, OUT incarnation text,
+    OUT tl integer, OUT lsn bigint, OUT started bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    st {s}.store;
+BEGIN
+    tl := {s}.timeline();
+    SELECT * INTO st FROM {s}.store;
+    IF st.timeline <> tl THEN
+        UPDATE {s}.store SET timeline = tl, began = clock_timestamp(),
+            epoch = CASE WHEN epoch IS NULL THEN NULL ELSE {s}.new_marker() END
+            WHERE timeline <> tl;
+        IF FOUND THEN
+            PERFORM {s}.floor_sequences(0);
+        END IF;
+        SELECT * INTO st FROM {s}.store;
+    END IF;
+    marker := st.epoch;
+    incarnation := st.incarnation;
+    IF st.began <> '-infinity' THEN
+        age_ms := floor(extract(epoch FROM (clock_timestamp() - st.began)) * 1000)::bigint;
+    END IF;
+    lsn := {s}.flush_lsn();
+    started := {s}.started_us();
+END $$;
+
+-- Begins a new epoch in place of `expected` (NULL: none), unless another client changed the
+-- marker meanwhile; with no grace if `marked_new` (an operator's init). Floors the tokens
+-- above `floor`, the highest token the client saw. Answers the epoch in force.
+CREATE FUNCTION {s}.begin_epoch(expected text, marked_new boolean, floor bigint,
+    OUT begun boolean, OUT marker text, OUT age_ms bigint, OUT incarnation text,
+    OUT tl integer, OUT lsn bigint, OUT started bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE {s}.store SET epoch = {s}.new_marker(), timeline = {s}.timeline(),
+        began = CASE WHEN marked_new THEN '-infinity'::timestamptz ELSE clock_timestamp() END
+        WHERE epoch IS NOT DISTINCT FROM expected;
+    begun := FOUND;
+    IF begun THEN
+        PERFORM {s}.floor_sequences(floor);
+    END IF;
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
+END $$;
+
+INSERT INTO {s}.store (incarnation, epoch, began, timeline, floored)
+    SELECT md5(random()::text || clock_timestamp()::text || pg_backend_pid()::text),
+           {s}.new_marker(), coalesce(t.began, '-infinity'), {s}.timeline(),
+           pg_postmaster_start_time()
+    FROM (SELECT NULL) AS one LEFT JOIN {s}.timelines t ON t.timeline = {s}.timeline();
+SELECT {s}.floor_sequences(0);
+
+-- Version 6's grant, its id drawn through the floor (same signature: clients of earlier
+-- versions still running keep their prepared statement).
+CREATE OR REPLACE FUNCTION {s}.grant_lease(ttl bigint) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    lid bigint;
+    now_ts timestamptz := clock_timestamp();
+BEGIN
+    IF (SELECT min(deadline) FROM {s}.leases) <= now_ts THEN
+        DELETE FROM {s}.leases WHERE id IN (
+            SELECT id FROM {s}.leases WHERE deadline <= now_ts
+            ORDER BY deadline LIMIT 8 FOR UPDATE SKIP LOCKED)
+          AND deadline <= clock_timestamp();
+    END IF;
+    INSERT INTO {s}.leases (id, ttl_ms, deadline)
+        VALUES ({s}.next_lease_id(), ttl, clock_timestamp() + ttl * interval '1 millisecond')
+        RETURNING id INTO lid;
+    RETURN lid;
+END $$;
+
+-- A new lease, and the epoch it was granted in (the session registers there).
+CREATE FUNCTION {s}.grant_lease_v8(ttl bigint, OUT id bigint, OUT marker text,
+    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint,
+    OUT started bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    id := {s}.grant_lease(ttl);
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
+END $$;
+
+-- Version 3's renewal, and the epoch it was renewed in: a lease that a restore brought back
+-- renews like any other, and only the epoch and the position tell its holder.
+CREATE FUNCTION {s}.renew_v8(lid bigint, OUT ttl_ms bigint, OUT marker text,
+    OUT age_ms bigint, OUT incarnation text, OUT tl integer, OUT lsn bigint,
+    OUT started bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    ttl_ms := {s}.renew(lid);
+    SELECT * INTO marker, age_ms, incarnation, tl, lsn, started FROM {s}.epoch_state();
+END $$;
+"#;
+
 /// The SQL of migration `sql` for schema `schema`.
 pub(super) fn render(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
@@ -697,6 +944,19 @@ mod tests {
             "{v7}"
         );
         assert!(!v7.contains("FUNCTION") && !v7.contains("TABLE"), "{v7}");
+        // Version 8: the store's epoch, and every draw through the floor, in the functions of
+        // earlier versions too (same signatures).
+        let v8 = migration(8, "baton").unwrap_or_default();
+        assert!(v8.contains("CREATE TABLE baton.store ("), "{v8}");
+        assert_eq!(
+            v8.matches("e_token := baton.next_token();").count(),
+            3,
+            "{v8}"
+        );
+        assert!(v8.contains("FUNCTION baton.enqueue_v8(") && v8.contains("OUT lsn bigint"));
+        assert!(v8.contains("VALUES (baton.next_lease_id(), ttl"), "{v8}");
+        assert!(v8.contains("|| ' ' || baton.timeline() || ' ' || baton.started_us()"));
+        assert!(!v8.contains("{head_suffix}") && !v8.contains("{grace_outs}"));
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
     }

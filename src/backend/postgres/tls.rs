@@ -29,6 +29,9 @@ pub(super) struct Params {
     rootcert: Option<String>,
     cert: Option<String>,
     key: Option<String>,
+    /// Not libpq's nor TLS: baton's own `baton_schema`, taken out with them so that a URL
+    /// (the CLI's) can name the schema ([`PgOptions::with_schema`](super::PgOptions::with_schema)).
+    pub(super) schema: Option<String>,
 }
 
 impl Params {
@@ -38,6 +41,7 @@ impl Params {
             "sslrootcert" => Some(&mut self.rootcert),
             "sslcert" => Some(&mut self.cert),
             "sslkey" => Some(&mut self.key),
+            "baton_schema" => Some(&mut self.schema),
             _ => None,
         }
     }

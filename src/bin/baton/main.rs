@@ -39,7 +39,8 @@ Exit codes:
   77   authentication failed (user and password, or a client certificate refused)
   78   the server does not match the configuration: https:// to a server without TLS (or
        the reverse), its certificate not trusted, --user for a server without authentication,
-       a server too old or set up wrongly, another --layout: fix the configuration
+       a server too old or set up wrongly, another --layout, a permission the user lacks:
+       fix the configuration
   79   the lock or leadership was lost (its key deleted, or its session lost), or renewals
        failed until its lease was about to expire; the command, if any, was stopped (79
        whatever the command returned)
@@ -346,13 +347,19 @@ impl Failure {
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let code = match &e {
-            Error::InvalidArgument(_) | Error::LimitMismatch { .. } => exit::USAGE,
+            Error::InvalidArgument(_)
+            | Error::InvalidInput { .. }
+            | Error::LimitMismatch { .. } => exit::USAGE,
             Error::Connect { .. }
             | Error::Backend { .. }
             | Error::OutcomeUnknown { .. }
             | Error::Unavailable => exit::UNAVAILABLE,
-            Error::Auth { .. } | Error::Permission { .. } => exit::AUTH,
-            Error::Misconfigured { .. }
+            Error::Auth { .. } => exit::AUTH,
+            // The credentials were accepted: the role lacks a grant, which is the server's
+            // configuration to fix (sysexits' EX_CONFIG), not a failed authentication.
+            Error::Permission { .. }
+            | Error::ForeignSchema { .. }
+            | Error::Misconfigured { .. }
             | Error::UnsupportedVersion { .. }
             | Error::ServerSetting { .. }
             | Error::ForeignLayout { .. } => exit::CONFIG,
@@ -1485,6 +1492,35 @@ fn json_str(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue #38: a permission the role lacks is the server's configuration to fix (78),
+    /// not a failed authentication (77); a URL that does not parse is a bad argument (64),
+    /// not an unreachable server (69); a schema of someone else's is configuration (78).
+    #[test]
+    fn permission_and_bad_urls_have_their_own_exit_codes() {
+        let code = |e: Error| Failure::from(e).code;
+        assert_eq!(
+            code(Error::Permission {
+                source: "no".into()
+            }),
+            exit::CONFIG
+        );
+        assert_eq!(
+            code(Error::Auth {
+                source: "no".into()
+            }),
+            exit::AUTH
+        );
+        let bad_url = Error::InvalidInput {
+            what: "the PostgreSQL URL `postgres://h:70000/db` does not parse".into(),
+            source: None,
+        };
+        assert_eq!(code(bad_url), exit::USAGE);
+        let foreign = Error::ForeignSchema {
+            schema: "app".into(),
+        };
+        assert_eq!(code(foreign), exit::CONFIG);
+    }
 
     #[test]
     fn json_strings_are_escaped() {
