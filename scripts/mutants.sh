@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tools must be able to fail (issue #37): plants one realistic bug at a time in the queue
 # engine, the recipes, the session, the store epochs and the fences, runs the deterministic
-# simulation against it (release build, fresh seeds from SEED, at most SECONDS each), and
+# simulation against it (release build, fresh seeds from SEED, no regression seeds, at most SECONDS each), and
 # reports which mutants it caught, with the first rule broken and the seed, and which
 # survived. Every file is restored after each mutant (git checkout), also on interrupt.
 #
@@ -33,6 +33,9 @@ mutants=(
   'observer-drops-proclamations^src/backend/mod.rs^an election observer reports a new leader, not a new value of the same one^        let now = head.as_ref().map(|h| (h.token(), h.value().to_vec()));^        let now = head.as_ref().map(|h| (h.token(), Vec::<u8>::new()));'
   'keeps-renewing-a-reset-session^src/session/keeper.rs^goes on renewing a session the store forgot (its entries stay until it ends)^    if session.lost.reason() == Some(LostReason::StoreReset) {^    if session.lost.reason() == Some(LostReason::StoreReset) \&\& false {'
   'grace-grants-on-an-old-count^src/queue.rs^after a restart grace, grants on the count made before it^            if let Turn::Fewer(rule) = turn\n                \&\& matches!(rule.limit, Limit::Stored { .. })^            if let Turn::Fewer(rule) = turn\n                \&\& matches!(rule.limit, Limit::Stored { .. })\n                \&\& false'
+  'barrier-wait-watches-once^src/barrier.rs^a barrier'"'"'s wait returns once the oldest holder is gone, without looking again^    while let Some(oldest) = backend.head(queue).await? {\n        if let Err(e) = backend.wait_gone(\&oldest).await {^    if let Some(oldest) = backend.head(queue).await? {\n        if let Err(e) = backend.wait_gone(\&oldest).await {'
+  'double-enter-one-short^src/barrier.rs^a double barrier lets members in one short of its count^        if entries.len() >= self.members as usize {^        if entries.len() + 1 >= self.members as usize {'
+  'work-outlives-leadership^src/election.rs^run_while_leader lets the work run on after leadership is lost^            reason = lost => {^            reason = async { let _ = lost.await; std::future::pending::<LostReason>().await } => {'
   'multilock-keeps-on-failure^src/multilock.rs^a MultiLock that fails part way keeps the locks it took^                        let _ = release_in_reverse(guards).await;^                        std::mem::forget(guards);'
 )
 
@@ -72,7 +75,7 @@ EOF
   fi
   bin=$(ls -t target/sim/release/deps/simulate-* | grep -v '\.d$' | head -1)
   started=$(date +%s)
-  if report=$(timeout $((seconds + 120)) "$bin" "$seconds" "$seed" --stop-at-first 2>&1); then
+  if report=$(timeout $((seconds + 120)) "$bin" "$seconds" "$seed" --stop-at-first --fresh-only 2>&1); then
     echo "   SURVIVED ($seconds s of schedules)"
     echo "| \`$name\` | $what | **survived** $seconds s | |" >>"$out"
   else

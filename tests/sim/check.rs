@@ -28,6 +28,7 @@ pub fn check(plan: &Plan, history: &History) -> Vec<Violation> {
     exclusion_and_order(plan, history, &mut out);
     fenced_counters(history, &mut out);
     observers(history, &mut out);
+    barriers(plan, history, &mut out);
     progress(history, &mut out);
     out
 }
@@ -368,6 +369,158 @@ fn observers(history: &History, out: &mut Vec<Violation>) {
                     });
                 }
             }
+        }
+    }
+}
+
+/// Barriers: a Barrier's `wait` returns only if the barrier was down at some moment since
+/// the wait began (the holds acknowledged and not yet ended, cut at each loss of the store's
+/// state, did not cover that whole time); a DoubleBarrier member's `enter` returns only once
+/// `members` participants had begun to enter the round; its `leave` returns only once every
+/// participant that entered had begun to leave or was out of the round (lost, failed), unless
+/// the store lost its entries meanwhile.
+fn barriers(plan: &Plan, history: &History, out: &mut Vec<Violation>) {
+    let losses: Vec<u64> = history
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::StoreLost { at, .. } => Some(*at),
+            _ => None,
+        })
+        .collect();
+    let mut ups: HashMap<u64, (u64, u64)> = HashMap::new();
+    for event in &history.events {
+        match event {
+            Event::BarrierUp { at, hold, .. } => {
+                ups.insert(*hold, (*at, u64::MAX));
+            }
+            Event::BarrierDown { at, hold } => {
+                if let Some(up) = ups.get_mut(hold) {
+                    up.1 = up.1.min(*at);
+                }
+            }
+            _ => {}
+        }
+    }
+    // Each hold's interval ends at the first loss of the store's state after it began.
+    let mut intervals: Vec<(u64, u64)> = ups
+        .values()
+        .map(|&(from, to)| {
+            let lost = losses
+                .iter()
+                .find(|l| **l >= from)
+                .copied()
+                .unwrap_or(u64::MAX);
+            (from, to.min(lost))
+        })
+        .filter(|(from, to)| from < to)
+        .collect();
+    intervals.sort_unstable();
+    for event in &history.events {
+        if let Event::BarrierWaited { at, began, client } = event {
+            // Whether the intervals cover [began, at] without a gap.
+            let mut covered_to = *began;
+            for (from, to) in &intervals {
+                if *from > covered_to {
+                    break;
+                }
+                covered_to = covered_to.max(*to);
+            }
+            if covered_to > *at && *at > *began {
+                out.push(Violation {
+                    rule: "a barrier's wait returns only once it was down",
+                    detail: format!(
+                        "client {client}'s wait from {began} ms returned at {at} ms while the barrier was held up throughout"
+                    ),
+                });
+            }
+        }
+    }
+    for event in &history.events {
+        if let Event::WorkOutlived { at, client, lost } = event {
+            out.push(Violation {
+                rule: "run_while_leader's work stops when leadership is lost",
+                detail: format!(
+                    "client {client}'s work went on at {at} ms; its session was lost at {lost} ms"
+                ),
+            });
+        }
+    }
+    let members = plan.double_members as usize;
+    for event in &history.events {
+        match event {
+            Event::Entered { at, round, client } => {
+                let began: std::collections::HashSet<usize> = history
+                    .events
+                    .iter()
+                    .filter_map(|e| match e {
+                        Event::EnterBegan {
+                            at: t,
+                            round: r,
+                            client: c,
+                        } if r == round && t <= at => Some(*c),
+                        _ => None,
+                    })
+                    .collect();
+                if began.len() < members {
+                    out.push(Violation {
+                        rule: "a double barrier's enter returns once every member entered",
+                        detail: format!(
+                            "client {client} entered round {round} at {at} ms when {} of {members} members had begun to enter",
+                            began.len()
+                        ),
+                    });
+                }
+            }
+            Event::Left { at, round, client } => {
+                let first = history.events.iter().find_map(|e| match e {
+                    Event::EnterBegan {
+                        at: t, round: r, ..
+                    } if r == round => Some(*t),
+                    _ => None,
+                });
+                if losses
+                    .iter()
+                    .any(|l| first.is_some_and(|f| *l >= f) && l <= at)
+                {
+                    continue;
+                }
+                for e in &history.events {
+                    let Event::Entered {
+                        round: r,
+                        client: other,
+                        ..
+                    } = e
+                    else {
+                        continue;
+                    };
+                    if r != round || other == client {
+                        continue;
+                    }
+                    let out_of_it = history.events.iter().any(|e| match e {
+                        Event::LeaveBegan {
+                            at: t,
+                            round: r,
+                            client: c,
+                        }
+                        | Event::RoundGone {
+                            at: t,
+                            round: r,
+                            client: c,
+                        } => r == round && c == other && t <= at,
+                        _ => false,
+                    });
+                    if !out_of_it {
+                        out.push(Violation {
+                            rule: "a double barrier's leave returns once every member left",
+                            detail: format!(
+                                "client {client} left round {round} at {at} ms while client {other}, which had entered, had not begun to leave"
+                            ),
+                        });
+                    }
+                }
+            }
+            _ => {}
         }
     }
 }
