@@ -1176,14 +1176,16 @@ async fn timeout_bounds_connecting() {
 /// one line that says what failed and no transport dump, and with the code of its kind:
 /// refused on every endpoint and an unknown host are "unreachable" (69); `https://` to an etcd
 /// without TLS, and a user and password for an etcd without authentication, are "the
-/// configuration is wrong" (78). On ZooKeeper and Redis too. (Before: each 69, after the whole
+/// configuration is wrong" (78), as is a ZooKeeper chroot that does not exist (it is named;
+/// before: 69, "node not exists"). On ZooKeeper and Redis too. (Before: each 69, after the whole
 /// timeout but the last (and Redis's), with tonic's `status: Unavailable, ... MetadataMap`
 /// text, or ZooKeeper's "deadline has elapsed".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
     let etcd = EtcdNode::shared().endpoints()[0].clone();
     let https = format!("https://{}", etcd.trim_start_matches("http://"));
-    let cases: [(&str, Vec<&str>, i32, &str); 9] = [
+    let no_chroot = format!("zk://{}/no-such-chroot", ZkNode::shared().connect_string());
+    let cases: [(&str, Vec<&str>, i32, &str); 10] = [
         (
             "refused",
             vec!["--endpoints", "127.0.0.1:1"],
@@ -1201,6 +1203,12 @@ async fn definitive_connect_failures_end_at_once_with_the_code_of_their_kind() {
             vec!["--endpoints", "zk://no-such-host.invalid:2181/app"],
             69,
             "no such host",
+        ),
+        (
+            "ZooKeeper with a chroot that does not exist",
+            vec!["--endpoints", &no_chroot],
+            78,
+            "the chroot `/no-such-chroot` does not exist",
         ),
         (
             "Redis refused",

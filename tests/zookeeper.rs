@@ -532,6 +532,50 @@ async fn lost_answers_are_unknown_outcomes() {
     );
 }
 
+/// A delete whose answer is lost, retried once answers flow again, finds its entry gone while
+/// the entry's session lives: on ZooKeeper only an explicit delete removes a live session's
+/// node, so the delete is reported done, and a release is not "outcome unknown" (#38; before:
+/// `OutcomeUnknown`, "the retry found the entry gone").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_whose_answer_was_lost_is_done_while_its_session_lives() {
+    let name = test_name("lost-delete-answer");
+    let proxy = support::proxy::Proxy::start(&ZkNode::shared().connect_string()).await;
+    let cut = ZkBackend::connect(
+        &proxy.endpoint().replace("http://", "zk://"),
+        ZkOptions::new()
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(30)),
+    )
+    .await
+    .unwrap();
+    let direct = backend().await;
+    let s = Session::new(direct.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    let entry = guard.entry().clone();
+    // A client in use: it has read the store's epoch marker, which its first request does.
+    cut.entries(&name).await.unwrap();
+
+    proxy.drop_answers();
+    let deleting = tokio::spawn({
+        let (cut, entry) = (cut.clone(), entry.clone());
+        async move { cut.delete_entry(&entry).await }
+    });
+    // The delete reached the server and was applied; its answer is lost.
+    within(
+        "the delete applied",
+        Duration::from_secs(10),
+        direct.wait_gone(&entry),
+    )
+    .await
+    .unwrap();
+    proxy.heal();
+    let deleted = within("the delete's retry", Duration::from_secs(40), deleting)
+        .await
+        .unwrap();
+    assert!(matches!(deleted, Ok(true)), "{deleted:?}");
+    drop(guard);
+}
+
 /// Locks share their session's connection: 20 locks held and 5 waiters, on two sessions,
 /// take three ZooKeeper sessions in all (the backend's own and one per lease), as
 /// docs/zookeeper.md says.

@@ -475,6 +475,33 @@ async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Clien
     }
 }
 
+/// With a chroot in `connect`, whether its node exists: a missing one is a configuration
+/// error, named, not the "node not exists" of the first create under it (every path baton
+/// uses is under it, and baton does not create it: that would hide a mistyped chroot).
+async fn check_chroot(client: &Client, connect: &str) -> Result<()> {
+    let Some(chroot) = connect
+        .split_once('/')
+        .map(|(_, path)| format!("/{}", path.trim_end_matches('/')))
+        .filter(|chroot| chroot != "/")
+    else {
+        return Ok(());
+    };
+    match client.check_stat("/").await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(Error::Misconfigured {
+            endpoints: vec![format!("zk://{connect}")],
+            source: format!(
+                "the chroot `{chroot}` does not exist on this ZooKeeper: create it (`zkCli.sh create {chroot} \"\"`) or correct the connect string"
+            )
+            .into(),
+        }),
+        Err(e) => Err(Error::Connect {
+            endpoints: vec![format!("zk://{connect}")],
+            source: Box::new(e),
+        }),
+    }
+}
+
 /// Creates the fence node of `client`'s session (and, once, the node above it) and returns
 /// its data version: every entry's create checks it (see `ZkBackend::move_fence`). With it,
 /// the create's stat when its answer came (not when an earlier attempt had created the node).
@@ -527,7 +554,8 @@ impl ZkBackend {
     /// # Errors
     /// [`Error::Connect`] if the string is malformed or no server gives a session within
     /// the connect timeout, or at once if every server refuses the connection or names a host
-    /// that does not exist (the source says which, in words).
+    /// that does not exist (the source says which, in words); [`Error::Misconfigured`] if
+    /// the chroot does not exist (it names the chroot).
     ///
     /// # Cancel safety
     /// Cancel safe: a session opened by a dropped call is closed with it.
@@ -567,6 +595,7 @@ impl ZkBackend {
             })?,
             Some(unreachable) = hopeless => return Err(failed(Box::new(unreachable))),
         };
+        check_chroot(&client, &connect).await?;
         let epochs = StoreEpochs::new(
             format!("ZooKeeper at zk://{connect}"),
             options.restart_grace,
@@ -1552,27 +1581,50 @@ impl Backend for ZkBackend {
         let epoch = self.epoch().await?;
         let in_epoch = epoch::epoch_node(&epoch);
         let (path, in_epoch, epoch) = (&path, &in_epoch, &epoch);
-        self.write_if_live("delete_entry", |client| async move {
-            let mut writer = client.new_multi_writer();
-            writer.add_check_version(in_epoch, -1)?;
-            writer.add_delete(path, None)?;
-            match writer.commit().await {
-                Ok(_) => Ok(true),
-                Err(MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: ZkError::NoNode,
-                }) => Err(Failure::Stop(self.epoch_refused(epoch))),
-                Err(MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: ZkError::NoNode,
-                }) => Ok(false),
-                Err(
-                    MultiWriteError::OperationFailed { source, .. }
-                    | MultiWriteError::RequestFailed { source },
-                ) => Err(source.into()),
-            }
-        })
-        .await
+        let attempt = self
+            .attempts_here("delete_entry", Kind::Write, None, |client| async move {
+                let mut writer = client.new_multi_writer();
+                writer.add_check_version(in_epoch, -1)?;
+                writer.add_delete(path, None)?;
+                match writer.commit().await {
+                    Ok(_) => Ok(true),
+                    Err(MultiWriteError::OperationFailed {
+                        index: 0,
+                        source: ZkError::NoNode,
+                    }) => Err(Failure::Stop(self.epoch_refused(epoch))),
+                    Err(MultiWriteError::OperationFailed {
+                        index: 1,
+                        source: ZkError::NoNode,
+                    }) => Ok(false),
+                    Err(
+                        MultiWriteError::OperationFailed { source, .. }
+                        | MultiWriteError::RequestFailed { source },
+                    ) => Err(source.into()),
+                }
+            })
+            .await
+            .map_err(|e| e.at_endpoint(&self.label()))?;
+        match attempt {
+            (deleted, false) | (deleted @ true, true) => Ok(deleted),
+            // An attempt whose answer was lost may have deleted it. An entry is an ephemeral
+            // node of its lease's session: while that session lives, nothing but an explicit
+            // delete removes it: ours, or an operator's (`baton break`) at the same moment,
+            // which changes nothing for a holder that was letting go. So if the lease lives,
+            // the entry is released, not "outcome unknown" (#38). If the lease is over, the
+            // entry may have gone with it before the delete: that stays unknown.
+            (false, true) => match entry.lease() {
+                Some(lease) if self.lease_ttl(lease).await?.is_some() => {
+                    tracing::debug!(key = %entry.key(), "the delete's answer was lost; the entry is gone while its session lives: it was ours");
+                    Ok(true)
+                }
+                _ => Err(unknown(
+                    "delete_entry",
+                    "an attempt failed after it may have been applied, and the retry found the entry gone with its session"
+                        .into(),
+                )
+                .at_endpoint(&self.label())),
+            },
+        }
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
