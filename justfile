@@ -30,6 +30,11 @@ bench:
     cargo run --quiet --release --features testing,etcd,redis,zookeeper,postgres --example bench
     cargo bench --bench memory
 
+# What store epochs cost on etcd (issue #36): the uncontended and N = 8 cycles of the code
+# before them (95acc96) and of HEAD, alternately, PAIRS times; prints both and the means.
+bench-epoch-cost pairs="3":
+    scripts/bench-epoch-cost.sh {{pairs}}
+
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).
 soak seconds="60" profile="release":
     cargo run --quiet --profile {{profile}} --all-features --example soak -- --seconds {{seconds}}
