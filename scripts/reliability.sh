@@ -277,7 +277,8 @@ holds):
 | Redis restarted without data, from an older snapshot, `FLUSHALL` | — | the same (new epoch) | — |
 | Redis replica promoted (in sync, or cut off from its primary 0.2–3 s first, so it missed what was granted and released meanwhile), the old primary killed 0.1–1.5 s before, clients redirected; a new replica attached for the next one; containers only | — | new epoch (the replica's `run_id` differs): holders told first, nothing granted for the grace, tokens above all before | — |
 | Redis split brain (the old primary keeps serving clients not redirected) | — | not promised, not injected ([redis.md](redis.md)): only a fence keeps the resource safe | — |
-| etcd restarted without its data | not promised, not injected: revisions start again, tokens go back (a fence refuses them) | — | not injected either: czxids would start again |
+| server killed, restarted without its data (its data dir wiped; every client cut off from the kill until the server serves again and the fault's end is recorded) | new store epoch (the marker is gone, the revision went back): holders from before told first, nothing granted for the restart grace, tokens above all before; checked by the epoch rule. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 1, 40 s) the checker finds grants within it | — (the Redis row above) | the same (the marker is gone, the zxid went back); the fixture's data dir on the host |
+| server killed, restarted from an earlier copy (etcd: `etcdctl snapshot save`, 0.5–3 s and a grant made past it, then `etcdctl snapshot restore`) | the same: a client that saw the store past the snapshot (every nemesis client runs throughout) finds the revision behind it. A client that never saw it past the copy cannot tell ([etcd.md](etcd.md)): not injected | — (the Redis row above) | not injected (the fixture copies a server's data only while it is stopped); a new store epoch for a client that saw it past the copy, tested in `tests/store_loss.rs` ([zookeeper.md](zookeeper.md)) |
 
 On a three-member etcd cluster (`etcd-cluster`) and a three-server ZooKeeper ensemble
 (`zookeeper-ensemble`) the client faults are the same (each client reaches every member
@@ -303,7 +304,8 @@ same, and so is every rule of the checker; its server faults:
 | stopped (fast shutdown), started again with its data | leases and entries survive; connections are opened again, LISTENs renewed and every waiter looks again |
 | crashed (immediate shutdown: no checkpoint, the WAL replayed at start) | no acknowledged commit of baton's is lost: its connections set `synchronous_commit = on` even where the server defaults to `off` (the fixture's does); tokens resume above every token before (the sequence is WAL-logged ahead of use) |
 | every client connection ended (`pg_terminate_backend`) | each backend reconnects; holders keep their locks, waiters their places, and look again after the new LISTEN |
-| restarted without its data (baton's schema dropped, or a cluster created anew at the same address) | not promised, not injected: not detected (a new server cannot tell that it is not baton's first); a newcomer may be granted at once, with a token below the old holder's, and the old holder is told at its next renewal (lease ids do not repeat unless the server's clock is set back, schema version 7); `baton_state_lost_under_a_holder_is_not_detected_and_the_holder_is_told_at_its_renewal` (postgres) |
+| re-created without its data (the data directory wiped: a new cluster at the same address, another system identifier, no baton schema; every client cut off from the stop until the server serves again and the fault's end is recorded) | a new store epoch (a schema without baton's marker): holders from before told first, nothing granted for the restart grace, tokens above all before (the sequences start at the clock); checked by the epoch rule. Not injected once a standby was promoted (its data is its container's) |
+| restored from an earlier base backup (`pg_basebackup`, 0.5–3 s and a grant made past it, then the stopped server's data directory replaced by it) | the same, for every client that saw the server past the backup (the flush LSN went back), as every nemesis client has. A client that never saw it past the backup is granted at once, with tokens still above (the undetectable row of [postgres.md](postgres.md)): not injected |
 | a failover: a standby (streaming through a proxy) promoted in sync, or after missing 0.2–3 s of writes (the proxy closed first), the primary crashed for good, the clients redirected | the standby starts a new WAL timeline: its tokens are above every token before (they start with the timeline), every session is told lost at its next renewal (a lease is renewed only on its own timeline), and nothing is granted for the restart grace (the clients': their TTL), so a holder the standby missed is told before anyone else is granted; checked by the epoch rule, as for Redis. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 5) the checker finds grants within it |
 
 Runs (2 cores, 8 client processes; "faults" counts injected faults). The short runs made
@@ -403,10 +405,10 @@ just reliability      # one run of every scenario, rewrites this file
 just reliability 5    # five runs, summed
 just soak 300         # five minutes of soak
 just nemesis redis 60 # one minute of nemesis on Redis (seed: the time; printed)
-just nemesis zookeeper 60 1  # CI's ZooKeeper run: both server faults and an expiry
+just nemesis zookeeper 60 1  # CI's ZooKeeper run: its three server faults (a pause, a restart with and without its data) and an expiry
 just nemesis etcd-cluster 60 4  # CI's etcd cluster run: every member fault
 just nemesis zookeeper-ensemble 60 8  # CI's ensemble run: every member fault and an expiry
-just nemesis postgres 60 2  # CI's PostgreSQL run: crashes, restarts, a pause, ended connections, two failovers
+just nemesis postgres 60 57  # CI's PostgreSQL run: re-created without its data, restored from a base backup, a crash, a restart, a pause, ended connections, two failovers
 just simulate 60      # a minute of fresh schedules of the deterministic simulation
 just mutants          # each planted bug against the simulation; rewrites docs/mutants.md
 scripts/reliability.sh --simulation  # only the simulation's section of this file

@@ -1,10 +1,12 @@
 //! The nemesis on real servers (issue #26): client processes on every recipe while a seeded
 //! schedule pauses, kills and cuts them off, restarts, rolls back or flushes the server,
 //! (Redis) promotes its replica, (on a cluster) pauses a follower or the leader and kills and
-//! restarts a member or the leader, (ZooKeeper) expires their sessions and (PostgreSQL)
-//! crashes the server, ends their connections or promotes its standby; the checker reads the
-//! one history. This file has its own `main` (`harness = false`): the same binary, run again
-//! with `BATON_NEMESIS_CLIENT` set, is each client process.
+//! restarts a member or the leader, (ZooKeeper) expires their sessions, (PostgreSQL) crashes
+//! the server, ends their connections or promotes its standby, and (etcd, ZooKeeper,
+//! PostgreSQL) restarts the server without its data or (etcd, PostgreSQL) from an earlier
+//! copy; the checker reads the one history. This file has its own `main` (`harness =
+//! false`): the same binary, run again with `BATON_NEMESIS_CLIENT` set, is each client
+//! process.
 //!
 //! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short
 //!   runs CI makes, with fixed seeds (each single server, a three-member etcd cluster, a
@@ -98,10 +100,11 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
         .with_bug(bug)
         .with_history_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/target/nemesis"));
     let server = match backend {
-        "etcd" => Server::Etcd(EtcdNode::start().await.expect("etcd")),
+        // Their data on the host, so that the nemesis can wipe or restore it.
+        "etcd" => Server::Etcd(EtcdNode::start_with_host_data().await.expect("etcd")),
         "redis" => Server::Redis(RedisNode::start().await.expect("redis")),
-        "zookeeper" => Server::ZooKeeper(ZkNode::start().await.expect("zookeeper")),
-        "postgres" => Server::Postgres(PgNode::start().await.expect("postgres")),
+        "zookeeper" => Server::ZooKeeper(ZkNode::start_with_host_data().await.expect("zookeeper")),
+        "postgres" => Server::Postgres(PgNode::start_with_host_data(&[]).await.expect("postgres")),
         "etcd-cluster" => Server::EtcdCluster(EtcdCluster::start().await.expect("etcd cluster")),
         "zookeeper-ensemble" => {
             Server::ZkEnsemble(ZkEnsemble::start().await.expect("zookeeper ensemble"))
@@ -118,18 +121,22 @@ async fn one(backend: &str, seconds: u64, seed: u64, bug: Option<Bug>) -> Report
 async fn suite() -> ExitCode {
     let mut failed = false;
     // Redis seed 8: restarts with data, a pause, a replica promoted after missing 1 s of
-    // writes and one promoted in sync, beside client faults. The clusters' seeds draw all
+    // writes and one promoted in sync, beside client faults. etcd seed 1: a pause, restarts
+    // with its data, without it (wiped) and from an older snapshot. ZooKeeper seed 1: a
+    // pause, a restart with its data and one without, expiries. The clusters' seeds draw all
     // four member faults (a follower and the leader paused, a member and the leader killed
-    // and restarted) in their windows; the ensemble's also an expiry. PostgreSQL seed 2 draws
-    // crashes, restarts, a pause, ended connections, and a standby promoted after missing
-    // 2.4 s of writes and one promoted in sync.
+    // and restarted) in their windows; the ensemble's also an expiry. PostgreSQL seed 57
+    // draws it re-created without its data and restored from a base backup (both before the
+    // first promotion, after which its data is a standby's), a crash, a restart, a pause,
+    // ended connections, and a standby promoted in sync and one after missing 2.5 s of
+    // writes.
     for (backend, seconds, seed) in [
         ("etcd", 60, 1),
         ("redis", 60, 8),
         ("zookeeper", 60, 1),
         ("etcd-cluster", 60, 4),
         ("zookeeper-ensemble", 60, 8),
-        ("postgres", 60, 2),
+        ("postgres", 60, 57),
     ] {
         let report = one(backend, seconds, seed, None).await;
         println!("{}", report.summary());
@@ -155,6 +162,14 @@ async fn suite() -> ExitCode {
     println!("{}", graceless.summary());
     if !graceless.violations.iter().any(|v| v.rule == "epoch") {
         println!("FAILED: the checker missed grants within the restart grace (postgres seed 5)");
+        failed = true;
+    }
+    // Nor after etcd restarted without its data (seed 1 wipes it 3 s in): the checker must
+    // see grants of the new epoch made within the grace.
+    let wiped = one("etcd", 12, 1, Some(Bug::NoGrace)).await;
+    println!("{}", wiped.summary());
+    if !wiped.violations.iter().any(|v| v.rule == "epoch") {
+        println!("FAILED: the checker missed grants within the restart grace (etcd seed 1)");
         failed = true;
     }
     // The saved history, checked again, shows the same violations.

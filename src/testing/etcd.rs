@@ -458,6 +458,13 @@ impl EtcdNode {
             })
     }
 
+    /// Whether the node was started with
+    /// [`start_with_host_data`](Self::start_with_host_data): its data can be wiped or
+    /// replaced by a snapshot.
+    pub fn has_host_data(&self) -> bool {
+        self.spec.as_ref().is_some_and(|s| s.host_data.is_some())
+    }
+
     /// Removes the stopped node's data dir: [`start_again`](Self::start_again) then starts
     /// a member with nothing, with the same name and URLs (so the same cluster id), as an
     /// operator who lost a disk would.

@@ -152,6 +152,13 @@ impl PgNode {
         PgNode::launch(&POSTGRES, port, all, Some(dir)).await
     }
 
+    /// Whether the server was started with
+    /// [`start_with_host_data`](Self::start_with_host_data): its data can be wiped or
+    /// replaced by a base backup.
+    pub fn has_host_data(&self) -> bool {
+        self.host_tmp.is_some()
+    }
+
     fn host_tmp(&self, what: &'static str) -> Result<&std::path::Path, FixtureError> {
         self.host_tmp
             .as_deref()

@@ -342,6 +342,13 @@ impl ZkNode {
         Ok(())
     }
 
+    /// Whether the server was started with
+    /// [`start_with_host_data`](Self::start_with_host_data) (or as a member of
+    /// [`ZkEnsemble::start_with_host_data`]): its data can be wiped, saved and restored.
+    pub fn has_host_data(&self) -> bool {
+        self.host_data.is_some()
+    }
+
     fn host_data_dir(&self, op: &'static str) -> Result<&std::path::Path, FixtureError> {
         self.host_data.as_deref().ok_or(FixtureError::Unsupported {
             op,

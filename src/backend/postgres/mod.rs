@@ -715,6 +715,33 @@ impl PgBackend {
         Ok(client)
     }
 
+    /// Creates baton's schema again (`migrate`) on a new request connection, which then
+    /// serves the next requests.
+    async fn recreate_schema(&self) -> std::result::Result<(), Failure> {
+        let mut slot = self.inner.client.lock().await;
+        *slot = None;
+        let opened = tokio::time::timeout(
+            self.inner.target.connect_timeout,
+            open_request_connection(&self.inner.target),
+        )
+        .await
+        .map_err(|_| Failure::Transient("no answer within the connect timeout".into()))?;
+        let mut client = match opened {
+            Ok(client) => client,
+            Err(OpenFailure::Pg(e)) => return Err(Failure::Transient(e.into())),
+            Err(OpenFailure::Refused(e)) => return Err(Failure::Fatal(e)),
+        };
+        migrate(client.client_mut(), &self.inner.sql.schema)
+            .await
+            .map_err(Failure::Fatal)?;
+        tracing::warn!(
+            schema = %self.inner.sql.schema,
+            "baton's schema was gone (the server re-created, or the schema dropped): created again"
+        );
+        *slot = Some(Arc::new(client));
+        Ok(())
+    }
+
     /// The highest token this client has seen.
     fn top_token(&self) -> u64 {
         self.inner.top_token.load(Ordering::Relaxed)
@@ -757,6 +784,16 @@ impl PgBackend {
                     .await
                     {
                         Ok(Ok(value)) => return Ok((value, maybe_applied)),
+                        // The server was re-created without baton's schema, or it was
+                        // dropped, after this client connected: create it again, as a client
+                        // that connects now would (without a marker: its next answer begins
+                        // a new epoch), and retry. Before, a client of before never again
+                        // made a request that worked (the nemesis: no session after
+                        // PostgreSQL was re-created, until the process connected anew).
+                        Ok(Err(e)) if schema_gone(&e) => match self.recreate_schema().await {
+                            Ok(()) => Failure::Transient(e.into()),
+                            Err(failure) => failure,
+                        },
                         Ok(Err(e)) => {
                             let failure = classify(op, e);
                             if !matches!(failure, Failure::Fatal(_)) {

@@ -17,8 +17,9 @@ pub struct Plan {
     pub clients: Vec<(String, String)>,
     /// Every live client must be granted within this bound after the last fault healed.
     pub progress_bound: Duration,
-    /// The clients' restart grace (Redis, PostgreSQL): after a replica's promotion, nothing
-    /// of the new epoch is granted before it has passed (see [`check`], rule 6).
+    /// The clients' restart grace: after a fault that loses state (a replica promoted, a
+    /// server restarted without its data or from an earlier copy, a flush), nothing of the
+    /// new epoch is granted before it has passed (see [`check`], rule 6).
     pub restart_grace: Duration,
 }
 
@@ -241,14 +242,16 @@ fn more(n: usize) -> String {
 
 /// Checks `history` (sorted by time) against `plan`.
 ///
-/// Besides the rules of the [module docs](super), on the promotion of a Redis replica or a
-/// PostgreSQL standby (6, **epoch**, docs/redis.md, docs/postgres.md): the fault ends once the
-/// replica is promoted, before any client is sent to it, so every grant of the old primary was
-/// made before its end and every grant of the promoted replica, a new epoch, after. A grant asked for after the promotion comes
-/// no sooner than [`Plan::restart_grace`] after it; a grant that came later than that, to a
-/// client not paused since the promotion (so not an old primary's answer read late), has a
-/// token above every token granted before the promotion. (Holders from before told first:
-/// rule 3.)
+/// Besides the rules of the [module docs](super), after every fault that makes the store
+/// forget or go back in time (6, **epoch**: a `state-lost` line names it; a Redis replica or
+/// a PostgreSQL standby promoted, a server restarted without its data or from an earlier
+/// copy, a Redis `FLUSHALL`; docs/reliability.md): the fault ends once the store is back,
+/// before any client can reach it (the nemesis cuts every client off for a restart, and sends
+/// them to a promoted replica only after), so every grant of the store from before was made
+/// before its end and every grant of the new epoch after. A grant asked for after the end
+/// comes no sooner than [`Plan::restart_grace`] after it; a grant that came later than that,
+/// to a client not paused since the end (so not an answer from before read late), has a
+/// token above every token granted before it. (Holders from before told first: rule 3.)
 pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
     let mut violations = Vec::new();
     let lock_of: HashMap<&str, &str> = plan
@@ -354,20 +357,38 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
                     lock: l, client, ..
                 } => l == lock && clients.contains(&client.as_str()),
                 What::Killed { client } => clients.contains(&client.as_str()),
-                What::FaultStart { .. } | What::FaultEnd { .. } | What::Healed => true,
+                What::FaultStart { .. }
+                | What::FaultEnd { .. }
+                | What::StateLost { .. }
+                | What::Healed => true,
                 _ => clients.contains(&e.who.as_str()),
             })
             .cloned()
             .collect()
     };
 
-    // The promotions' ends.
-    let mut promoting: Vec<u32> = Vec::new();
-    let mut promotions: Vec<u64> = Vec::new();
+    // The ends of the faults that lose state (each begins a new store epoch), with their
+    // words.
+    let mut losing: HashMap<u32, &str> = HashMap::new();
+    let mut words: HashMap<u32, &str> = HashMap::new();
+    let mut epochs: Vec<(u64, &str)> = Vec::new();
     for e in history {
         match &e.what {
-            What::FaultStart { id, what } if is_promotion(what) => promoting.push(*id),
-            What::FaultEnd { id } if promoting.contains(id) => promotions.push(e.at),
+            What::FaultStart { id, what } => {
+                words.insert(*id, what);
+                // A history written before `state-lost` lines: its promotions lost state.
+                if is_promotion(what) {
+                    losing.insert(*id, what);
+                }
+            }
+            What::StateLost { id } => {
+                losing.insert(*id, words.get(id).copied().unwrap_or("a_state_loss"));
+            }
+            What::FaultEnd { id } => {
+                if let Some(what) = losing.remove(id) {
+                    epochs.push((e.at, what));
+                }
+            }
             _ => {}
         }
     }
@@ -376,48 +397,50 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
     for (lock, recipe) in &plan.locks {
         let mut list = holds.remove(lock).unwrap_or_default();
         list.sort_by_key(|h| h.granted);
-        // (6) A promotion begins a new epoch. Each kind of breach is shown once per promotion
-        // and lock, with how many grants broke it.
-        for &promoted in &promotions {
+        // (6) A fault that loses state begins a new epoch when it ends (the store is back).
+        // Each kind of breach is shown once per such fault and lock, with how many grants
+        // broke it.
+        for &(back, what) in &epochs {
+            let what = what.replace('_', " ");
             let before = list
                 .iter()
-                .filter(|h| h.granted < promoted)
+                .filter(|h| h.granted < back)
                 .max_by_key(|h| h.token);
-            let after = || list.iter().filter(|h| h.granted >= promoted);
+            let after = || list.iter().filter(|h| h.granted >= back);
             let early: Vec<&Hold> = after()
-                .filter(|h| h.invoked > promoted && h.granted < promoted + grace)
+                .filter(|h| h.invoked > back && h.granted < back + grace)
                 .collect();
             if let Some(h) = early.first() {
                 violations.push(Violation {
                     rule: "epoch",
                     message: format!(
-                        "{lock}: {} asked {:.0} ms after a promotion and was granted token {} {:.0} ms after it, within the restart grace ({:?}){}",
+                        "{lock}: {} asked {:.0} ms after the store came back ({what}) and was granted token {} {:.0} ms after it, within the restart grace ({:?}){}",
                         h.client,
-                        (h.invoked - promoted) as f64 / 1e6,
+                        (h.invoked - back) as f64 / 1e6,
                         h.token,
-                        (h.granted - promoted) as f64 / 1e6,
+                        (h.granted - back) as f64 / 1e6,
                         plan.restart_grace,
                         more(early.len())
                     ),
-                    window: window(promoted, h.granted, &[&h.client], lock),
+                    window: window(back, h.granted, &[&h.client], lock),
                 });
             }
             let Some(b) = before else { continue };
             let low: Vec<&Hold> = after()
                 .filter(|h| {
-                    h.granted >= promoted + grace
+                    h.granted >= back + grace
                         && h.token <= b.token
-                        && !paused_during(&h.client, promoted, h.granted)
+                        && !paused_during(&h.client, back, h.granted)
                 })
                 .collect();
             if let Some(h) = low.first() {
                 violations.push(Violation {
                     rule: "epoch",
                     message: format!(
-                        "{lock}: {} was granted token {} {:.0} ms after a promotion, not above token {} granted to {} before it{}",
+                        "{lock}: {} was granted token {} {:.0} ms after the store came back ({what}), not above token {} granted to {} before it{}",
                         h.client,
                         h.token,
-                        (h.granted - promoted) as f64 / 1e6,
+                        (h.granted - back) as f64 / 1e6,
                         b.token,
                         b.client,
                         more(low.len())
@@ -928,6 +951,129 @@ mod tests {
         early.extend(grant(60 * MS, "c1", 20));
         let v = check(&early, &plan());
         assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
+    }
+
+    /// A server fault from 10 ms before `at` to `at`, in `words`; `lost` adds the line
+    /// that says it loses state.
+    fn server_fault(at: u64, words: &str, lost: bool) -> Vec<Event> {
+        let mut h = vec![ev(
+            at - 10_000_000,
+            "nemesis",
+            What::FaultStart {
+                id: 0,
+                what: words.into(),
+            },
+        )];
+        if lost {
+            h.push(ev(at - 10_000_000, "nemesis", What::StateLost { id: 0 }));
+        }
+        h.push(ev(at, "nemesis", What::FaultEnd { id: 0 }));
+        h
+    }
+
+    #[test]
+    fn every_fault_that_loses_state_begins_an_epoch_that_waits_the_grace_with_higher_tokens() {
+        const MS: u64 = 1_000_000;
+        for words in [
+            "etcd_killed,_restarted_without_data",
+            "etcd_killed,_restarted_from_an_older_snapshot",
+            "zookeeper_killed,_restarted_without_data",
+            "postgres_killed,_restored_from_an_earlier_base_backup",
+            "redis_FLUSHALL",
+        ] {
+            // c0 holds token 9 across the fault and is told; c1, queued before it, is
+            // granted after the grace with a higher token: as promised.
+            let mut h = Vec::new();
+            h.extend(grant(0, "c0", 9));
+            h.push(ev(MS, "c1", What::Acquire { mode: 'x' }));
+            h.extend(server_fault(50 * MS, words, true));
+            h.push(ev(60 * MS, "c0", What::Lost { token: 9 }));
+            h.push(ev(
+                160 * MS,
+                "c1",
+                What::Granted {
+                    token: 20,
+                    mode: 'x',
+                },
+            ));
+            h.sort_by_key(|e| e.at);
+            assert!(
+                check(&h, &plan()).is_empty(),
+                "{words}: {:?}",
+                check(&h, &plan())
+            );
+
+            // After the grace, but with a token from before the store forgot (a new store's
+            // counters start again).
+            let mut low = h.clone();
+            low.retain(|e| e.who != "c1" || !matches!(e.what, What::Granted { .. }));
+            low.push(ev(
+                160 * MS,
+                "c1",
+                What::Granted {
+                    token: 3,
+                    mode: 'x',
+                },
+            ));
+            let v = check(&low, &plan());
+            assert!(
+                v.iter()
+                    .any(|v| v.rule == "epoch" && v.message.contains("not above token 9")),
+                "{words}: {v:?}"
+            );
+
+            // c0 told, c1 asks once the store is back and is granted before the grace passed.
+            let mut early = Vec::new();
+            early.extend(grant(0, "c0", 9));
+            early.extend(server_fault(50 * MS, words, true));
+            early.push(ev(55 * MS, "c0", What::Lost { token: 9 }));
+            early.extend(grant(60 * MS, "c1", 20));
+            early.sort_by_key(|e| e.at);
+            let v = check(&early, &plan());
+            assert!(
+                v.iter().any(|v| v.rule == "epoch"
+                    && v.message.contains("within the restart grace")
+                    && v.message.contains(&words.replace('_', " "))),
+                "{words}: {v:?}"
+            );
+
+            // Without the line that says the fault lost state, the same grant is no breach:
+            // the rule keys off the fault's property, not its words.
+            let mut kept = Vec::new();
+            kept.extend(grant(0, "c0", 9));
+            kept.extend(server_fault(50 * MS, words, false));
+            kept.push(ev(55 * MS, "c0", What::Lost { token: 9 }));
+            kept.extend(grant(60 * MS, "c1", 20));
+            kept.sort_by_key(|e| e.at);
+            let v = check(&kept, &plan());
+            assert!(!v.iter().any(|v| v.rule == "epoch"), "{words}: {v:?}");
+        }
+    }
+
+    #[test]
+    fn a_holder_from_before_a_wipe_not_told_before_the_next_grant_is_caught() {
+        const MS: u64 = 1_000_000;
+        // c0 holds token 9 across the wipe and is never told; c1 is granted after the grace.
+        let mut h = Vec::new();
+        h.extend(grant(0, "c0", 9));
+        h.push(ev(MS, "c1", What::Acquire { mode: 'x' }));
+        h.extend(server_fault(
+            50 * MS,
+            "etcd_killed,_restarted_without_data",
+            true,
+        ));
+        h.push(ev(
+            160 * MS,
+            "c1",
+            What::Granted {
+                token: 20,
+                mode: 'x',
+            },
+        ));
+        h.push(ev(170 * MS, "c0", What::Lost { token: 9 }));
+        h.sort_by_key(|e| e.at);
+        let v = check(&h, &plan());
+        assert!(v.iter().any(|v| v.rule == "lost-first"), "{v:?}");
     }
 
     #[test]

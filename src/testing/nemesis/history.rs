@@ -157,6 +157,13 @@ pub enum What {
         /// Its number in the schedule.
         id: u32,
     },
+    /// The fault of this number makes the store forget or go back in time (recorded just
+    /// after its start): its end begins a new store epoch, which the checker's rule 6
+    /// (**epoch**) holds the grants after it to.
+    StateLost {
+        /// The fault's number in the schedule.
+        id: u32,
+    },
     /// The runner killed a client process (SIGKILL, a fault or the end of the run).
     Killed {
         /// The client.
@@ -272,6 +279,7 @@ impl fmt::Display for Event {
             } => write!(f, "appended {lock} {token} {client} {index}"),
             What::FaultStart { id, what } => write!(f, "fault {id} {}", word(what)),
             What::FaultEnd { id } => write!(f, "healed {id}"),
+            What::StateLost { id } => write!(f, "state-lost {id}"),
             What::Killed { client } => write!(f, "killed {client}"),
             What::Died { client, status } => write!(f, "died {client} {}", word(status)),
             What::Healed => write!(f, "all-healed"),
@@ -351,6 +359,9 @@ impl Event {
                 what: s()?,
             },
             "healed" => What::FaultEnd {
+                id: n(s())?.try_into().ok()?,
+            },
+            "state-lost" => What::StateLost {
                 id: n(s())?.try_into().ok()?,
             },
             "killed" => What::Killed { client: s()? },
@@ -438,6 +449,7 @@ mod tests {
                 what: "pause_c1".into(),
             },
             What::FaultEnd { id: 3 },
+            What::StateLost { id: 3 },
             What::Appended {
                 lock: "n/mutex".into(),
                 token: 41,

@@ -24,8 +24,10 @@ pub enum Bug {
     AdmitLower,
     /// Clients read before they claim (the fencing rule broken on the client's side).
     ReadBeforeClaim,
-    /// Clients connect with no restart grace (Redis, PostgreSQL): after a failover they may
-    /// be granted what a holder from before still believes it holds.
+    /// Clients connect with no restart grace (every backend: `ConnectOptions`' grace of
+    /// zero): after a fault that loses state (a failover, a server restarted without its
+    /// data or from an earlier copy, a flush) they may be granted what a holder from before
+    /// still believes it holds.
     NoGrace,
 }
 

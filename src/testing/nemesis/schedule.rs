@@ -52,10 +52,12 @@ pub(crate) enum FaultKind {
     ServerPause,
     /// Kill the server, start it again with its data after `hold`.
     ServerRestart,
-    /// Kill the server, start it again empty after `hold` (Redis).
+    /// Kill the server, start it again empty after `hold` (Redis: flushed and saved first;
+    /// etcd, ZooKeeper, PostgreSQL: its data directory wiped while it is down).
     ServerRestartEmpty,
-    /// Snapshot the server, let it run for `lead`, kill it, start it again from the
-    /// snapshot after `hold` (Redis).
+    /// Copy the server's state (Redis: `SAVE`; etcd: `etcdctl snapshot save`; PostgreSQL: a
+    /// base backup), let it run for `lead` (and until a grant was asked for and made after
+    /// the copy), kill it, start it again from the copy after `hold`.
     ServerRestartFromSnapshot,
     /// `FLUSHALL` (Redis).
     Flush,
@@ -110,6 +112,19 @@ impl FaultKind {
         )
     }
 
+    /// Whether the store forgets or goes back in time: a new store epoch begins (every
+    /// holder from before told first, nothing granted for the restart grace, every token
+    /// above every earlier one), which the checker's rule 6 (**epoch**) holds it to.
+    pub(crate) fn loses_state(&self) -> bool {
+        matches!(
+            self,
+            FaultKind::ServerRestartEmpty
+                | FaultKind::ServerRestartFromSnapshot
+                | FaultKind::Flush
+                | FaultKind::PromoteReplica(_)
+        )
+    }
+
     pub(crate) fn client(&self) -> Option<usize> {
         match self {
             FaultKind::Pause(c)
@@ -131,6 +146,9 @@ impl FaultKind {
             FaultKind::ServerPause => format!("{backend} paused"),
             FaultKind::ServerRestart => format!("{backend} killed, restarted with its data"),
             FaultKind::ServerRestartEmpty => format!("{backend} killed, restarted without data"),
+            FaultKind::ServerRestartFromSnapshot if backend == "postgres" => {
+                format!("{backend} killed, restored from an earlier base backup")
+            }
             FaultKind::ServerRestartFromSnapshot => {
                 format!("{backend} killed, restarted from an older snapshot")
             }
@@ -375,6 +393,52 @@ mod tests {
             assert_eq!(f.kind, FaultKind::PromoteReplica(f.lead));
             assert!(f.kind.describe("redis").contains("replica promoted"));
         }
+    }
+
+    #[test]
+    fn the_faults_that_lose_state_are_the_ones_the_epoch_rule_checks() {
+        let losing = [
+            FaultKind::ServerRestartEmpty,
+            FaultKind::ServerRestartFromSnapshot,
+            FaultKind::Flush,
+            FaultKind::PromoteReplica(Duration::ZERO),
+            FaultKind::PromoteReplica(Duration::from_secs(1)),
+        ];
+        let keeping = [
+            FaultKind::Pause(0),
+            FaultKind::Kill(0),
+            FaultKind::Cut(0),
+            FaultKind::CutAnswers(0),
+            FaultKind::ServerPause,
+            FaultKind::ServerRestart,
+            FaultKind::ServerCrash,
+            FaultKind::KillConnections,
+            FaultKind::Expire(0),
+            FaultKind::FollowerPause(0),
+            FaultKind::LeaderPause,
+            FaultKind::MemberRestart(0),
+            FaultKind::LeaderRestart,
+        ];
+        assert!(losing.iter().all(|f| f.loses_state() && f.on_server()));
+        assert!(keeping.iter().all(|f| !f.loses_state()));
+        // A copy is taken before the kill: the schedule gives it an age.
+        let server = [
+            FaultKind::ServerRestartEmpty,
+            FaultKind::ServerRestartFromSnapshot,
+        ];
+        let ttl = Duration::from_secs(2);
+        let drawn: Vec<Fault> = (0..10)
+            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|slot| slot.faults)
+            .filter(|f| f.kind == FaultKind::ServerRestartFromSnapshot)
+            .collect();
+        assert!(!drawn.is_empty());
+        assert!(drawn.iter().all(|f| f.lead >= Duration::from_millis(500)));
+        assert!(
+            FaultKind::ServerRestartFromSnapshot
+                .describe("postgres")
+                .contains("base backup")
+        );
     }
 
     #[test]
