@@ -21,7 +21,7 @@ fn uncontended(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let guard = mutex.lock().await.unwrap();
             black_box(guard.fencing_token());
-            guard.unlock().await.unwrap();
+            guard.release().await.unwrap();
         });
     });
     group.finish();
@@ -52,7 +52,7 @@ fn contended(c: &mut Criterion) {
                 .map(|m| {
                     tokio::spawn(async move {
                         for _ in 0..16 {
-                            m.lock().await.unwrap().unlock().await.unwrap();
+                            m.lock().await.unwrap().release().await.unwrap();
                         }
                     })
                 })

@@ -26,7 +26,7 @@ async fn main() -> Result<(), Failure> {
     );
     println!("barriers: running on {}", setup.on);
 
-    let deployer = Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+    let deployer = Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
     let gate = Barrier::new(&deployer, &gate_name)?;
     let raised = gate.hold().await?;
 
@@ -38,7 +38,7 @@ async fn main() -> Result<(), Failure> {
     let mut shards = Vec::new();
     for _ in 0..4 {
         let session =
-            Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+            Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
         let gate = Barrier::new(&session, &gate_name)?;
         let batch = DoubleBarrier::new(&session, &batch_name, 4)?;
         let (entered, started, finished) = (entered.clone(), started.clone(), finished.clone());
@@ -71,7 +71,7 @@ async fn main() -> Result<(), Failure> {
     println!("barriers: 4 shards passed the gate, started together, finished together");
 
     // A gate whose holder crashes comes down with its lease.
-    let crashed = Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+    let crashed = Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
     let _up = Barrier::new(&crashed, &gate_name)?.hold().await?;
     setup.backend.revoke_lease(crashed.lease_id()).await?;
     tokio::time::timeout(Duration::from_secs(10), gate.wait())

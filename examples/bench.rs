@@ -373,7 +373,7 @@ async fn recipe_contended(
                             let g = mutex.lock().await?;
                             samples.lock().unwrap().granted(asked);
                             held(&samples, hold).await;
-                            g.unlock().await?;
+                            g.release().await?;
                         }
                         Recipe::Semaphore(_) => {
                             let p = semaphore.acquire().await?;
@@ -520,7 +520,7 @@ async fn formed_queue_handoffs(
                     if let Some(at) = released_at.lock().unwrap().replace(now) {
                         handoffs.lock().unwrap().push(now - at);
                     }
-                    guard.unlock().await
+                    guard.release().await
                 })
             })
             .collect();
@@ -530,7 +530,7 @@ async fn formed_queue_handoffs(
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         *released_at.lock().unwrap() = Some(Instant::now());
-        holder.unlock().await?;
+        holder.release().await?;
         for w in waiters {
             w.await??;
         }
@@ -588,7 +588,7 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
     let (rss1, heap1) = (rss_bytes(), live_bytes());
     let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await? - watchers_before;
     let drain_start = Instant::now();
-    guard.unlock().await?;
+    guard.release().await?;
     let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let fifo = tokens.windows(2).all(|w| w[0] < w[1]);
@@ -643,7 +643,7 @@ where
         tokio::spawn(async move {
             if let Ok(g) = m.lock().await {
                 let _ = tx.send(g.fencing_token());
-                let _ = g.unlock().await;
+                let _ = g.release().await;
             }
         });
         if i % 256 == 255 || i + 1 == sessions.len() {
@@ -684,7 +684,7 @@ fn memory_cycles(secs: Duration) -> Res<f64> {
         let mut n = 0u64;
         while start.elapsed() < secs {
             for _ in 0..1000 {
-                mutex.lock().await?.unlock().await?;
+                mutex.lock().await?.release().await?;
             }
             n += 1000;
         }
@@ -870,7 +870,7 @@ async fn main() -> Res<()> {
     let mut lat = Vec::new();
     for _ in 0..500 {
         let t = Instant::now();
-        m.lock().await?.unlock().await?;
+        m.lock().await?.release().await?;
         lat.push(t.elapsed());
     }
     let uncontended_requests = (backend.requests_sent() - r0) as f64 / 500.0;

@@ -7,7 +7,8 @@
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use baton::{Backend, FencingToken, MemoryBackend, Mutex, Session, SessionOptions};
+use baton::backend::Backend;
+use baton::{FencingToken, MemoryBackend, Mutex, Session, SessionOptions};
 
 /// A resource that remembers the highest fencing token it accepted and rejects lower ones.
 #[derive(Default)]
@@ -66,7 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Err(e) => e.clone(),
                 }
             );
-            guard.unlock().await?;
+            guard.release().await?;
             Ok::<_, baton::Error>(())
         }));
         // Wait until this worker's key is in the queue before starting the next one.

@@ -59,7 +59,7 @@ async fn run_on_server(endpoints: &str, name: &str) -> Result<(), Box<dyn std::e
     let backend = baton::connect(endpoints).await?;
     let options = SessionOptions::new().with_ttl(TTL);
     loop {
-        let session = Session::from_shared(backend.clone(), options.clone()).await?;
+        let session = Session::with_options(backend.clone(), options.clone()).await?;
         let election = Election::new(&session, ELECTION)?;
         println!("{name}: campaigning");
         let run = election.run_while_leader(name, |token| async move {

@@ -42,7 +42,7 @@ async fn main() -> Result<(), Failure> {
             continue;
         }
         let session =
-            Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+            Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
         let balances = Arc::clone(&balances);
         transfers.push(tokio::spawn(async move {
             let both = MultiLock::new(&session, [from.clone(), to.clone()])?;
@@ -58,7 +58,7 @@ async fn main() -> Result<(), Failure> {
                 balances.insert(from, a - 10);
                 balances.insert(to, b + 10);
             }
-            guard.unlock().await?;
+            guard.release().await?;
             session.close().await?;
             Ok::<_, Failure>(())
         }));

@@ -14,8 +14,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use baton::backend::Backend;
 use baton::metrics::{KEEPALIVE_SECONDS, LOCK_HOLD_SECONDS, LOCK_WAIT_SECONDS};
-use baton::{Backend, Election, MemoryBackend, Mutex, Session, SessionOptions};
+use baton::{Election, MemoryBackend, Mutex, Session, SessionOptions};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 type BoxResult<T> = Result<T, Box<dyn Error + Send + Sync>>;
@@ -96,7 +97,7 @@ async fn workload() -> BoxResult<()> {
     let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
     // A short TTL, so that leases are renewed (every third of it) while this runs.
     let options = SessionOptions::new().with_ttl(Duration::from_millis(600));
-    let session = || Session::from_shared(Arc::clone(&backend), options.clone());
+    let session = || Session::with_options(Arc::clone(&backend), options.clone());
 
     let mut workers = Vec::new();
     for _ in 0..3 {
@@ -106,7 +107,7 @@ async fn workload() -> BoxResult<()> {
             for _ in 0..4 {
                 let guard = mutex.lock().await?;
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                guard.unlock().await?;
+                guard.release().await?;
             }
             session.close().await
         }));
@@ -129,7 +130,7 @@ async fn workload() -> BoxResult<()> {
     }
     // Long enough for a renewal (a third of the TTL).
     tokio::time::sleep(Duration::from_millis(250)).await;
-    held.unlock().await?;
+    held.release().await?;
 
     let leader = Election::new(&a, "services/scheduler")?
         .campaign("node-a")
@@ -138,12 +139,12 @@ async fn workload() -> BoxResult<()> {
     let (resigned, next) = tokio::join!(
         async {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            leader.resign().await
+            leader.release().await
         },
         election.campaign("node-b"),
     );
     resigned?;
-    next?.resign().await?;
+    next?.release().await?;
     a.close().await?;
     b.close().await?;
     Ok(())

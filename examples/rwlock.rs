@@ -31,7 +31,7 @@ async fn main() -> Result<(), Failure> {
     let mut tasks = Vec::new();
     for i in 0..10 {
         let session =
-            Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+            Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
         let lock = RwLock::new(&session, &name)?;
         let (readers, writers, most) = (readers.clone(), writers.clone(), most_readers.clone());
         tasks.push(tokio::spawn(async move {
@@ -70,7 +70,7 @@ async fn main() -> Result<(), Failure> {
     }
 
     // No writer starvation: a reader holds, a writer waits, a later reader waits behind it.
-    let s = Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+    let s = Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
     let first = RwLock::new(&s, &name)?.read().await?;
     let writer = tokio::spawn({
         let lock = RwLock::new(&s, &name)?;

@@ -27,7 +27,7 @@ async fn main() -> Result<(), Failure> {
     let mut workers = Vec::new();
     for worker in 0..8 {
         let session =
-            Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+            Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
         let imports =
             Semaphore::new(&session, &name, 3)?.with_owner_info(format!("worker {worker}"));
         let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
@@ -57,7 +57,7 @@ async fn main() -> Result<(), Failure> {
     }
 
     // A contender configured with another limit is refused before it creates anything.
-    let other = Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+    let other = Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
     match Semaphore::new(&other, &name, 5)?.acquire().await {
         Err(baton::Error::LimitMismatch { .. }) => {
             println!("semaphore: a contender asking for 5 permits was refused")
@@ -67,7 +67,7 @@ async fn main() -> Result<(), Failure> {
 
     // A worker that crashes holding every permit: they come back when its lease ends (here
     // revoked, which is what the server does after the TTL), and the next contender gets one.
-    let crashed = Session::from_shared(Arc::clone(&setup.backend), SessionOptions::new()).await?;
+    let crashed = Session::with_options(Arc::clone(&setup.backend), SessionOptions::new()).await?;
     let imports = Semaphore::new(&crashed, &name, 3)?;
     let held = [
         imports.acquire().await?,

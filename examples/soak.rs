@@ -123,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             l.inside = None;
                             l.released_at = Some(Instant::now());
                         }
-                        if let Err(e) = guard.unlock().await {
+                        if let Err(e) = guard.release().await {
                             errors
                                 .lock()
                                 .unwrap()

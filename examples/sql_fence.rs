@@ -8,7 +8,8 @@
 
 mod common;
 
-use baton::{Backend, Error, Fence, MemoryBackend, Mutex, Session};
+use baton::backend::Backend;
+use baton::{Error, Fence, MemoryBackend, Mutex, Session};
 use common::sql_fence::{FENCED_CLAIM, FENCED_WRITE, SqliteFence};
 
 #[tokio::main]
@@ -67,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "row: fence_token={token}, {}",
         String::from_utf8_lossy(&data)
     );
-    current.unlock().await?;
+    current.release().await?;
     drop(stale);
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.clone().into_os_string();

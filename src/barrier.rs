@@ -147,21 +147,9 @@ pub struct BarrierGuard {
     held: Held,
 }
 
+crate::guard::entry_guard!(BarrierGuard, "the hold (the barrier may then be down)");
+
 impl BarrierGuard {
-    /// Our entry's key.
-    pub fn key(&self) -> &str {
-        self.held.entry().key()
-    }
-
-    /// Resolves when our hold ends without a release: the session is lost, or our entry was
-    /// deleted from outside. The barrier may then be down.
-    ///
-    /// # Cancel safety
-    /// Cancel safe.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
-        SyncFuture::new(self.held.lost())
-    }
-
     /// Lets go of the barrier; it is down once no other holder remains.
     ///
     /// # Errors
@@ -176,7 +164,7 @@ impl BarrierGuard {
 }
 
 /// A double barrier: [`enter`](DoubleBarrier::enter) returns once `members` participants have
-/// entered; [`Entered::leave`] returns once all of them have left.
+/// entered; [`DoubleBarrierGuard::leave`] returns once all of them have left.
 ///
 /// Each participant is an entry `<name>/<lease hex>_<k>` bound to its session. The
 /// participant whose entry completes the count records it at the key `<name>`
@@ -247,7 +235,7 @@ impl DoubleBarrier {
     ///
     /// # Cancel safety
     /// Dropping the future (a timeout) leaves no entry: we stop counting.
-    pub fn enter(&self) -> impl Future<Output = Result<Entered>> + Send + Sync + '_ {
+    pub fn enter(&self) -> impl Future<Output = Result<DoubleBarrierGuard>> + Send + Sync + '_ {
         let span = tracing::debug_span!("baton.barrier.enter", name = %self.name, members = self.members, key = tracing::field::Empty, token = tracing::field::Empty);
         SyncFuture::new(
             async move {
@@ -259,7 +247,7 @@ impl DoubleBarrier {
                     reason = lost => return Err(lost_error(&self.session, reason, held.entry())),
                     counted = self.until_counted(held.entry()) => counted?,
                 }
-                Ok(Entered {
+                Ok(DoubleBarrierGuard {
                     held,
                     name: Arc::clone(&self.name),
                 })
@@ -346,28 +334,37 @@ fn lost_error(session: &Session, reason: LostReason, entry: &Entry) -> Error {
     }
 }
 
-/// A participant inside a [`DoubleBarrier`]. [`leave`](Entered::leave) when done; dropping it
-/// leaves in the background (without waiting for the others).
+/// A participant inside a [`DoubleBarrier`]. [`leave`](DoubleBarrierGuard::leave) when
+/// done, to wait for the others; dropping it (or [`release`](DoubleBarrierGuard::release))
+/// leaves without waiting for them.
 #[must_use = "the participant leaves in the background as soon as this is dropped"]
 #[derive(Debug)]
-pub struct Entered {
+pub struct DoubleBarrierGuard {
     held: Held,
     name: Arc<str>,
 }
 
-impl Entered {
-    /// Our entry's key.
-    pub fn key(&self) -> &str {
-        self.held.entry().key()
-    }
+/// The former name of [`DoubleBarrierGuard`].
+#[deprecated(
+    since = "0.4.0",
+    note = "renamed `DoubleBarrierGuard`, as every recipe's guard"
+)]
+pub type Entered = DoubleBarrierGuard;
 
-    /// Resolves when our participation ends without a leave: the session is lost, or our
-    /// entry was deleted from outside.
+crate::guard::entry_guard!(DoubleBarrierGuard, "our participation");
+
+impl DoubleBarrierGuard {
+    /// Leaves without waiting for the other participants: deletes our entry if it is still
+    /// ours. [`leave`](DoubleBarrierGuard::leave) also waits for them.
+    ///
+    /// # Errors
+    /// [`Error::NotOwner`] if our entry was already gone (we had stopped counting); other
+    /// errors: the delete goes on in the background.
     ///
     /// # Cancel safety
-    /// Cancel safe.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
-        SyncFuture::new(self.held.lost())
+    /// Cancel safe: a dropped release is finished in the background.
+    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        SyncFuture::new(self.held.release())
     }
 
     /// Leaves, and returns once every participant has left (or its session ended).

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// Where a backend lives, as parsed from an endpoint list by [`Endpoints::parse`]: bare
 /// `host:port` or `http(s)://host:port` (comma-separated) is etcd, `redis://` (or
 /// `rediss://`) is Redis, `zk://` is ZooKeeper, `postgres://` (or `postgresql://`) is
-/// PostgreSQL.
+/// PostgreSQL, `memory://` a new in-process store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Endpoints {
@@ -22,6 +22,9 @@ pub enum Endpoints {
     /// One PostgreSQL URL, `postgres://[user[:password]@]host[:port][/db][?options]` (or
     /// `postgresql://`), as libpq takes it.
     Postgres(String),
+    /// `memory://`: a new in-process store ([`MemoryBackend`](crate::MemoryBackend)), for
+    /// examples, demos and tests; each connect makes its own.
+    Memory,
 }
 
 impl Endpoints {
@@ -46,6 +49,14 @@ impl Endpoints {
         let spec = spec.trim();
         if spec.is_empty() {
             return Err(Error::InvalidArgument("no endpoint given"));
+        }
+        if spec == "memory://" {
+            return Ok(Endpoints::Memory);
+        }
+        if spec.starts_with("memory:") {
+            return Err(Error::InvalidArgument(
+                "the in-process store is `memory://`, with nothing after it",
+            ));
         }
         if spec.starts_with("zk://") {
             return Ok(Endpoints::ZooKeeper(spec.to_owned()));
@@ -83,6 +94,7 @@ impl Endpoints {
             Endpoints::Redis(_) => "Redis",
             Endpoints::ZooKeeper(_) => "ZooKeeper",
             Endpoints::Postgres(_) => "PostgreSQL",
+            Endpoints::Memory => "memory",
         }
     }
 }
@@ -151,6 +163,11 @@ pub struct ConnectOptions {
     ca_cert: Option<Vec<u8>>,
     client_cert: Option<(Vec<u8>, Vec<u8>)>,
     tls_server_name: Option<String>,
+    request_timeout: Option<Duration>,
+    retry_for: Option<Duration>,
+    redis_prefix: Option<String>,
+    pg_schema: Option<String>,
+    zk_session_timeout: Option<Duration>,
     #[cfg(feature = "zookeeper")]
     zk_layout: Option<crate::ZkLayout>,
 }
@@ -165,6 +182,11 @@ impl std::fmt::Debug for ConnectOptions {
             .field("ca_cert", &self.ca_cert.is_some())
             .field("client_cert", &self.client_cert.is_some())
             .field("tls_server_name", &self.tls_server_name)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry_for", &self.retry_for)
+            .field("redis_prefix", &self.redis_prefix)
+            .field("pg_schema", &self.pg_schema)
+            .field("zk_session_timeout", &self.zk_session_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -176,7 +198,8 @@ impl Default for ConnectOptions {
 }
 
 impl ConnectOptions {
-    /// Defaults: connect timeout 5 s, no credentials.
+    /// Defaults: connect timeout 5 s, no credentials; everything else as each backend's
+    /// options default it.
     pub fn new() -> Self {
         ConnectOptions {
             connect_timeout: Duration::from_secs(5),
@@ -185,6 +208,11 @@ impl ConnectOptions {
             ca_cert: None,
             client_cert: None,
             tls_server_name: None,
+            request_timeout: None,
+            retry_for: None,
+            redis_prefix: None,
+            pg_schema: None,
+            zk_session_timeout: None,
             #[cfg(feature = "zookeeper")]
             zk_layout: None,
         }
@@ -203,6 +231,68 @@ impl ConnectOptions {
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
+    }
+
+    /// The limit for one attempt of one request; waits are not limited by it (every
+    /// backend's `with_request_timeout`).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a request that fails with a transient error is retried, with backoff,
+    /// before the error is returned (every backend's `with_retry_for`). Keep it well below
+    /// the session TTL.
+    pub fn with_retry_for(mut self, duration: Duration) -> Self {
+        self.retry_for = Some(duration);
+        self
+    }
+
+    /// Redis: the prefix of every key baton writes (`RedisOptions::with_prefix`, default
+    /// `baton:`). Refused with other endpoints.
+    pub fn with_redis_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.redis_prefix = Some(prefix.into());
+        self
+    }
+
+    /// PostgreSQL: the schema baton's tables live in (`PgOptions::with_schema`, default
+    /// `baton`). Refused with other endpoints.
+    pub fn with_pg_schema(mut self, schema: impl Into<String>) -> Self {
+        self.pg_schema = Some(schema.into());
+        self
+    }
+
+    /// ZooKeeper: the session timeout of the backend's own connection
+    /// (`ZkOptions::with_session_timeout`, default 10 s). Refused with other endpoints.
+    pub fn with_zk_session_timeout(mut self, timeout: Duration) -> Self {
+        self.zk_session_timeout = Some(timeout);
+        self
+    }
+
+    /// The options given that only `backend` (`Endpoints::backend_name`) takes, if the
+    /// endpoints name another.
+    fn check_backend_only(&self, parsed: &Endpoints) -> Result<()> {
+        let is = |name: &str| parsed.backend_name() == name;
+        if self.redis_prefix.is_some() && !is("Redis") {
+            return Err(Error::InvalidArgument(
+                "a key prefix is for Redis (redis://) endpoints only",
+            ));
+        }
+        if self.pg_schema.is_some() && !is("PostgreSQL") {
+            return Err(Error::InvalidArgument(
+                "a schema is for PostgreSQL (postgres://) endpoints only",
+            ));
+        }
+        #[cfg(feature = "zookeeper")]
+        let layout = self.zk_layout.is_some();
+        #[cfg(not(feature = "zookeeper"))]
+        let layout = false;
+        if (self.zk_session_timeout.is_some() || layout) && !is("ZooKeeper") {
+            return Err(Error::InvalidArgument(
+                "a node layout and a ZooKeeper session timeout are for ZooKeeper (zk://) endpoints only",
+            ));
+        }
+        Ok(())
     }
 
     /// The restart grace after the store lost or rolled back its state (a new store epoch:
@@ -258,10 +348,12 @@ impl ConnectOptions {
 
 /// Connects to the backend `endpoints` names (see [`Endpoints::parse`]) with default options.
 ///
-/// ```no_run
-/// # async fn demo() -> baton::Result<()> {
-/// let backend = baton::connect("redis://127.0.0.1:6379").await?;
-/// let session = baton::Session::from_shared(backend, Default::default()).await?;
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+/// // "redis://127.0.0.1:6379", "zk://127.0.0.1:2181", "127.0.0.1:2379" (etcd), ...
+/// let backend = baton::connect("memory://").await?;
+/// let session = baton::Session::new(backend).await?;
+/// # let _ = session;
 /// # Ok(()) }
 /// ```
 ///
@@ -294,13 +386,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
     )))]
     let _ = options;
     let parsed = Endpoints::parse(endpoints)?;
-    #[cfg(feature = "zookeeper")]
-    if options.zk_layout.is_some() && !matches!(parsed, Endpoints::ZooKeeper(_)) {
-        return Err(Error::InvalidArgument(
-            "a node layout is for ZooKeeper (zk://) endpoints only",
-        ));
-    }
+    options.check_backend_only(&parsed)?;
     match parsed {
+        Endpoints::Memory => Ok(Arc::new(crate::MemoryBackend::new())),
         #[cfg(feature = "etcd")]
         Endpoints::Etcd(endpoints) => {
             let mut etcd = crate::EtcdOptions::new().with_connect_timeout(options.connect_timeout);
@@ -318,6 +406,12 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             }
             if let Some(grace) = options.restart_grace {
                 etcd = etcd.with_restart_grace(grace);
+            }
+            if let Some(timeout) = options.request_timeout {
+                etcd = etcd.with_request_timeout(timeout);
+            }
+            if let Some(retry) = options.retry_for {
+                etcd = etcd.with_retry_for(retry);
             }
             Ok(Arc::new(
                 crate::EtcdBackend::connect(&endpoints, etcd).await?,
@@ -351,6 +445,15 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             if let Some((cert, key)) = options.client_cert {
                 redis = redis.with_client_cert(cert, key);
             }
+            if let Some(timeout) = options.request_timeout {
+                redis = redis.with_request_timeout(timeout);
+            }
+            if let Some(retry) = options.retry_for {
+                redis = redis.with_retry_for(retry);
+            }
+            if let Some(prefix) = options.redis_prefix {
+                redis = redis.with_prefix(prefix);
+            }
             Ok(Arc::new(crate::RedisBackend::connect(&url, redis).await?))
         }
         #[cfg(not(feature = "redis"))]
@@ -371,6 +474,15 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             }
             if let Some(grace) = options.restart_grace {
                 zk = zk.with_restart_grace(grace);
+            }
+            if let Some(timeout) = options.request_timeout {
+                zk = zk.with_request_timeout(timeout);
+            }
+            if let Some(retry) = options.retry_for {
+                zk = zk.with_retry_for(retry);
+            }
+            if let Some(timeout) = options.zk_session_timeout {
+                zk = zk.with_session_timeout(timeout);
             }
             Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
         }
@@ -401,6 +513,15 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             if let Some(grace) = options.restart_grace {
                 pg = pg.with_restart_grace(grace);
             }
+            if let Some(timeout) = options.request_timeout {
+                pg = pg.with_request_timeout(timeout);
+            }
+            if let Some(retry) = options.retry_for {
+                pg = pg.with_retry_for(retry);
+            }
+            if let Some(schema) = options.pg_schema {
+                pg = pg.with_schema(schema);
+            }
             Ok(Arc::new(crate::PgBackend::connect(&url, pg).await?))
         }
         #[cfg(not(feature = "postgres"))]
@@ -413,6 +534,43 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `memory://` is a new in-process store each time, ready for a session; options of
+    /// one backend are refused for another before anything is contacted.
+    #[tokio::test]
+    async fn memory_is_a_scheme_and_options_of_another_backend_are_refused() {
+        assert_eq!(Endpoints::parse("memory://").unwrap(), Endpoints::Memory);
+        assert!(Endpoints::parse("memory://shared").is_err());
+        let a = crate::Session::new(connect("memory://").await.unwrap())
+            .await
+            .unwrap();
+        let b = crate::Session::new(connect("memory://").await.unwrap())
+            .await
+            .unwrap();
+        let held = crate::Mutex::new(&a, "x").unwrap().lock().await.unwrap();
+        // Another store: the same name is free there.
+        let other = crate::Mutex::new(&b, "x")
+            .unwrap()
+            .try_lock()
+            .await
+            .unwrap();
+        drop((held, other));
+        for (options, says) in [
+            (ConnectOptions::new().with_redis_prefix("p:"), "Redis"),
+            (ConnectOptions::new().with_pg_schema("s"), "PostgreSQL"),
+            (
+                ConnectOptions::new().with_zk_session_timeout(Duration::from_secs(5)),
+                "ZooKeeper",
+            ),
+        ] {
+            let refused = connect_with("memory://", options).await;
+            assert!(
+                matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains(says)),
+                "{says}: {:?}",
+                refused.err()
+            );
+        }
+    }
 
     /// Nothing is sent: the options are refused before connecting.
     #[cfg(feature = "redis")]

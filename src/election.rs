@@ -30,7 +30,7 @@ use crate::session::Session;
 /// # Failure modes
 /// A leader whose session is lost, or whose key is deleted from outside, is told through
 /// [`Leadership::lost`]; from then on another campaigner may lead, and
-/// [`proclaim`](Leadership::proclaim), guarded writes and [`resign`](Leadership::resign) fail
+/// [`proclaim`](Leadership::proclaim), guarded writes and [`release`](Leadership::release) fail
 /// with [`Error::NotOwner`]. A campaign that fails part way leaves no key behind (a cleanup
 /// looks for it and deletes it, retrying until that is confirmed or the session is lost);
 /// a later campaign on the same session waits for that cleanup, then creates a new key with
@@ -49,7 +49,7 @@ use crate::session::Session;
 /// leadership.proclaim("node-a (draining)").await?;
 /// let leader = election.leader().await?.expect("we lead");
 /// assert_eq!(leader.value(), b"node-a (draining)");
-/// leadership.resign().await?;
+/// leadership.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -79,8 +79,14 @@ impl Leader {
     }
 
     /// The leader's fencing token (its key's create revision).
-    pub fn token(&self) -> FencingToken {
+    pub fn fencing_token(&self) -> FencingToken {
         self.entry.token()
+    }
+
+    /// The former name of [`fencing_token`](Leader::fencing_token).
+    #[deprecated(since = "0.4.0", note = "renamed `fencing_token`, as on every guard")]
+    pub fn token(&self) -> FencingToken {
+        self.fencing_token()
     }
 
     /// The leader's queue entry, as read.
@@ -113,17 +119,13 @@ pub enum LeaderEvent {
 }
 
 impl Election {
-    /// An election named `name` (any non-empty string).
+    /// An election named `name`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty name.
+    /// [`Error::InvalidArgument`] for an empty name or one that ends in `/`: the rule of
+    /// every recipe.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Election> {
-        let name: String = name.into();
-        let name = session.backend().recipe_name(&name);
-        if name.is_empty() {
-            return Err(Error::InvalidArgument("election name must not be empty"));
-        }
-        let name: Arc<str> = name.into();
+        let name = queue::recipe_name(session, name.into())?;
         Ok(Election {
             session: session.clone(),
             meter: Meter::new(Recipe::Election, &name),
@@ -289,7 +291,7 @@ impl Election {
         // from "deleted by our own earlier attempt whose answer was lost".
         match leadership.held.still_held().await {
             Ok(true) => {
-                if let Err(e) = leadership.resign().await {
+                if let Err(e) = leadership.release().await {
                     // It goes on in the background; the work's result stands.
                     tracing::debug!(name = %self.name, error = %e, "resigning after the work failed; retrying in the background");
                 }
@@ -307,8 +309,8 @@ impl Election {
     }
 }
 
-/// Proof of leading an [`Election`]. Resign with [`resign`](Leadership::resign); dropping it
-/// resigns in the background.
+/// Proof of leading an [`Election`]. Resign with [`release`](Leadership::release); dropping
+/// it resigns in the background.
 #[must_use = "leadership is resigned in the background as soon as it is dropped"]
 #[derive(Debug)]
 pub struct Leadership {
@@ -345,6 +347,23 @@ impl Leadership {
     /// The value we last proclaimed.
     pub fn value(&self) -> &[u8] {
         &self.value
+    }
+
+    /// Whether our key still exists with our token, checked against the backend now: whether
+    /// we still lead.
+    ///
+    /// # Errors
+    /// Backend errors after retries.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub fn is_owner(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
+        SyncFuture::new(
+            self.held
+                .session()
+                .backend()
+                .guarded(self.held.entry(), &[]),
+        )
     }
 
     /// Resolves when leadership is lost: the session under it is lost, or our key was
@@ -417,9 +436,22 @@ impl Leadership {
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the resignation is
     /// finished by a background task, as when the leadership is dropped.
-    pub fn resign(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
         let span = tracing::debug_span!("baton.resign", name = %self.name, key = %self.key());
         // Not an `async fn` or block: those would keep a second copy of the release.
         SyncFuture::new(self.held.release().instrument(span))
+    }
+
+    /// The former name of [`release`](Leadership::release) (etcd's Go package says
+    /// `Resign`).
+    ///
+    /// # Errors
+    /// As [`release`](Leadership::release).
+    ///
+    /// # Cancel safety
+    /// As [`release`](Leadership::release).
+    #[deprecated(since = "0.4.0", note = "every guard releases with `release`")]
+    pub fn resign(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        self.release()
     }
 }

@@ -31,9 +31,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::FencingToken;
 use crate::error::LostReason;
 use crate::session::LostSignal;
+use crate::token::FencingToken;
 
 /// How far apart the records of the positions seen are kept (see `State::positions`).
 const POSITION_STEP: Duration = Duration::from_millis(10);

@@ -3,7 +3,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use crate::backend::FencingToken;
+use crate::token::FencingToken;
 
 /// A boxed cause, kept as the `source` of an [`Error`] rather than turned into a string.
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
@@ -334,6 +334,87 @@ pub enum Error {
     Unavailable,
 }
 
+/// What an [`Error`] means for the caller, whichever variant it is ([`Error::kind`]): fix
+/// the call, try again, stop the protected work, or fix the set-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The call was refused before anything was sent, and would be again: an argument, a
+    /// name, a limit that is not the stored one, a write into a lock's own queue, a write
+    /// lock asked for while holding a read.
+    InvalidInput,
+    /// The lock is held or contended (`try_*`), or nothing is granted for now (a restart
+    /// grace): nothing was left behind; try again later.
+    Busy,
+    /// What was held is gone (the session, the entry, the leadership): stop the work it
+    /// protected; it may have overlapped a successor's.
+    Lost,
+    /// A fence refused a write or claim: a newer holder got there first, or the resource
+    /// belongs to another lock. Nothing was written; do not retry with the same token.
+    Fenced,
+    /// The request may or may not have been applied: read the state to find out.
+    OutcomeUnknown,
+    /// The server could not be reached, or a request failed after its retries: trying
+    /// again later may succeed.
+    Unavailable,
+    /// The server or the configuration does not fit (TLS, credentials, permissions, a
+    /// server setting or version, a schema or node layout of someone else's): retrying
+    /// cannot help.
+    Misconfigured,
+}
+
+impl Error {
+    /// What this error means for the caller (see [`ErrorKind`]).
+    ///
+    /// ```
+    /// use baton::{Error, ErrorKind, LostReason};
+    /// let e = Error::SessionLost(LostReason::Expired);
+    /// assert_eq!(e.kind(), ErrorKind::Lost);
+    /// assert!(e.is_lost() && !e.is_retryable());
+    /// assert!(Error::Unavailable.is_retryable());
+    /// ```
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidArgument(_)
+            | Error::InvalidInput { .. }
+            | Error::LimitMismatch { .. }
+            | Error::Upgrade { .. }
+            | Error::WriteIntoQueue { .. } => ErrorKind::InvalidInput,
+            Error::Locked { .. } | Error::RestartGrace { .. } => ErrorKind::Busy,
+            Error::SessionLost(_)
+            | Error::EntryGone { .. }
+            | Error::LeadershipLost { .. }
+            | Error::NotOwner { .. } => ErrorKind::Lost,
+            Error::StaleToken { .. } | Error::ForeignLock { .. } | Error::CorruptFence { .. } => {
+                ErrorKind::Fenced
+            }
+            Error::OutcomeUnknown { .. } => ErrorKind::OutcomeUnknown,
+            Error::Connect { .. } | Error::Backend { .. } | Error::Unavailable => {
+                ErrorKind::Unavailable
+            }
+            Error::ForeignSchema { .. }
+            | Error::ForeignLayout { .. }
+            | Error::UnsupportedVersion { .. }
+            | Error::ServerSetting { .. }
+            | Error::Misconfigured { .. }
+            | Error::Auth { .. }
+            | Error::Permission { .. } => ErrorKind::Misconfigured,
+        }
+    }
+
+    /// Whether the same call may succeed if made again later: the lock was busy, or the
+    /// server unavailable ([`ErrorKind::Busy`], [`ErrorKind::Unavailable`]). Not an unknown
+    /// outcome: read first, if doing it twice matters.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind(), ErrorKind::Busy | ErrorKind::Unavailable)
+    }
+
+    /// Whether what was held is gone: stop the work it protected ([`ErrorKind::Lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.kind() == ErrorKind::Lost
+    }
+}
+
 /// Endpoints for a message: `a, b`.
 fn list(endpoints: &[String]) -> String {
     endpoints.join(", ")
@@ -399,6 +480,54 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_reached_and_only_busy_and_unavailable_retry() {
+        let cases = [
+            (Error::InvalidArgument("x"), ErrorKind::InvalidInput),
+            (Error::Locked { name: "a".into() }, ErrorKind::Busy),
+            (
+                Error::RestartGrace {
+                    name: "a".into(),
+                    left: std::time::Duration::from_secs(1),
+                },
+                ErrorKind::Busy,
+            ),
+            (Error::NotOwner { key: "a/1".into() }, ErrorKind::Lost),
+            (
+                Error::StaleToken {
+                    resource: "r".into(),
+                    token: FencingToken::new(1),
+                    highest: FencingToken::new(2),
+                },
+                ErrorKind::Fenced,
+            ),
+            (
+                Error::OutcomeUnknown {
+                    op: "enqueue",
+                    at: Where::default(),
+                    source: "lost".into(),
+                },
+                ErrorKind::OutcomeUnknown,
+            ),
+            (Error::Unavailable, ErrorKind::Unavailable),
+            (
+                Error::Auth {
+                    source: "no".into(),
+                },
+                ErrorKind::Misconfigured,
+            ),
+        ];
+        for (error, kind) in &cases {
+            assert_eq!(error.kind(), *kind, "{error}");
+            assert_eq!(
+                error.is_retryable(),
+                matches!(kind, ErrorKind::Busy | ErrorKind::Unavailable),
+                "{error}"
+            );
+            assert_eq!(error.is_lost(), *kind == ErrorKind::Lost, "{error}");
+        }
+    }
 
     #[test]
     fn backend_errors_name_the_lock_and_the_server_once() {

@@ -10,7 +10,7 @@ macro_rules! entry_guard {
             #[doc = "the order entries are granted, across all clients, and above every token"]
             #[doc = "of an earlier store epoch (etcd: our key's create revision, carried above"]
             #[doc = "the epoch's start; the create revision itself is the position of"]
-            #[doc = "[`entry`](Self::entry), [`Entry::position`](crate::Entry::position))."]
+            #[doc = "[`entry`](Self::entry), [`Entry::position`](crate::backend::Entry::position))."]
             pub fn fencing_token(&self) -> $crate::FencingToken {
                 self.held.entry().token()
             }
@@ -26,7 +26,7 @@ macro_rules! entry_guard {
             }
 
             /// The queue entry as it was when granted.
-            pub fn entry(&self) -> &$crate::Entry {
+            pub fn entry(&self) -> &$crate::backend::Entry {
                 self.held.entry()
             }
 
@@ -90,7 +90,7 @@ macro_rules! entry_guard {
             /// never after our entry was gone.
             pub fn write<'a>(
                 &'a self,
-                ops: &'a [$crate::WriteOp],
+                ops: &'a [$crate::backend::WriteOp],
             ) -> impl ::std::future::Future<Output = $crate::Result<()>> + Send + Sync + 'a {
                 ::sync_wrapper::SyncFuture::new(self.held.write(ops))
             }
@@ -99,7 +99,7 @@ macro_rules! entry_guard {
 }
 
 /// Implements `release(self)` for a guard type with a `held: Held` field: the explicit
-/// release of a recipe's entry (a `MutexGuard` has its own `unlock`).
+/// release of a recipe's entry (a `MutexGuard`, whose release has its own span).
 macro_rules! release_guard {
     ($guard:ty, $what:literal) => {
         impl $guard {

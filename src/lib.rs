@@ -9,32 +9,45 @@
 //!   data), on PostgreSQL a value of a sequence.
 //! - **Leases that end cleanly**: a [`Session`] keeps its lease alive and tells you at once
 //!   when it is lost ([`Session::lost`], [`MutexGuard::lost`]).
-//! - **One trait, several backends**: recipes are written against [`Backend`]; etcd
-//!   (`EtcdBackend`, feature `etcd`), Redis (`RedisBackend`, feature `redis`;
-//!   `docs/redis.md`), ZooKeeper (`ZkBackend`, feature `zookeeper`; `docs/zookeeper.md`),
-//!   PostgreSQL (`PgBackend`, feature `postgres`; `docs/postgres.md`) and
-//!   in-process ([`MemoryBackend`], always there). [`connect`] picks
-//!   one by the endpoints' scheme.
+//! - **One trait, several backends**: recipes are written against
+//!   [`backend::Backend`]; etcd, Redis, ZooKeeper, PostgreSQL (each a cargo feature) and
+//!   in-process ([`MemoryBackend`], always there). [`connect`] picks one by the endpoints'
+//!   scheme.
 //! - **Interoperable**: keys are laid out as in etcd's Go `concurrency` package, so baton,
-//!   Go services and `etcdctl lock` share locks.
+//!   Go services and `etcdctl lock` share locks; on ZooKeeper, nodes as Curator or kazoo
+//!   name them.
 //! - **Recipes on the same queue**: a fair [`Semaphore`] (stored limit, lease-bound
 //!   permits), a FIFO [`RwLock`], a [`Barrier`] that falls with its holder, a
-//!   [`DoubleBarrier`], and a deadlock-free [`MultiLock`]; `docs/recipes.md` compares them
-//!   with Curator's and kazoo's.
+//!   [`DoubleBarrier`], a deadlock-free [`MultiLock`] and an [`Election`]; `docs/recipes.md`
+//!   compares them with Curator's and kazoo's.
 //!
 //! ```toml
 //! [dependencies]
-//! baton = { version = "0.1", features = ["etcd"] }  # without features: the in-memory backend
+//! baton = { version = "0.4", features = ["etcd"] }  # without features: the in-memory backend
 //! ```
 //!
-//! # Example
+//! # Start here
+//! 1. **Connect**: [`connect`] (or [`connect_with`] and [`ConnectOptions`]) takes the
+//!    endpoints a user gives; the scheme picks the backend: `host:port` or `http(s)://` is
+//!    etcd, `redis://`, `zk://`, `postgres://`; `memory://` is a new in-process store.
+//! 2. **Session**: [`Session::new`] grants a lease and keeps it alive; it takes what
+//!    `connect` returns, a backend, or an `Arc` of one ([`IntoBackend`]).
+//! 3. **Recipe**: [`Mutex`], [`Semaphore`], [`RwLock`], [`Election`], [`Barrier`],
+//!    [`DoubleBarrier`], [`MultiLock`], each made from the session and a name.
+//! 4. **Token**: every guard (and [`Leadership`]) has `fencing_token()`, `lost()`,
+//!    `is_owner()` and `release()`.
+//! 5. **Fence**: hand the token to what you protect; a [`Fence`] ([`MemoryFence`], and with
+//!    their features `EtcdFence`, `PgFence`) refuses writes with a lower token than it has
+//!    seen.
+//!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
-//! use baton::{MemoryBackend, Mutex, Session};
+//! use baton::{Mutex, Session};
 //!
-//! // With the `etcd` feature, for real:
-//! // `EtcdBackend::connect(&["127.0.0.1:2379"], EtcdOptions::new()).await?`.
-//! let session = Session::new(MemoryBackend::new()).await?;
+//! // "127.0.0.1:2379" (etcd), "redis://127.0.0.1:6379", "zk://127.0.0.1:2181" or
+//! // "postgres://baton@127.0.0.1/app", with the backend's feature: one line changes.
+//! let backend = baton::connect("memory://").await?;
+//! let session = Session::new(backend).await?;
 //! let mutex = Mutex::new(&session, "reports/daily")?;
 //!
 //! let guard = mutex.lock().await?;
@@ -44,10 +57,21 @@
 //!     reason = guard.lost() => eprintln!("lock lost ({reason}); stop writing"),
 //!     () = async { /* protected work */ } => {}
 //! }
-//! guard.unlock().await?;
+//! guard.release().await?;
 //! # let _ = token;
 //! # Ok(()) }
 //! ```
+//!
+//! Errors are one type, [`Error`]; [`Error::kind`] sorts them (retry, give up, stop: the
+//! lock is lost).
+//!
+//! # Modules
+//! - [`backend`]: the [`backend::Backend`] trait and the types it speaks in, for
+//!   implementers of a backend and for tests that wrap one.
+//! - [`token`]: [`FencingToken`] and its 20-digit text form.
+//! - [`fence`]: fences that check tokens (also at the root).
+//! - [`inspect`]: what a queue holds (holder, waiters, leases), as `baton status` shows it.
+//! - [`metrics`]: the metrics baton records.
 //!
 //! # Features
 //! - `etcd` (not default): `EtcdBackend` and `EtcdFence`, with TLS (rustls); building
@@ -68,21 +92,24 @@
 //!   fixtures (`ZkNode`, `ZkEnsemble`), with `postgres`, a PostgreSQL fixture (`PgNode`),
 //!   started through testcontainers.
 //!
+//! On docs.rs every feature's items are shown, each labelled with the feature it needs.
+//!
 //! Metrics (wait and hold times, handoffs, sessions, keep-alives) go through the `metrics`
 //! facade to whatever recorder the application installs: see [`metrics`] and
 //! `docs/metrics.md`.
 //!
-//! See `docs/guarantees.md` for what the lock promises and under which assumptions.
+//! See `docs/guarantees.md` for what the lock promises and under which assumptions, and
+//! `docs/changelog.md` for names that moved.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
-mod backend;
+pub mod backend;
 mod barrier;
 mod connect;
 mod election;
 mod epoch;
 mod error;
-mod fence;
+pub mod fence;
 mod guard;
 pub mod inspect;
 pub mod metrics;
@@ -96,42 +123,56 @@ mod semaphore;
 mod session;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod token;
 
-pub use backend::{
-    Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, MemoryBackend,
-    MemorySnapshot, Position, WriteOp,
-};
+pub use backend::MemoryBackend;
 #[cfg(feature = "etcd")]
 pub use backend::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "postgres")]
-pub use backend::{PgBackend, PgFence, PgOptions};
+pub use backend::{PgBackend, PgOptions};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
 pub use backend::{ZkBackend, ZkLayout, ZkOptions};
-pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, Entered};
+pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, DoubleBarrierGuard};
 pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
 pub use election::{Election, Leader, LeaderEvent, Leadership};
-pub use epoch::StoreEpochs;
-pub use error::{BoxError, Error, LostReason, Result, Where};
+pub use error::{BoxError, Error, ErrorKind, LostReason, Result, Where};
 /// The etcd client baton is built on, re-exported so that code using
 /// [`EtcdBackend::client`] names the same version.
 #[cfg(feature = "etcd")]
 pub use etcd_client;
 #[cfg(feature = "etcd")]
 pub use fence::EtcdFence;
-pub use fence::{Fence, MemoryFence, Ticket, admit, decode_token, encode_token};
+#[cfg(feature = "postgres")]
+pub use fence::PgFence;
+pub use fence::{Fence, MemoryFence, Ticket};
 pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
+pub use session::{IntoBackend, Session, SessionOptions};
+pub use token::FencingToken;
 /// The PostgreSQL client baton is built on, re-exported so that code using
 /// [`PgFence::claim_in`] names the same `Transaction` type.
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
 
+// Where these were before 0.4 (docs/changelog.md): kept for one release, off the root's page.
+#[doc(hidden)]
+pub use backend::{
+    Backend, Enqueued, Entry, HeadEvent, Lease, LeaseId, MemorySnapshot, Position, StoreEpochs,
+    WriteOp,
+};
+#[doc(hidden)]
+#[allow(deprecated)]
+pub use barrier::Entered;
+#[doc(hidden)]
+pub use fence::admit;
+#[doc(hidden)]
+pub use token::{decode_token, encode_token};
+
 /// The README's Rust example, compiled as a doc test: it must build as written.
 #[cfg(all(doctest, feature = "etcd"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeExample;
-pub use session::{Session, SessionOptions};

@@ -36,7 +36,7 @@ use crate::error::{Error, LostReason, Result};
 /// `write()` and their `try_*` forms) to its end. Labels `recipe`, `lock`, `outcome`
 /// (`acquired`, `locked`, `cancelled`, `lost`, `error`).
 pub const LOCK_WAIT_SECONDS: &str = "baton_lock_wait_seconds";
-/// Histogram, seconds: from the grant to the release (`unlock()`, `release()`, `resign()`) or
+/// Histogram, seconds: from the grant to the release (`release()`) or
 /// the drop of the guard. Labels `recipe`, `lock`.
 pub const LOCK_HOLD_SECONDS: &str = "baton_lock_hold_seconds";
 /// Counter: grants that followed a wait for another holder (the lock was handed over, not

@@ -6,10 +6,10 @@ use futures::FutureExt;
 use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
-use crate::backend::FencingToken;
 use crate::error::{Error, LostReason, Result};
 use crate::mutex::{Mutex, MutexGuard};
 use crate::session::Session;
+use crate::token::FencingToken;
 
 /// Several named locks taken as one: the account locks of a transfer, the rows of a batch.
 ///
@@ -22,14 +22,14 @@ use crate::session::Session;
 ///   (in reverse order) before the error is returned; if the call is dropped or times out,
 ///   the locks taken so far are released in the background.
 /// - The guard exposes each lock's fencing token, and [`MultiLockGuard::lost`] fires when any
-///   of them is lost. [`unlock`](MultiLockGuard::unlock) releases in reverse order.
+///   of them is lost. [`release`](MultiLockGuard::release) releases in reverse order.
 /// - Each lock is an ordinary [`Mutex`] (etcd's Go layout): other programs may take one of
 ///   them alone, and wait as usual.
 ///
 /// # Failure modes
 /// - A lock whose session is lost or whose key is deleted from outside is lost alone: the
 ///   others are still held. [`MultiLockGuard::lost`] fires at the first such loss; stop the
-///   protected work then, and [`unlock`](MultiLockGuard::unlock) reports it
+///   protected work then, and [`release`](MultiLockGuard::release) reports it
 ///   ([`Error::NotOwner`]) while releasing the others.
 /// - The locks are taken one after another, not atomically: while a MultiLock waits for its
 ///   second lock it holds the first, and contenders for that one wait behind it.
@@ -40,9 +40,9 @@ use crate::session::Session;
 /// let session = Session::new(MemoryBackend::new()).await?;
 /// let transfer = MultiLock::new(&session, ["accounts/bob", "accounts/alice"])?;
 /// let guard = transfer.lock().await?;
-/// let names: Vec<&str> = guard.tokens().map(|(name, _)| name).collect();
+/// let names: Vec<&str> = guard.fencing_tokens().map(|(name, _)| name).collect();
 /// assert_eq!(names, ["accounts/alice", "accounts/bob"]);
-/// guard.unlock().await?;
+/// guard.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -146,7 +146,7 @@ impl MultiLock {
 async fn release_in_reverse(guards: Vec<MutexGuard>) -> Result<()> {
     let mut first_error = None;
     for guard in guards.into_iter().rev() {
-        if let Err(e) = guard.unlock().await {
+        if let Err(e) = guard.release().await {
             tracing::debug!(error = %e, "releasing a lock of a MultiLock failed");
             first_error.get_or_insert(e);
         }
@@ -155,7 +155,7 @@ async fn release_in_reverse(guards: Vec<MutexGuard>) -> Result<()> {
 }
 
 /// Proof of holding every lock of a [`MultiLock`]. Unlock with
-/// [`unlock`](MultiLockGuard::unlock); dropping it releases them in the background.
+/// [`release`](MultiLockGuard::release); dropping it releases them in the background.
 #[must_use = "the locks are released in the background as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct MultiLockGuard {
@@ -164,8 +164,36 @@ pub struct MultiLockGuard {
 
 impl MultiLockGuard {
     /// Each lock's name and fencing token, in acquisition order.
-    pub fn tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
+    pub fn fencing_tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
         self.guards.iter().map(|g| (g.name(), g.fencing_token()))
+    }
+
+    /// The former name of [`fencing_tokens`](MultiLockGuard::fencing_tokens).
+    #[deprecated(
+        since = "0.4.0",
+        note = "renamed `fencing_tokens`, as guards name tokens"
+    )]
+    pub fn tokens(&self) -> impl Iterator<Item = (&str, FencingToken)> {
+        self.fencing_tokens()
+    }
+
+    /// Whether every one of our entries still exists with its token, checked against the
+    /// backend now (`false` as soon as one is gone).
+    ///
+    /// # Errors
+    /// Backend errors after retries.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
+    pub fn is_owner(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
+        SyncFuture::new(async move {
+            for guard in &self.guards {
+                if !guard.is_owner().await? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
     }
 
     /// The guard of each lock, in acquisition order (for its ticket or guarded writes).
@@ -185,12 +213,24 @@ impl MultiLockGuard {
     /// Releases every lock, last taken first.
     ///
     /// # Errors
-    /// The first error of the releases (each is attempted; see [`MutexGuard::unlock`]):
+    /// The first error of the releases (each is attempted; see [`MutexGuard::release`]):
     /// [`Error::NotOwner`] means that lock had been lost before.
     ///
     /// # Cancel safety
     /// Cancel safe: the locks not yet released are released in the background.
-    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
         SyncFuture::new(release_in_reverse(self.guards))
+    }
+
+    /// The former name of [`release`](MultiLockGuard::release).
+    ///
+    /// # Errors
+    /// As [`release`](MultiLockGuard::release).
+    ///
+    /// # Cancel safety
+    /// As [`release`](MultiLockGuard::release).
+    #[deprecated(since = "0.4.0", note = "every guard releases with `release`")]
+    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        self.release()
     }
 }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
-use crate::error::{Error, Result};
+#[cfg(doc)]
+use crate::error::Error;
+use crate::error::Result;
 use crate::fence::Ticket;
 use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Held, Mode, Turn};
@@ -36,7 +38,7 @@ use crate::session::Session;
 /// - The holder's lease is lost (expiry, revoke, partition longer than the TTL), or its key
 ///   is deleted from outside (an operator's `etcdctl del`): another contender may be granted
 ///   the lock; [`MutexGuard::lost`] resolves, guarded writes ([`MutexGuard::write`]) fail
-///   with [`Error::NotOwner`], and so does [`unlock`](MutexGuard::unlock), so that the loss
+///   with [`Error::NotOwner`], and so does [`release`](MutexGuard::release), so that the loss
 ///   is never hidden.
 /// - A call that fails part way (the backend timed out after creating the key) leaves no key
 ///   behind: a cleanup task looks for the key and deletes it, retrying until that is
@@ -57,7 +59,7 @@ use crate::session::Session;
 /// let mutex = Mutex::new(&session, "orders/lock")?;
 /// let guard = mutex.lock().await?;
 /// println!("holding {} with token {}", guard.key(), guard.fencing_token());
-/// guard.unlock().await?;
+/// guard.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -70,17 +72,13 @@ pub struct Mutex {
 }
 
 impl Mutex {
-    /// A lock named `name` (any non-empty string; keys are `<name>/<lease hex>`).
+    /// A lock named `name` (keys are `<name>/<lease hex>`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty name.
+    /// [`Error::InvalidArgument`] for an empty name or one that ends in `/`: the rule of
+    /// every recipe.
     pub fn new(session: &Session, name: impl Into<String>) -> Result<Mutex> {
-        let name: String = name.into();
-        let name = session.backend().recipe_name(&name);
-        if name.is_empty() {
-            return Err(Error::InvalidArgument("lock name must not be empty"));
-        }
-        let name: Arc<str> = name.into();
+        let name = queue::recipe_name(session, name.into())?;
         Ok(Mutex {
             session: session.clone(),
             meter: Meter::new(Recipe::Mutex, &name),
@@ -156,7 +154,7 @@ impl Mutex {
     }
 }
 
-/// Proof of holding a [`Mutex`]. Unlock with [`unlock`](MutexGuard::unlock); dropping the
+/// Proof of holding a [`Mutex`]. Release it with [`release`](MutexGuard::release); dropping the
 /// guard releases the lock in the background.
 #[must_use = "the lock is released in the background as soon as the guard is dropped"]
 #[derive(Debug)]
@@ -187,14 +185,26 @@ impl MutexGuard {
     /// # Cancel safety
     /// Cancel safe: if the future is dropped before the delete answered, the release is
     /// finished by a background task, as when the guard is dropped.
-    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+    pub fn release(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
         let span = tracing::debug_span!(
-            "baton.unlock",
+            "baton.release",
             key = %self.key(),
             token = self.fencing_token().get()
         );
         // Not an `async fn` or block: those would keep a second copy of the guard or of the
         // release in their state, and callers keep this future in theirs.
         SyncFuture::new(self.held.release().instrument(span))
+    }
+
+    /// The former name of [`release`](MutexGuard::release).
+    ///
+    /// # Errors
+    /// As [`release`](MutexGuard::release).
+    ///
+    /// # Cancel safety
+    /// As [`release`](MutexGuard::release).
+    #[deprecated(since = "0.4.0", note = "every guard releases with `release`")]
+    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        self.release()
     }
 }

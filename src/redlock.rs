@@ -62,7 +62,7 @@
 //! if guard.validity() > Duration::from_secs(5) {
 //!     // ... send the daily report ...
 //! }
-//! guard.unlock().await?;
+//! guard.release().await?;
 //! # Ok(()) }
 //! ```
 
@@ -1070,7 +1070,7 @@ impl Drop for Claim {
 ///
 /// The lock is believed held until [`validity`](Self::validity) reaches zero: check it before
 /// each step of the work, and [`extend`](Self::extend) in time. Release with
-/// [`unlock`](Self::unlock); dropping the guard releases in the background instead.
+/// [`release`](Self::release); dropping the guard releases in the background instead.
 #[must_use = "dropping the guard releases the lock at once (in the background)"]
 pub struct RedlockGuard {
     resource: String,
@@ -1229,8 +1229,8 @@ impl RedlockGuard {
     /// # Cancel safety
     /// If the future is dropped, the release is sent again from a spawned task (as when the
     /// guard is dropped).
-    pub fn unlock(mut self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
-        let span = tracing::debug_span!("redlock.unlock", resource = %self.resource);
+    pub fn release(mut self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        let span = tracing::debug_span!("redlock.release", resource = %self.resource);
         SyncFuture::new(
             async move {
                 if !self.claim.armed {
@@ -1257,6 +1257,18 @@ impl RedlockGuard {
             }
             .instrument(span),
         )
+    }
+
+    /// The former name of [`release`](RedlockGuard::release).
+    ///
+    /// # Errors
+    /// As [`release`](RedlockGuard::release).
+    ///
+    /// # Cancel safety
+    /// As [`release`](RedlockGuard::release).
+    #[deprecated(since = "0.4.0", note = "every guard releases with `release`")]
+    pub fn unlock(self) -> impl Future<Output = Result<()>> + Send + Sync + 'static {
+        self.release()
     }
 }
 
@@ -1431,6 +1443,6 @@ mod tests {
         assert_send_sync(&redlock.lock("r"));
         assert_send_sync(&redlock.try_lock("r"));
         assert_send_sync(&guard.extend(Duration::from_secs(1)));
-        assert_send_sync(&guard.unlock());
+        assert_send_sync(&guard.release());
     }
 }

@@ -13,6 +13,32 @@ use crate::error::{Error, LostReason, Result};
 
 mod keeper;
 
+/// What a [`Session`] can run on: any [`Backend`], an `Arc` of one, or the
+/// `Arc<dyn Backend>` that [`connect`](crate::connect) returns. So `Session::new` takes each
+/// of them as it comes, and one line (the URL) switches backends.
+pub trait IntoBackend {
+    /// The backend, shared.
+    fn into_backend(self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        Arc::new(self)
+    }
+}
+
+impl<B: Backend> IntoBackend for Arc<B> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
 /// Options for [`Session::with_options`].
 #[derive(Debug, Clone)]
 #[must_use]
@@ -111,7 +137,22 @@ struct Inner {
 type LocalQueue = (Arc<str>, Weak<tokio::sync::Mutex<()>>);
 
 impl Session {
-    /// Grants a lease with the default TTL (60 s) and starts keeping it alive.
+    /// Grants a lease with the default TTL (60 s) and starts keeping it alive, on `backend`:
+    /// what [`connect`](crate::connect) returns, a backend ([`MemoryBackend`](crate::MemoryBackend),
+    /// `EtcdBackend`, ...), or an `Arc` of one ([`IntoBackend`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> baton::Result<()> {
+    /// use std::sync::Arc;
+    /// use baton::{MemoryBackend, Session};
+    ///
+    /// let a = Session::new(baton::connect("memory://").await?).await?;
+    /// let b = Session::new(MemoryBackend::new()).await?;
+    /// let shared = Arc::new(MemoryBackend::new());
+    /// let c = Session::new(Arc::clone(&shared)).await?;
+    /// # let _ = (a, b, c);
+    /// # Ok(()) }
+    /// ```
     ///
     /// # Errors
     /// Whatever the backend returns for the lease grant.
@@ -119,11 +160,12 @@ impl Session {
     /// # Cancel safety
     /// If the future is dropped while the grant is in flight, the lease may have been
     /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
-    pub async fn new(backend: impl Backend) -> Result<Session> {
+    pub async fn new(backend: impl IntoBackend) -> Result<Session> {
         Self::with_options(backend, SessionOptions::new()).await
     }
 
-    /// Grants a lease with `options` and starts keeping it alive.
+    /// Grants a lease with `options` and starts keeping it alive (see [`new`](Session::new)
+    /// for what `backend` may be).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a zero TTL (nothing is created); whatever the backend
@@ -132,8 +174,11 @@ impl Session {
     /// # Cancel safety
     /// If the future is dropped while the grant is in flight, the lease may have been
     /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
-    pub async fn with_options(backend: impl Backend, options: SessionOptions) -> Result<Session> {
-        Self::from_shared(Arc::new(backend), options).await
+    pub async fn with_options(
+        backend: impl IntoBackend,
+        options: SessionOptions,
+    ) -> Result<Session> {
+        Self::start(backend.into_backend(), options).await
     }
 
     /// Like [`with_options`](Session::with_options), for a backend already shared as a
@@ -143,12 +188,19 @@ impl Session {
     /// As for [`with_options`](Session::with_options).
     ///
     /// # Cancel safety
-    /// If the future is dropped while the grant is in flight, the lease may have been
-    /// granted with no session to keep it alive: it holds no keys and expires after its TTL.
+    /// As for [`with_options`](Session::with_options).
+    #[deprecated(
+        since = "0.4.0",
+        note = "`Session::with_options` takes an `Arc<dyn Backend>` too"
+    )]
     pub async fn from_shared(
         backend: Arc<dyn Backend>,
         options: SessionOptions,
     ) -> Result<Session> {
+        Self::start(backend, options).await
+    }
+
+    async fn start(backend: Arc<dyn Backend>, options: SessionOptions) -> Result<Session> {
         if options.ttl.is_zero() {
             return Err(Error::InvalidArgument(
                 "session TTL must be greater than zero",

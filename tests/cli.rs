@@ -240,7 +240,7 @@ async fn timeout_has_its_own_exit_code_and_leaves_nothing() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert_eq!(backend.entries(&name).await.unwrap().len(), 1);
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 #[tokio::test]
@@ -304,7 +304,7 @@ async fn status_lists_holder_then_waiters_in_order() {
     let table = baton(&["status", &name]).output().await.unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
     assert_eq!(table.lines().count(), 4, "header and three rows:\n{table}");
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// `--endpoints redis://` runs the same commands on Redis: `baton lock` queues behind a Rust
@@ -345,7 +345,7 @@ async fn queues_lists_and_runs<B: Backend + Clone>(
     let table = String::from_utf8(table.stdout).unwrap();
     assert_eq!(table.lines().count(), 3, "header, holder, waiter:\n{table}");
     assert!(table.contains(guard.key()), "{table}");
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
@@ -452,7 +452,7 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
         "{table}"
     );
     assert!(rows[1].contains("≤10s"), "{table}");
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(waiter.line().await, "ran");
     let (code, stderr) = waiter.exit_code().await;
     assert_eq!(code, 0, "{stderr}");
@@ -620,7 +620,7 @@ async fn status_shows_keys_of_nested_names() {
         table.contains(&format!("nested name {name}/sub")),
         "{table}"
     );
-    inner.unlock().await.unwrap();
+    inner.release().await.unwrap();
 }
 
 fn have_etcdctl() -> bool {
@@ -1051,7 +1051,7 @@ async fn the_lock_is_held_until_the_whole_group_is_gone() {
         done.exists(),
         "granted while a job of the previous holder still ran"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     assert_eq!(run.await.unwrap().unwrap().status.code(), Some(0));
 }
 
@@ -1578,7 +1578,7 @@ async fn try_mode_never_waits() {
         1,
         "no key left"
     );
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let out = baton(&["lock", &name, "--try", "--", "true"])
         .output()
         .await
@@ -1621,6 +1621,12 @@ async fn bad_input_is_refused_before_anything_is_sent() {
         ),
         (&["--password", "p", "status", "x"], 64, "--user"),
         (&["--endpoints", "ftp://h:21", "status", "x"], 64, "scheme"),
+        // The library's in-process store: no other process would ever see the lock.
+        (
+            &["--endpoints", "memory://", "status", "x"],
+            64,
+            "in-process",
+        ),
         (
             &["--endpoints", "redis://a:1,redis://b:1", "status", "x"],
             64,
@@ -1775,7 +1781,7 @@ async fn the_status_table_lines_up_and_stays_one_row_per_entry() {
         }
     }
     assert!(table.contains("two\\nlines"), "{table}");
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A second SIGTERM (or Ctrl-C) while baton waits for the command to stop is honoured at once:
@@ -1962,7 +1968,7 @@ impl Stubborn {
             ["granted"],
             "the first holder's group wrote after the next grant"
         );
-        next.unlock().await.unwrap();
+        next.release().await.unwrap();
         self.holder
     }
 }

@@ -217,12 +217,12 @@ async fn wait_survives_compaction() {
     .await;
     // Move the store on and compact away every revision the waiter has seen.
     support::compact_history(backend.client(), &format!("{name}-filler")).await;
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within("waiter after compaction", Duration::from_secs(10), waiter)
         .await
         .unwrap()
         .unwrap();
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// Waits on a plain key's value (a semaphore's waiters on its limit) share one etcd watch
@@ -296,7 +296,7 @@ async fn foreign_raw_key_is_respected() {
     .await
     .unwrap()
     .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     client.lease_revoke(lease).await.unwrap();
 }
 
@@ -334,7 +334,7 @@ async fn interoperates_with_etcdctl_lock() {
     })
     .await;
     let token = guard.fencing_token();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let line = within(
         "etcdctl acquires",
         Duration::from_secs(10),
@@ -487,7 +487,7 @@ async fn wrong_credentials_are_refused() {
     .unwrap();
     let s = Session::new(right).await.unwrap();
     let guard = Mutex::new(&s, "auth/lock").unwrap().lock().await.unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// Watch events etcd has sent so far, from its `/metrics` endpoint (plain HTTP on loopback).
@@ -533,7 +533,7 @@ async fn one_release_sends_one_watch_event() {
             let g = Mutex::new(&s, name).unwrap().lock().await.unwrap();
             granted_tx.send(i).unwrap();
             let _ = release_rx.await;
-            g.unlock().await.unwrap();
+            g.release().await.unwrap();
         });
         eventually("queued", || async {
             backend.entries(name).await.unwrap().len() == i + 2
@@ -542,7 +542,7 @@ async fn one_release_sends_one_watch_event() {
     }
 
     let mut before = events_sent(&endpoint).await;
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     for (i, release) in releases.into_iter().enumerate() {
         let next = within("next grant", Duration::from_secs(10), granted.recv()).await;
         assert_eq!(next, Some(i));
@@ -575,7 +575,7 @@ async fn observe_continues_across_compaction() {
 
     support::compact_history(backend.client(), &format!("{name}-filler")).await;
 
-    a.resign().await.unwrap();
+    a.release().await.unwrap();
     assert_eq!(support::next_event(&mut events).await, LeaderEvent::Vacant);
     let other = Session::new(backend.clone()).await.unwrap();
     let b = Election::new(&other, &name)
@@ -586,7 +586,7 @@ async fn observe_continues_across_compaction() {
     assert!(
         matches!(support::next_event(&mut events).await, LeaderEvent::Elected(l) if l.value() == b"b")
     );
-    b.resign().await.unwrap();
+    b.release().await.unwrap();
 }
 
 /// Contenders cycling on one lock re-create their keys every cycle; waits reuse the kept
@@ -613,7 +613,7 @@ async fn kept_watches_follow_recreated_keys() {
                     assert!(register.enter(token));
                     tokio::task::yield_now().await;
                     register.exit(token);
-                    guard.unlock().await.unwrap();
+                    guard.release().await.unwrap();
                 }
             })
         })
@@ -678,7 +678,7 @@ async fn a_key_that_is_not_utf8_is_waited_on_not_polled() {
     .await
     .unwrap()
     .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     s.close().await.unwrap();
 }
 
@@ -735,7 +735,7 @@ async fn a_backend_on_the_applications_client() {
     let name = test_name("from-client");
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     assert_eq!(backend.entries(&name).await.unwrap().len(), 1);
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 
     let port = support::refused_port();
     let dead = baton::etcd_client::Client::connect([format!("127.0.0.1:{port}")], None)
@@ -784,7 +784,7 @@ async fn an_expired_auth_token_is_refreshed() {
     let lost = tokio::time::timeout(Duration::from_secs(5), s.lost()).await;
     assert!(lost.is_err(), "the session was lost: {lost:?}");
     assert!(guard.is_owner().await.unwrap());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let again = Mutex::new(&s, "auth/expiry").unwrap().lock().await.unwrap();
-    again.unlock().await.unwrap();
+    again.release().await.unwrap();
 }

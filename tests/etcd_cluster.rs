@@ -35,7 +35,7 @@ async fn locks_survive_a_leader_stop_and_fail_clearly_without_quorum() {
         assert!(register.enter(token.get()));
         fence.write("resource", token.into(), b"x").await.unwrap();
         register.exit(token.get());
-        guard.unlock().await.unwrap();
+        guard.release().await.unwrap();
     };
     cycle().await;
 

@@ -82,14 +82,14 @@ async fn a_lock_is_taken_and_released_over_tls_with_a_client_certificate() {
         Mutex::new(&b, &lock).unwrap().try_lock().await,
         Err(Error::Locked { .. })
     ));
-    guard.unlock().await.expect("unlock");
+    guard.release().await.expect("unlock");
     let next = Mutex::new(&b, &lock)
         .unwrap()
         .try_lock()
         .await
         .expect("free again after the unlock");
     assert!(next.fencing_token() > first);
-    next.unlock().await.expect("unlock");
+    next.release().await.expect("unlock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -103,11 +103,11 @@ async fn an_election_is_won_and_observed_over_tls() {
     match events.next().await {
         Some(Ok(LeaderEvent::Elected(leader))) => {
             assert_eq!(leader.value(), b"node-a");
-            assert_eq!(leader.token(), leadership.fencing_token());
+            assert_eq!(leader.fencing_token(), leadership.fencing_token());
         }
         other => panic!("expected the new leader, got {other:?}"),
     }
-    leadership.resign().await.expect("resign");
+    leadership.release().await.expect("resign");
     assert!(matches!(events.next().await, Some(Ok(LeaderEvent::Vacant))));
 }
 
@@ -131,7 +131,7 @@ async fn a_node_without_client_cert_auth_takes_clients_without_certificates() {
         .lock()
         .await
         .expect("lock");
-    guard.unlock().await.expect("unlock");
+    guard.release().await.expect("unlock");
 }
 
 /// A 2 s session lives through 3 TTLs (about nine renewals, one every TTL/3), each renewal a

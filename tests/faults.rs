@@ -68,7 +68,7 @@ async fn queue_contenders<B: Backend + Clone>(
                 let token = guard.fencing_token().get();
                 assert!(register.enter(token));
                 register.exit(token);
-                guard.unlock().await?;
+                guard.release().await?;
                 Ok(token)
             }
             .await;
@@ -122,7 +122,7 @@ async fn hold(s: &Session, name: &str, register: &FencedRegister) -> MutexGuard 
 
 async fn release(guard: MutexGuard, register: &FencedRegister) {
     register.exit(guard.fencing_token().get());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A three-member cluster, a client on all its members (retrying for `retry_for`), the
@@ -363,7 +363,7 @@ async fn cut_off_holder_is_told<B: Backend + Clone>(
     );
     assert!(!register.late_write(guard.fencing_token().get()));
     register.exit(next.fencing_token().get());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     let expired_at = within("the server's expiry seen", ttl * 2, expired)
         .await
         .unwrap()
@@ -683,7 +683,7 @@ async fn foreign_keys_under_the_prefix() {
             let token = guard.fencing_token().get();
             assert!(register.enter(token));
             register.exit(token);
-            guard.unlock().await.unwrap();
+            guard.release().await.unwrap();
             let _ = tx.send((token, head.token().get()));
         });
         eventually("the contender is queued", || async {
@@ -773,7 +773,7 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
         baton::LeaderEvent::Vacant
     );
     let guard = Mutex::new(&s, &name).unwrap().try_lock().await.unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// An observer cut off from etcd resumes from the last revision it saw once it can reach
@@ -804,7 +804,7 @@ async fn observer_resumes_after_a_broken_connection() {
     );
 
     proxy.black_hole();
-    leader_a.resign().await.unwrap();
+    leader_a.release().await.unwrap();
     let b = session(&direct, Duration::from_secs(60)).await;
     let leader_b = Election::new(&b, &name)
         .unwrap()
@@ -831,7 +831,7 @@ async fn observer_resumes_after_a_broken_connection() {
         matches!(&next, LeaderEvent::Elected(l) if l.value() == b"b"),
         "{next:?}"
     );
-    leader_b.resign().await.unwrap();
+    leader_b.release().await.unwrap();
 }
 
 /// An observer cut off while leaders change and the history is compacted cannot be told what
@@ -864,7 +864,7 @@ async fn observer_cut_off_across_a_compaction_reports_the_gap() {
 
     proxy.black_hole();
     leader_a.proclaim("a2").await.unwrap();
-    leader_a.resign().await.unwrap();
+    leader_a.release().await.unwrap();
     let b = session(&direct, Duration::from_secs(60)).await;
     let mut leader_b = Election::new(&b, &name)
         .unwrap()
@@ -892,7 +892,7 @@ async fn observer_cut_off_across_a_compaction_reports_the_gap() {
         matches!(&now, LeaderEvent::Elected(l) if l.value() == b"b2"),
         "{now:?}"
     );
-    leader_b.resign().await.unwrap();
+    leader_b.release().await.unwrap();
 }
 
 /// A release etcd applied but whose answer was lost is not reported as "the lock had already
@@ -913,7 +913,7 @@ async fn a_release_whose_answer_is_lost_is_unknown_not_refused() {
     let s = session(&behind, Duration::from_secs(30)).await;
     let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     proxy.drop_answers();
-    let unlock = tokio::spawn(guard.unlock());
+    let unlock = tokio::spawn(guard.release());
     // The delete reaches etcd and is applied; its answer is dropped. Once it is applied, the
     // connection is closed (heal), and the client retries on a new one.
     eventually("the delete applied", || async {
@@ -1014,7 +1014,7 @@ async fn redis_restarted_without_persistence_mid_queue() {
         granted_at - restarted
     );
     register.exit(next.fencing_token().get());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     register.assert_safe(
         "Redis restarted without persistence mid-queue",
         "no overlap (restart grace); tokens still increase; late write fenced",
@@ -1152,7 +1152,7 @@ async fn redis_replica_promoted_after_missing_writes() {
         granted_at - told_at
     );
     register.exit(next.fencing_token().get());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     let s = register.snapshot();
     support::assert_strictly_increasing(&s.accepted);
     assert_eq!(s.overlaps, 0, "two holders at once");
@@ -1197,7 +1197,7 @@ async fn zk_release_during_fault(
     register: &FencedRegister,
 ) -> bool {
     register.exit(guard.fencing_token().get());
-    let released = guard.unlock().await;
+    let released = guard.release().await;
     assert!(!holder.is_lost(), "the holder's session was lost");
     match released {
         Ok(()) => false,
@@ -1375,7 +1375,7 @@ async fn zk_a_create_delivered_late_lands_nowhere() {
             .await
             .unwrap();
         tokens.push(first.fencing_token().get());
-        first.unlock().await.unwrap();
+        first.release().await.unwrap();
         proxy.heal();
         // The create, then the attempt to reconnect through the proxy, if the client made one.
         let delivered = proxy.deliver_held_together().await.unwrap();
@@ -1389,7 +1389,7 @@ async fn zk_a_create_delivered_late_lands_nowhere() {
         .await
         .unwrap();
         tokens.push(third.fencing_token().get());
-        third.unlock().await.unwrap();
+        third.release().await.unwrap();
         if delivered >= 2 {
             exercised += 1;
             if exercised == 4 {
@@ -1524,7 +1524,7 @@ async fn zk_session_expired_while_waiting() {
         granted_at - cut_at
     );
     register.exit(next.fencing_token().get());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     register.assert_safe(
         "ZooKeeper: session expired while waiting",
         "the waiter gets an error, never the lock; its node goes; the next contender is granted after it is told",

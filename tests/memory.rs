@@ -44,7 +44,7 @@ async fn a_hung_renewal_delays_no_other_session() {
     let faulty = FaultyBackend::new(backend.clone());
     let ttl = Duration::from_secs(3);
     let options = SessionOptions::new().with_ttl(ttl);
-    let hung = Session::from_shared(faulty.clone(), options.clone())
+    let hung = Session::with_options(faulty.clone(), options.clone())
         .await
         .unwrap();
     let started = tokio::time::Instant::now();
@@ -94,10 +94,10 @@ async fn one_driver_keeps_many_sessions() {
 #[tokio::test(start_paused = true)]
 async fn unlock_dropped_in_flight_still_releases() {
     let backend = FaultyBackend::new(MemoryBackend::new());
-    let holder = Session::from_shared(backend.clone(), SessionOptions::new())
+    let holder = Session::with_options(backend.clone(), SessionOptions::new())
         .await
         .unwrap();
-    let next = Session::from_shared(backend.inner().clone(), SessionOptions::new())
+    let next = Session::with_options(backend.inner().clone(), SessionOptions::new())
         .await
         .unwrap();
     let guard = Mutex::new(&holder, "drop-unlock")
@@ -106,7 +106,7 @@ async fn unlock_dropped_in_flight_still_releases() {
         .await
         .unwrap();
     backend.inject(Call::DeleteEntry, 1, Fault::HangBefore);
-    let mut unlock = Box::pin(guard.unlock());
+    let mut unlock = Box::pin(guard.release());
     // Polled until the delete is in flight (hung), then dropped.
     support::drive_until(&mut unlock, backend.until_hung()).await;
     drop(unlock);
@@ -118,7 +118,7 @@ async fn unlock_dropped_in_flight_still_releases() {
     )
     .await
     .unwrap();
-    granted.unlock().await.unwrap();
+    granted.release().await.unwrap();
     assert!(!holder.is_lost(), "the session outlives a dropped unlock");
 }
 
@@ -157,7 +157,7 @@ async fn one_release_wakes_one_waiter() {
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
             tx.send((g.fencing_token(), done_tx)).unwrap();
             let _ = done_rx.await;
-            g.unlock().await.unwrap();
+            g.release().await.unwrap();
         });
     }
     support::eventually("all queued", || async {
@@ -165,7 +165,7 @@ async fn one_release_wakes_one_waiter() {
     })
     .await;
     let before = backend.wakeups();
-    holder.unlock().await.unwrap();
+    holder.release().await.unwrap();
     for n in 1..=9 {
         let (_, release) = within("grant", Duration::from_secs(5), rx.recv())
             .await
@@ -185,7 +185,7 @@ async fn lost_no_later_than_server_expiry() {
     let faulty = FaultyBackend::new(backend.clone());
     let ttl = Duration::from_secs(9);
     faulty.inject_every(Call::KeepAlive, Fault::DelayAfter(Duration::from_secs(2)));
-    let s = Session::from_shared(faulty.clone(), SessionOptions::new().with_ttl(ttl))
+    let s = Session::with_options(faulty.clone(), SessionOptions::new().with_ttl(ttl))
         .await
         .unwrap();
     let guard = Mutex::new(&s, "partition").unwrap().lock().await.unwrap();
@@ -273,7 +273,7 @@ fn nothing_is_granted_after_the_deadline_even_unrecorded() {
         .unwrap();
     let ttl = Duration::from_secs(1);
     let session = helper
-        .block_on(Session::from_shared(
+        .block_on(Session::with_options(
             faulty.clone(),
             SessionOptions::new().with_ttl(ttl),
         ))
@@ -311,7 +311,7 @@ async fn keep_alive_keeps_the_lock_past_many_ttls() {
     tokio::time::sleep(ttl * 20).await;
     assert!(!s.is_lost());
     assert!(guard.is_owner().await.unwrap());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// What every waiter keeps for as long as it waits (the budget in `docs/performance.md` is
@@ -332,7 +332,7 @@ async fn waiting_futures_stay_small() {
         "guard: {} bytes",
         std::mem::size_of_val(&guard)
     );
-    let unlock = guard.unlock();
+    let unlock = guard.release();
     assert!(
         std::mem::size_of_val(&unlock) <= 256,
         "unlock(): {} bytes",
@@ -370,9 +370,9 @@ fn guards_and_futures_are_send_and_sync() {
         send_sync(&g.lost());
         send_sync(&g.is_owner());
         send_sync(&g.write(&[]));
-        send_sync(&g.unlock());
+        send_sync(&g.release());
         send_sync(&l.lost());
-        send_sync(&l.resign());
+        send_sync(&l.release());
     }
     let _ = guard_is_send_sync;
     fn proclaim_is_send_sync(l: &mut baton::Leadership) {
@@ -412,7 +412,7 @@ fn guards_and_futures_are_send_and_sync() {
         r: baton::RwLockReadGuard,
         w: baton::RwLockWriteGuard,
         b: baton::BarrierGuard,
-        e: baton::Entered,
+        e: baton::DoubleBarrierGuard,
         m: baton::MultiLockGuard,
     ) {
         send_sync(&p.lost());
@@ -426,7 +426,7 @@ fn guards_and_futures_are_send_and_sync() {
         send_sync(&(p, r, w, b));
         send_sync(&m);
         send_sync(&e.leave());
-        send_sync(&m.unlock());
+        send_sync(&m.release());
     }
     let _ = recipe_guards_are_send_sync;
 }
@@ -529,7 +529,7 @@ async fn fault_harness_session_loss() {
 #[tokio::test(start_paused = true)]
 async fn backend_errors_name_the_lock() {
     let faulty = FaultyBackend::new(MemoryBackend::new());
-    let s = Session::from_shared(faulty.clone(), SessionOptions::new())
+    let s = Session::with_options(faulty.clone(), SessionOptions::new())
         .await
         .unwrap();
     let guard = Mutex::new(&s, "orders/42").unwrap().lock().await.unwrap();
@@ -538,7 +538,7 @@ async fn backend_errors_name_the_lock() {
     let message = write.unwrap_err().to_string();
     assert!(message.contains("lock `orders/42`"), "{message}");
     faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
-    let release = guard.unlock().await;
+    let release = guard.release().await;
     let message = release.unwrap_err().to_string();
     assert!(message.contains("lock `orders/42`"), "{message}");
     s.settled().await;
@@ -709,4 +709,78 @@ async fn a_limit_lowered_during_a_restart_grace_holds_when_it_ends() {
     tokio::time::sleep(grace + Duration::from_secs(1)).await;
     let granted = waiters.iter().filter(|w| w.is_finished()).count();
     assert_eq!(granted, 1, "one permit under a limit of one");
+}
+
+/// One vocabulary (issue #41): every guard, and leadership, names its token
+/// `fencing_token()`, answers `is_owner()` (false once its entry is deleted from outside),
+/// and lets go with `release()`. A double barrier's guard also leaves without waiting for
+/// the others.
+#[tokio::test(start_paused = true)]
+async fn every_guard_speaks_the_same_words() {
+    use baton::{Barrier, DoubleBarrier, Election, MultiLock, RwLock, Semaphore};
+    let store = MemoryBackend::new();
+    let session = Session::new(store.clone()).await.unwrap();
+    let outside = store.client();
+    let mut tokens = Vec::new();
+
+    let leadership = Election::new(&session, "v/election")
+        .unwrap()
+        .campaign("me")
+        .await
+        .unwrap();
+    tokens.push(leadership.fencing_token());
+    assert!(leadership.is_owner().await.unwrap());
+    let leader = Election::new(&session, "v/election")
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .expect("a leader");
+    assert_eq!(leader.fencing_token(), leadership.fencing_token());
+    // Deleted from outside: no longer the owner, and the release says so.
+    outside.delete_entry(leadership.entry()).await.unwrap();
+    assert!(!leadership.is_owner().await.unwrap());
+    assert!(leadership.release().await.unwrap_err().is_lost());
+
+    let multi = MultiLock::new(&session, ["v/a", "v/b"])
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    tokens.extend(multi.fencing_tokens().map(|(_, t)| t));
+    assert!(multi.is_owner().await.unwrap());
+    multi.release().await.unwrap();
+
+    let barrier = Barrier::new(&session, "v/barrier")
+        .unwrap()
+        .hold()
+        .await
+        .unwrap();
+    tokens.push(barrier.fencing_token());
+    assert!(barrier.is_owner().await.unwrap());
+    barrier.release().await.unwrap();
+
+    let double = DoubleBarrier::new(&session, "v/double", 1)
+        .unwrap()
+        .enter()
+        .await
+        .unwrap();
+    tokens.push(double.fencing_token());
+    assert!(double.is_owner().await.unwrap());
+    double.release().await.unwrap();
+    assert!(outside.entries("v/double").await.unwrap().is_empty());
+
+    let permit = Semaphore::new(&session, "v/sem", 2)
+        .unwrap()
+        .acquire()
+        .await
+        .unwrap();
+    tokens.push(permit.fencing_token());
+    permit.release().await.unwrap();
+    let read = RwLock::new(&session, "v/rw").unwrap().read().await.unwrap();
+    tokens.push(read.fencing_token());
+    read.release().await.unwrap();
+
+    // Tokens rise in grant order, whichever recipe granted them.
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
 }

@@ -138,7 +138,7 @@ async fn queued(backend: &dyn Backend, queue: &str, n: usize) {
 }
 
 async fn session(backend: &Arc<dyn Backend>, ttl: Duration) -> Session {
-    Session::from_shared(Arc::clone(backend), SessionOptions::new().with_ttl(ttl))
+    Session::with_options(Arc::clone(backend), SessionOptions::new().with_ttl(ttl))
         .await
         .unwrap()
 }
@@ -173,7 +173,7 @@ async fn scenario(
     let waiter = tokio::spawn(async move { m2.lock().await });
     queued(&*backend, &name, 2).await;
     tokio::time::sleep(hold).await;
-    g1.unlock().await.unwrap();
+    g1.release().await.unwrap();
     let g2 = waiter.await.unwrap().unwrap();
     assert!(matches!(m1.try_lock().await, Err(Error::Locked { .. })));
     assert!(tokio::time::timeout(hold, m1.lock()).await.is_err());
@@ -190,7 +190,7 @@ async fn scenario(
     let s4 = session(&faulty_dyn, SessionOptions::DEFAULT_TTL).await;
     faulty.inject(Call::Enqueue, 1, Fault::FailBefore);
     assert!(Mutex::new(&s4, &name).unwrap().lock().await.is_err());
-    g2.unlock().await.unwrap();
+    g2.release().await.unwrap();
 
     let mutex = [("recipe", "mutex"), ("lock", name.as_str())];
     let with = |outcome: &'static str| {
@@ -233,8 +233,8 @@ async fn scenario(
     let next = tokio::spawn(async move { e2.campaign("b").await });
     queued(&*backend, &name, 2).await;
     tokio::time::sleep(hold).await;
-    leader.resign().await.unwrap();
-    next.await.unwrap().unwrap().resign().await.unwrap();
+    leader.release().await.unwrap();
+    next.await.unwrap().unwrap().release().await.unwrap();
     let election = [("recipe", "election"), ("lock", name.as_str())];
     let mut acquired = election.to_vec();
     acquired.push(("outcome", "acquired"));
@@ -316,8 +316,8 @@ async fn scenario(
     }));
     let mapped = Mutex::new(&s1, format!("{prefix}/mapped")).unwrap();
     baton_metrics::set_lock_label(LockLabel::Name);
-    unlabelled.lock().await.unwrap().unlock().await.unwrap();
-    mapped.lock().await.unwrap().unlock().await.unwrap();
+    unlabelled.lock().await.unwrap().release().await.unwrap();
+    mapped.lock().await.unwrap().release().await.unwrap();
     let hold_series = seen.label_sets(baton_metrics::LOCK_HOLD_SECONDS);
     let recipe_only = vec![("recipe".to_owned(), "mutex".to_owned())];
     assert!(hold_series.contains(&recipe_only), "{hold_series:?}");

@@ -167,7 +167,7 @@ async fn auth_and_permission_errors_are_typed() {
         .unwrap();
     let s = Session::new(backend).await.unwrap();
     let guard = Mutex::new(&s, "as-app").unwrap().lock().await.unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A release wakes exactly the next waiter: with a queue of waiters, one release hands the
@@ -186,7 +186,7 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
     let waiting_session = session(waiter, Duration::from_secs(60)).await;
     let waiting = support::spawn_queued(holder, &waiting_session, name, 2).await;
     let released = std::time::Instant::now();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within("the waiter", Duration::from_secs(30), waiting)
         .await
         .unwrap()
@@ -195,7 +195,7 @@ async fn a_release_wakes_its_waiter(holder: &PgBackend, waiter: &PgBackend, name
         released.elapsed() < Duration::from_secs(5),
         "woken by the release's NOTIFY, not by a look at the holder's lease deadline (60 s)"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     holding.close().await.unwrap();
     waiting_session.close().await.unwrap();
 }
@@ -340,7 +340,7 @@ async fn an_older_schema_is_migrated_on_connect() {
             break;
         }
     }
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     session.close().await.unwrap();
 }
 
@@ -361,7 +361,7 @@ fn a_backend_outlives_the_runtime_that_connected_it() {
             .lock()
             .await
             .unwrap()
-            .unlock()
+            .release()
             .await
             .unwrap();
         s.close().await.unwrap();
@@ -417,7 +417,7 @@ async fn backend_named(node_url: &str, application: &str) -> PgBackend {
 }
 
 async fn session(backend: &PgBackend, ttl: Duration) -> Session {
-    Session::from_shared(
+    Session::with_options(
         Arc::new(backend.clone()),
         SessionOptions::new().with_ttl(ttl),
     )
@@ -458,7 +458,7 @@ async fn restart_with_a_fast_shutdown_keeps_the_queue() {
     })
     .await;
     assert!(!holder.is_lost());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within(
         "the waiter after the restart",
         Duration::from_secs(10),
@@ -468,7 +468,7 @@ async fn restart_with_a_fast_shutdown_keeps_the_queue() {
     .unwrap()
     .unwrap();
     assert!(next.fencing_token() > first);
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// Tokens never go backwards across a crash of the server (immediate shutdown: no
@@ -501,7 +501,7 @@ async fn tokens_never_go_back_across_an_immediate_shutdown() {
         // Acknowledged commits survive the crash: the locks are still held.
         for g in held {
             assert!(g.is_owner().await.unwrap(), "round {round}: {}", g.key());
-            g.unlock().await.unwrap();
+            g.release().await.unwrap();
         }
     }
     assert!(!s.is_lost());
@@ -587,7 +587,7 @@ async fn a_failover_to_a_standby_that_missed_commits_lets_no_holder_from_before_
     f.caught_up().await;
     f.link.refuse().unwrap();
     // Leases and a lock the standby never receives.
-    let stale = Session::from_shared(
+    let stale = Session::with_options(
         Arc::new(holder.clone()),
         SessionOptions::new().with_ttl(Duration::from_secs(30)),
     )
@@ -644,7 +644,7 @@ async fn a_failover_to_a_standby_that_missed_commits_lets_no_holder_from_before_
         guard.is_owner().await.unwrap(),
         "the newcomer lost its lock"
     );
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A failover to an asynchronous standby that missed the primary's last commits (replication
@@ -659,7 +659,7 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
     let ttl = Duration::from_secs(5);
     let s = session(&backend, ttl).await;
     let first = Mutex::new(&s, "failover/0").unwrap().lock().await.unwrap();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     // The standby has everything so far (the schema, the lease, the first grant).
     f.caught_up().await;
     // Cut off, the standby misses what follows: the primary does not wait for it. More
@@ -673,7 +673,7 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
             .await
             .unwrap();
         highest = highest.max(g.fencing_token());
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
     }
     f.fail_over().await;
     // The application fails over to the promoted standby, which grants nothing for the
@@ -692,7 +692,7 @@ async fn after_a_failover_to_a_standby_that_missed_grants_tokens_still_go_up() {
              which the old primary handed out",
             g.fencing_token()
         );
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
     }
 }
 
@@ -827,7 +827,7 @@ async fn a_url_naming_every_server_follows_a_failover() {
         "{} after {first}",
         next.fencing_token()
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A request that reaches a standby before its promotion (the address moved ahead of it) is
@@ -881,7 +881,7 @@ async fn a_request_that_reaches_a_standby_is_retried_until_its_promotion() {
         .lock()
         .await
         .unwrap()
-        .unlock()
+        .release()
         .await
         .unwrap();
 }
@@ -904,7 +904,7 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
     let g = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     f.caught_up().await;
     f.link.refuse().unwrap();
-    g.unlock().await.unwrap();
+    g.release().await.unwrap();
     f.fail_over().await;
     let after = f.standby_backend(ttl).await;
     let w = session(&after, Duration::from_secs(30)).await;
@@ -918,7 +918,7 @@ async fn after_a_failover_a_release_the_standby_missed_does_not_hold_the_lock() 
         s.is_lost(),
         "the session whose lease is of the old timeline was told lost"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A grant the standby missed, then a failover: on the new primary nothing says the lock is
@@ -968,7 +968,7 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
         held.fencing_token()
     );
     assert!(next.fencing_token() > held.fencing_token());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     // A schema created on the new timeline and marked new by an operator: no grace there.
     let fresh = PgOptions::new()
         .with_schema("baton_after_failover")
@@ -982,7 +982,7 @@ async fn after_a_failover_a_grant_the_standby_missed_is_not_made_again_before_it
         async { Mutex::new(&f, &name).unwrap().lock().await.unwrap() },
     )
     .await
-    .unlock()
+    .release()
     .await
     .unwrap();
 }
@@ -1063,7 +1063,7 @@ async fn killed_connections_reconnect_and_keep_their_place() {
     // comes back and the wait is still woken by the release (not by the 20 s lease).
     node.terminate("waiter").await.unwrap();
     let released = std::time::Instant::now();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within("the waiter", Duration::from_secs(10), queued)
         .await
         .unwrap()
@@ -1073,7 +1073,7 @@ async fn killed_connections_reconnect_and_keep_their_place() {
         "woken after the release, not at the lease deadline"
     );
     assert!(!holder.is_lost() && !waiter.is_lost());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A waiter cut off (a partition through a proxy) while the holder releases: the NOTIFY is
@@ -1100,7 +1100,7 @@ async fn a_waiter_cut_off_during_the_release_looks_again_after_the_partition() {
         .unwrap();
     let queued = support::spawn_queued(&hb, &waiter, "partition", 2).await;
     proxy.black_hole();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     proxy.heal();
     let healed = std::time::Instant::now();
     let next = within(
@@ -1115,7 +1115,7 @@ async fn a_waiter_cut_off_during_the_release_looks_again_after_the_partition() {
         healed.elapsed() < Duration::from_secs(10),
         "found the release after reconnecting, not at the holder's lease deadline (30 s)"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A holder paused past its lease (cut off by a proxy, as a paused process is): it is told
@@ -1160,7 +1160,7 @@ async fn a_holder_paused_past_its_lease_is_followed_and_refused() {
         "{late:?}"
     );
     assert_eq!(wb.read("paused-data").await.unwrap(), None);
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1362,7 +1362,7 @@ async fn one_release_notifies_one_waiter() {
     // queue, so its changes are not announced at all.
     listen("q", name.clone()).await;
     raw.batch_execute("LISTEN marker_one_notify").await.unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within(
         "the first waiter",
         Duration::from_secs(10),
@@ -1400,7 +1400,7 @@ async fn one_release_notifies_one_waiter() {
         "naming the new head: {notified:?}"
     );
     assert_eq!(next.fencing_token(), queued[1].token());
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     for s in sessions {
         s.close().await.unwrap();
     }
@@ -1440,7 +1440,7 @@ async fn a_server_paused_shorter_than_the_ttl_costs_nothing() {
         .unwrap();
     assert!(renewed.is_some(), "the lease outlived the pause");
     assert!(guard.is_owner().await.unwrap() && !holder.is_lost());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     within(
         "the waiter after the pause",
         Duration::from_secs(10),
@@ -1449,7 +1449,7 @@ async fn a_server_paused_shorter_than_the_ttl_costs_nothing() {
     .await
     .unwrap()
     .unwrap()
-    .unlock()
+    .release()
     .await
     .unwrap();
 }
@@ -1498,7 +1498,7 @@ async fn release_survives_a_crash(through_a_pooler: bool) {
         .batch_execute("CHECKPOINT")
         .await
         .unwrap();
-    g.unlock().await.unwrap();
+    g.release().await.unwrap();
     node.stop_immediate().await.unwrap();
     node.start_again().await.unwrap();
     let outside = node.backend().await.unwrap();
@@ -1510,7 +1510,7 @@ async fn release_survives_a_crash(through_a_pooler: bool) {
         "token {} granted after {highest}",
         again.fencing_token()
     );
-    again.unlock().await.unwrap();
+    again.release().await.unwrap();
 }
 
 /// Behind a transaction-mode pooler the LISTEN connection hears nothing (its server
@@ -1571,7 +1571,7 @@ async fn an_enqueue_delivered_late_lands_nowhere() {
         let name = format!("pg-{}/late-enqueue-{round}", std::process::id());
         let mutex = Mutex::new(&a, &name).unwrap();
         // Once, so that the LISTEN connection already listens for this name.
-        mutex.lock().await.unwrap().unlock().await.unwrap();
+        mutex.lock().await.unwrap().release().await.unwrap();
         let (t1, t2, delivered) =
             support::retried_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
         assert!(delivered >= 1);
@@ -1600,7 +1600,7 @@ async fn an_abandoned_enqueue_delivered_late_lands_nowhere() {
     let b = session(&direct, Duration::from_secs(20)).await;
     let mutex = Mutex::new(&a, &name).unwrap();
     // Once, so that the LISTEN connection already listens for this name.
-    mutex.lock().await.unwrap().unlock().await.unwrap();
+    mutex.lock().await.unwrap().release().await.unwrap();
     support::abandoned_enqueue_delivered_late(&proxy, &direct, &a, &b, &name).await;
 }
 
@@ -1672,7 +1672,7 @@ async fn isolation_defaults_of_the_role_or_database_change_nothing() {
                     most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     holding.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                    g.unlock().await.unwrap();
+                    g.release().await.unwrap();
                 })
             })
             .collect();

@@ -89,7 +89,7 @@ fn chain(e: &Error) -> String {
 
 /// Takes and releases a lock through `backend`.
 async fn lock_round_trip(backend: Arc<dyn baton::Backend>, name: &str) {
-    let session = Session::from_shared(backend, Default::default())
+    let session = Session::with_options(backend, Default::default())
         .await
         .expect("a session over TLS");
     let guard = Mutex::new(&session, name)
@@ -97,7 +97,7 @@ async fn lock_round_trip(backend: Arc<dyn baton::Backend>, name: &str) {
         .lock()
         .await
         .expect("lock over TLS");
-    guard.unlock().await.expect("unlock");
+    guard.release().await.expect("unlock");
     session.close().await.expect("close");
 }
 

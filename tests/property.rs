@@ -51,7 +51,7 @@ impl World {
     async fn session(&self) -> (Session, Arc<FaultyBackend>) {
         let faulty = FaultyBackend::wrap(Arc::clone(&self.backend));
         let session =
-            Session::from_shared(faulty.clone(), SessionOptions::new().with_ttl(self.ttl))
+            Session::with_options(faulty.clone(), SessionOptions::new().with_ttl(self.ttl))
                 .await
                 .unwrap();
         (session, faulty)
@@ -261,7 +261,7 @@ impl Model {
                     && let State::Holding(g) =
                         std::mem::replace(&mut self.slots[i].state, State::Idle)
                 {
-                    g.unlock().await.unwrap();
+                    g.release().await.unwrap();
                 }
             }
             Op::Cancel(i) => {
@@ -325,7 +325,7 @@ async fn run(world: World, ops: Vec<Op>) {
     // Everyone leaves: nothing may remain, checked while every session still lives.
     for slot in &mut model.slots {
         match std::mem::replace(&mut slot.state, State::Idle) {
-            State::Holding(g) => g.unlock().await.unwrap(),
+            State::Holding(g) => g.release().await.unwrap(),
             State::Waiting(h) => {
                 h.abort();
                 let _ = h.await;
@@ -390,7 +390,7 @@ proptest! {
                 Ok(m) => {
                     let g = m.lock().await.unwrap();
                     assert_eq!(g.key(), format!("{name}/{}", s.lease_id()));
-                    g.unlock().await.unwrap();
+                    g.release().await.unwrap();
                 }
             }
             s.close().await.unwrap();

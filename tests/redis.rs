@@ -43,7 +43,7 @@ fn test_name(test: &str) -> String {
 /// A fresh backend on `node`, with a short lease so that loss is quick to see.
 async fn session_on(node: &RedisNode, ttl: Duration) -> (RedisBackend, Session) {
     let backend = node.backend().await.unwrap();
-    let session = Session::from_shared(
+    let session = Session::with_options(
         Arc::new(backend.clone()),
         SessionOptions::new().with_ttl(ttl),
     )
@@ -126,7 +126,7 @@ async fn one_release_wakes_one_waiter() {
         .await;
     }
     let before = waiters_backend.wakeups();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let first = tasks.remove(0);
     let next = within("the next holder", Duration::from_secs(10), first)
         .await
@@ -138,13 +138,13 @@ async fn one_release_wakes_one_waiter() {
         "one wake-up for one release"
     );
     assert!(tasks.iter().all(|t| !t.is_finished()));
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     for task in tasks {
         within("each waiter in turn", Duration::from_secs(10), task)
             .await
             .unwrap()
             .unwrap()
-            .unlock()
+            .release()
             .await
             .unwrap();
     }
@@ -184,7 +184,7 @@ async fn many_waiters_share_two_connections() {
     let mut tasks = Vec::new();
     for _ in 0..WAITERS {
         // Sessions on one backend (a session's own tasks would take turns locally).
-        let waiting = Session::from_shared(
+        let waiting = Session::with_options(
             Arc::new(backend.clone()),
             SessionOptions::new().with_ttl(Duration::from_secs(10)),
         )
@@ -201,7 +201,7 @@ async fn many_waiters_share_two_connections() {
     println!("{WAITERS} waiters: {used} connections");
     assert!(used <= 2, "{used} connections for {WAITERS} waiters");
     drop(tasks);
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A wait that lasts longer than one blocking read of the mailbox (5 s) is still woken at
@@ -218,7 +218,7 @@ async fn a_long_wait_is_woken_at_the_release() {
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert!(!waiter.is_finished());
     let released = std::time::Instant::now();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let next = within("the waiter", Duration::from_secs(10), waiter)
         .await
         .unwrap()
@@ -228,7 +228,7 @@ async fn a_long_wait_is_woken_at_the_release() {
         released.elapsed() < Duration::from_secs(2),
         "woken by the release, not by a re-check"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// The fault-injection harness on Redis, sampled as on etcd (see docs/reliability.md).
@@ -327,7 +327,7 @@ async fn observer_resumes_after_a_broken_connection() {
     assert!(is_head_with(&next_head(&mut events).await, b"a"));
 
     proxy.black_hole();
-    leader_a.resign().await.unwrap();
+    leader_a.release().await.unwrap();
     let b = Session::new(direct.clone()).await.unwrap();
     let leader_b = Election::new(&b, &name)
         .unwrap()
@@ -343,7 +343,7 @@ async fn observer_resumes_after_a_broken_connection() {
     );
     let next = next_head(&mut events).await;
     assert!(is_head_with(&next, b"b"), "{next:?}");
-    leader_b.resign().await.unwrap();
+    leader_b.release().await.unwrap();
 }
 
 /// An observer of a Redis restarted without its data cannot be told what it missed: it says
@@ -376,7 +376,7 @@ async fn observer_of_a_restarted_server_reports_the_gap() {
     assert_eq!(next_head(&mut events).await, HeadEvent::Skipped);
     let next = next_head(&mut events).await;
     assert!(is_head_with(&next, b"b"), "{next:?}");
-    leader_b.resign().await.unwrap();
+    leader_b.release().await.unwrap();
 }
 
 /// A request that fails for good names the server in its message (and keeps the cause).
@@ -460,6 +460,44 @@ async fn connect_tells_refused_credentials_from_a_missing_permission() {
         .unwrap();
     let s = Session::new(app).await.unwrap();
     let guard = Mutex::new(&s, "acl").unwrap().lock().await.unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     s.close().await.unwrap();
+}
+
+/// `ConnectOptions` reaches the Redis backend's options: a key prefix set through
+/// `connect_with` keeps two applications' locks of one name apart, and clients with the same
+/// prefix share them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_options_carry_the_key_prefix() {
+    let url = RedisNode::shared().url();
+    let pid = std::process::id();
+    let connect = |app: &str| {
+        baton::connect_with(
+            &url,
+            baton::ConnectOptions::new()
+                .with_redis_prefix(format!("connect-{app}-{pid}:"))
+                // New prefixes: no holder can predate them.
+                .with_restart_grace(Duration::ZERO)
+                .with_request_timeout(Duration::from_secs(2))
+                .with_retry_for(Duration::from_secs(3)),
+        )
+    };
+    let a = connect("a").await.unwrap();
+    let b = connect("b").await.unwrap();
+    let a_again = connect("a").await.unwrap();
+    let (sa, sb, sa_again) = (
+        Session::new(a).await.unwrap(),
+        Session::new(b).await.unwrap(),
+        Session::new(a_again).await.unwrap(),
+    );
+    let held = Mutex::new(&sa, "x").unwrap().lock().await.unwrap();
+    let other = Mutex::new(&sb, "x").unwrap().try_lock().await;
+    assert!(other.is_ok(), "another prefix, another lock: {other:?}");
+    let same = Mutex::new(&sa_again, "x").unwrap().try_lock().await;
+    assert!(
+        matches!(same, Err(Error::Locked { .. })),
+        "the same prefix, the same lock: {same:?}"
+    );
+    held.release().await.unwrap();
+    other.unwrap().release().await.unwrap();
 }

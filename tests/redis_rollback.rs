@@ -215,7 +215,7 @@ async fn after_rollback(
     if let Ok(guard) = again {
         drop(guard);
     }
-    c.unlock().await.unwrap();
+    c.release().await.unwrap();
 }
 
 /// Redis killed and restarted from an RDB snapshot taken before the lock changed hands: the
@@ -228,7 +228,7 @@ async fn a_restart_from_a_snapshot_never_grants_twice() {
     let (a, b) = (session(&backend).await, session(&backend).await);
     let (first, queued) = handed_over(&backend, &a, &b, &name).await;
     let _: () = node.command("SAVE", &[]).await.unwrap();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let held = within("B's grant", TTL, queued).await.unwrap().unwrap();
     let timeline = Timeline::default();
     let told = timeline.told_when("B", held.lost());
@@ -278,7 +278,7 @@ async fn a_failover_to_a_replica_that_missed_a_release_never_grants_twice() {
     assert_eq!(synced, 1);
     // The replica misses everything from now on.
     link.black_hole();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let held = within("B's grant", TTL, queued).await.unwrap().unwrap();
     let timeline = Timeline::default();
     let told = timeline.told_when("B", held.lost());
@@ -386,9 +386,9 @@ async fn a_flush_never_grants_twice() {
         highest,
         TTL,
     );
-    lock.unlock().await.unwrap();
+    lock.release().await.unwrap();
     sem.release().await.unwrap();
-    el.resign().await.unwrap();
+    el.release().await.unwrap();
 }
 
 /// A waiter that registered for its wake-up after a flush, before its process's mailbox was
@@ -412,7 +412,7 @@ async fn a_wake_up_lost_with_the_state_is_made_up_for() {
         .await
         .unwrap();
     let waiting = support::spawn_queued(&waiters, &w, &name, 2).await;
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let released = Instant::now();
     let next = within("the waiter's grant", Duration::from_secs(10), waiting)
         .await
@@ -426,7 +426,7 @@ async fn a_wake_up_lost_with_the_state_is_made_up_for() {
         late < Duration::from_secs(3),
         "the waiter was granted {late:?} after the release: its wake-up was lost and it waited for a re-check"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// An `enqueue` held up on a connection its client gave up on (the client retried on a new
@@ -459,7 +459,7 @@ async fn a_request_delivered_late_creates_nothing() {
         .await
         .unwrap()
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert!(proxy.deliver_held().await.unwrap() >= 1);
     assert!(
         direct.entries(&name).await.unwrap().is_empty(),
@@ -468,7 +468,7 @@ async fn a_request_delivered_late_creates_nothing() {
     let other = session(&direct).await;
     let free = Mutex::new(&other, &name).unwrap().try_lock().await;
     assert!(free.is_ok(), "{free:?}");
-    free.unwrap().unlock().await.unwrap();
+    free.unwrap().release().await.unwrap();
 }
 
 /// An `enqueue` that failed (its every attempt held up) and was given up on: the cleanup
@@ -498,7 +498,7 @@ async fn an_abandoned_request_delivered_late_creates_nothing() {
     // a script the server never loaded would fail with NOSCRIPT when it arrives).
     let warm = session(&direct).await;
     let lock = Mutex::new(&warm, &name).unwrap();
-    lock.lock().await.unwrap().unlock().await.unwrap();
+    lock.lock().await.unwrap().release().await.unwrap();
     warm.close().await.unwrap();
     proxy.hold_requests();
     let failed = Mutex::new(&s, &name).unwrap().lock().await;
@@ -540,7 +540,7 @@ async fn an_election_across_a_restart_from_a_snapshot_has_one_leader() {
     let election = Election::new(&watcher, &name).unwrap();
     let mut events = election.observe();
     let _: () = node.command("SAVE", &[]).await.unwrap();
-    first.resign().await.unwrap();
+    first.release().await.unwrap();
     let leading = within("two leads", TTL, second).await.unwrap().unwrap();
     loop {
         match within("the observer", TTL, events.next()).await {
@@ -604,7 +604,7 @@ async fn an_election_across_a_restart_from_a_snapshot_has_one_leader() {
         leading.fencing_token().get(),
         TTL,
     );
-    three.resign().await.unwrap();
+    three.release().await.unwrap();
 }
 
 /// Some of baton's keys deleted on a running server, as an operator cleaning up by hand
@@ -659,7 +659,7 @@ async fn deleting_some_of_batons_keys_never_grants_twice() {
             guard.fencing_token().get(),
             TTL,
         );
-        next.unlock().await.unwrap();
+        next.release().await.unwrap();
     }
 }
 
@@ -712,7 +712,7 @@ async fn try_lock_during_the_grace_says_so() {
     let guard = within("lock() after the grace", TTL * 2, mutex.lock())
         .await
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(backend.grants_nothing_for(), None);
 }
 

@@ -49,7 +49,7 @@ fn options(ca_pem: &str) -> ConnectOptions {
 
 /// Takes and releases a lock twice through `backend`: the second token is above the first.
 async fn lock_round_trip(backend: std::sync::Arc<dyn baton::Backend>, test: &str) {
-    let session = Session::from_shared(backend, Default::default())
+    let session = Session::with_options(backend, Default::default())
         .await
         .expect("a session over TLS");
     let lock = name(test);
@@ -59,14 +59,14 @@ async fn lock_round_trip(backend: std::sync::Arc<dyn baton::Backend>, test: &str
         .await
         .expect("lock");
     let first = guard.fencing_token();
-    guard.unlock().await.expect("unlock");
+    guard.release().await.expect("unlock");
     let guard = Mutex::new(&session, &lock)
         .unwrap()
         .lock()
         .await
         .expect("lock again");
     assert!(guard.fencing_token() > first);
-    guard.unlock().await.expect("unlock again");
+    guard.release().await.expect("unlock again");
     session.close().await.expect("close");
 }
 

@@ -182,7 +182,7 @@ async fn locks_on_every_node_and_unlocks_everywhere() {
     );
     assert_eq!(held_everywhere(&nodes, &ALL, &k).await, held);
 
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(values(&nodes, &ALL, &k).await, none(5));
     let again = b.try_lock("basics").await.unwrap();
     assert_ne!(
@@ -190,7 +190,7 @@ async fn locks_on_every_node_and_unlocks_everywhere() {
         held,
         "a new owner value"
     );
-    again.unlock().await.unwrap();
+    again.release().await.unwrap();
 }
 
 /// Promise: `lock` keeps trying while the lock is held, and takes it once the holder
@@ -221,13 +221,13 @@ async fn lock_retries_until_the_holder_unlocks() {
         !waiter.is_finished(),
         "the waiter waits while the lock is held"
     );
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let taken = within("the waiter takes the lock", Duration::from_secs(5), waiter)
         .await
         .unwrap()
         .unwrap();
     assert!(taken.validity() > Duration::ZERO);
-    taken.unlock().await.unwrap();
+    taken.release().await.unwrap();
 }
 
 /// Promise: at most one client holds the lock at a time, while nodes are all up (mutual
@@ -259,7 +259,7 @@ async fn clients_never_hold_at_once() {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 assert!(guard.validity() > Duration::ZERO);
                 inside.store(false, Ordering::SeqCst);
-                guard.unlock().await.unwrap();
+                guard.release().await.unwrap();
             }
         }));
     }
@@ -285,7 +285,7 @@ async fn one_node_down_still_acquires() {
         let guard = redlock.lock("one-down").await.unwrap();
         assert!(guard.validity() > Duration::from_secs(9));
         held_everywhere(&nodes, &[0, 1, 2, 3], &k).await;
-        guard.unlock().await.unwrap();
+        guard.release().await.unwrap();
         assert_eq!(values(&nodes, &[0, 1, 2, 3], &k).await, none(4));
     }
 }
@@ -391,7 +391,7 @@ async fn a_paused_node_costs_at_most_the_node_timeout() {
         guard.validity()
     );
     held_everywhere(&nodes, &[1, 2, 3, 4], &k).await;
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(values(&nodes, &[1, 2, 3, 4], &k).await, none(4));
 
     nodes.node(0).unpause().await.unwrap();
@@ -478,9 +478,9 @@ async fn a_holder_paused_past_its_validity_is_refused_on_extend() {
     }
     assert_eq!(guard.validity(), Duration::ZERO);
     assert_not_owner(guard.extend(Duration::from_secs(10)).await, "pause");
-    assert_not_owner(guard.unlock().await, "pause");
+    assert_not_owner(guard.release().await, "pause");
     assert_eq!(held_everywhere(&nodes, &ALL, &k).await, theirs);
-    successor.unlock().await.unwrap();
+    successor.release().await.unwrap();
 }
 
 /// Promise: `unlock` after the lock lapsed and someone else took it reports `NotOwner` and
@@ -496,9 +496,9 @@ async fn unlock_after_another_took_the_lock_is_not_owner() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let successor = b.try_lock("lapsed").await.unwrap();
     let theirs = held_everywhere(&nodes, &ALL, &k).await;
-    assert_not_owner(guard.unlock().await, "lapsed");
+    assert_not_owner(guard.release().await, "lapsed");
     assert_eq!(held_everywhere(&nodes, &ALL, &k).await, theirs);
-    successor.unlock().await.unwrap();
+    successor.release().await.unwrap();
 }
 
 /// Promise: extend and unlock compare the owner value on every node: when our keys vanished
@@ -536,10 +536,10 @@ async fn extend_and_unlock_never_touch_another_holders_keys() {
             }
             assert_eq!(guard.validity(), Duration::ZERO, "the guard is spent");
         } else {
-            assert_not_owner(guard.unlock().await, resource);
+            assert_not_owner(guard.release().await, resource);
         }
         assert_eq!(held_everywhere(&nodes, &ALL, &k).await, theirs);
-        successor.unlock().await.unwrap();
+        successor.release().await.unwrap();
     }
 }
 
@@ -566,7 +566,7 @@ async fn extend_within_validity_moves_validity_forward() {
         assert!(ttl > 19_000 && ttl <= 20_000, "node {i}: PTTL {ttl}");
     }
     assert_eq!(held_everywhere(&nodes, &ALL, &k).await, ours);
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(values(&nodes, &ALL, &k).await, none(5));
 }
 
@@ -764,7 +764,7 @@ async fn over_tls_a_lock_is_taken_and_refusals_say_why() {
             .expect("GET over TLS");
         assert!(held.is_some(), "the key is on {}", node.url());
     }
-    guard.unlock().await.expect("unlock");
+    guard.release().await.expect("unlock");
 
     let other = TestCa::generate("another CA").expect("a CA");
     let Err(err) = Redlock::connect(

@@ -400,12 +400,12 @@ async fn lock_passes_on(connect: &str, name: &str, guard: baton::MutexGuard, ttl
         other => panic!("try_lock while held: {other:?}"),
     }
     let before = guard.fencing_token();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let granted = support::within("the fresh client granted", ttl, mutex.lock())
         .await
         .unwrap();
     assert!(granted.fencing_token() > before);
-    granted.unlock().await.unwrap();
+    granted.release().await.unwrap();
     fresh.close().await.unwrap();
 }
 
@@ -502,7 +502,7 @@ async fn pg_use(backend: &PgBackend, n: usize) -> baton::LeaseId {
             .lock()
             .await
             .unwrap();
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
     }
     let id = s.lease_id();
     s.close().await.unwrap();

@@ -127,7 +127,7 @@ async fn entries(backend: &ZkBackend, name: &str) -> usize {
 async fn shared_both_ways(kind: Kind) {
     let backend = backend(kind.layout()).await;
     let name = name(kind, "both-ways");
-    let session = Session::from_shared(backend.clone(), Default::default())
+    let session = Session::with_options(backend.clone(), Default::default())
         .await
         .unwrap();
     let mutex = Mutex::new(&session, name.clone()).unwrap();
@@ -137,7 +137,7 @@ async fn shared_both_ways(kind: Kind) {
     let guard = mutex.lock().await.unwrap();
     assert_eq!(peer.ask("acquire 1000").await, "timeout");
     // Released, the peer gets it (its node is the only one left).
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let acquired = peer.ask("acquire").await;
     assert!(acquired.starts_with("acquired /"), "{acquired}");
 
@@ -155,7 +155,7 @@ async fn shared_both_ways(kind: Kind) {
         .await
         .unwrap()
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     assert_eq!(peer.ask("quit").await, "bye");
 }
 
@@ -165,7 +165,7 @@ async fn fifo_across_languages(kind: Kind) {
     let backend = backend(kind.layout()).await;
     let name = name(kind, "fifo");
     let path = format!("/{name}");
-    let session = Session::from_shared(backend.clone(), Default::default())
+    let session = Session::with_options(backend.clone(), Default::default())
         .await
         .unwrap();
     let first = Mutex::new(&session, name.clone())
@@ -181,7 +181,7 @@ async fn fifo_across_languages(kind: Kind) {
     })
     .await;
     // Another session: a second lock of one session on one name would find its first entry.
-    let other = Session::from_shared(backend.clone(), Default::default())
+    let other = Session::with_options(backend.clone(), Default::default())
         .await
         .unwrap();
     let b2 = spawn_queued(backend.as_ref(), &other, &name, 3).await;
@@ -192,7 +192,7 @@ async fn fifo_across_languages(kind: Kind) {
     })
     .await;
 
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let granted = p1.reply().await;
     assert!(granted.starts_with("acquired /"), "{granted}");
     let mut b2 = b2;
@@ -207,7 +207,7 @@ async fn fifo_across_languages(kind: Kind) {
         .await
         .unwrap()
         .unwrap();
-    b2.unlock().await.unwrap();
+    b2.release().await.unwrap();
     let granted = p3.reply().await;
     assert!(granted.starts_with("acquired /"), "{granted}");
     assert_eq!(p3.ask("release").await, "released");
@@ -218,14 +218,14 @@ async fn fifo_across_languages(kind: Kind) {
 async fn election_shared(kind: Kind) {
     let backend = backend(kind.layout()).await;
     let name = name(kind, "election");
-    let session = Session::from_shared(backend.clone(), Default::default())
+    let session = Session::with_options(backend.clone(), Default::default())
         .await
         .unwrap();
     let election = Election::new(&session, name.clone()).unwrap();
     let leader = election.campaign("baton").await.unwrap();
     let mut peer = Peer::start(kind, &format!("/{name}"), "election", "peer").await;
     assert_eq!(peer.ask("acquire 1000").await, "timeout");
-    leader.resign().await.unwrap();
+    leader.release().await.unwrap();
     let acquired = peer.ask("acquire").await;
     assert!(acquired.starts_with("acquired"), "{acquired}");
     assert_eq!(peer.ask("release").await, "released");

@@ -46,7 +46,7 @@ async fn raw(connect: &str) -> Client {
 }
 
 async fn session_on(backend: &ZkBackend, ttl: Duration) -> Session {
-    Session::from_shared(
+    Session::with_options(
         Arc::new(backend.clone()),
         SessionOptions::new().with_ttl(ttl),
     )
@@ -120,12 +120,12 @@ async fn layouts_name_nodes_as_curator_and_kazoo_do() {
         sorted.sort();
         assert_eq!(suffixes, sorted, "queue order is suffix order");
         assert_eq!(entries[0].key(), first.key());
-        first.unlock().await.unwrap();
+        first.release().await.unwrap();
         let second = within("the waiter", Duration::from_secs(10), waiter)
             .await
             .unwrap()
             .unwrap();
-        second.unlock().await.unwrap();
+        second.release().await.unwrap();
     }
 }
 
@@ -162,7 +162,7 @@ async fn foreign_layout_in_a_queue_is_refused() {
         .await
         .unwrap();
     assert_eq!(children, [node_name(held.key())], "only the kazoo node");
-    held.unlock().await.unwrap();
+    held.release().await.unwrap();
 }
 
 /// Names are relative to the chroot, and the leading `/` ZooKeeper users write is dropped,
@@ -186,13 +186,13 @@ async fn a_leading_slash_names_the_same_lock() {
     let other = Session::new(backend.clone()).await.unwrap();
     let busy = Mutex::new(&other, &name).unwrap().try_lock().await;
     assert!(matches!(busy, Err(Error::Locked { .. })), "{busy:?}");
-    held.unlock().await.unwrap();
+    held.release().await.unwrap();
     let both = baton::MultiLock::new(&s, [format!("/{name}"), name.clone()]).unwrap();
     assert_eq!(both.names().count(), 1);
     let guard = within("the lock, taken once", Duration::from_secs(10), both.lock())
         .await
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// Bad names are refused with `InvalidArgument` before anything is created: no node, not
@@ -301,7 +301,7 @@ async fn a_reaped_parent_is_created_again() {
     let client = raw(&ZkNode::shared().connect_string()).await;
     let first = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
     let first_token = first.fencing_token();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     // The container reaper's work, done at once: the queue node and its parent go.
     client.delete(&format!("/{name}"), None).await.unwrap();
     client
@@ -325,14 +325,14 @@ async fn a_reaped_parent_is_created_again() {
         backend.read(&data).await.unwrap().as_deref(),
         Some(&b"v"[..])
     );
-    second.unlock().await.unwrap();
+    second.release().await.unwrap();
 }
 
 /// `baton::connect("zk://...")` gives a ZooKeeper backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_takes_zk_urls() {
     let backend = baton::connect(&ZkNode::shared().url()).await.unwrap();
-    let s = Session::from_shared(backend, SessionOptions::default())
+    let s = Session::with_options(backend, SessionOptions::default())
         .await
         .unwrap();
     let guard = Mutex::new(&s, test_name("connect"))
@@ -340,7 +340,7 @@ async fn connect_takes_zk_urls() {
         .lock()
         .await
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let refused = baton::connect("zk://127.0.0.1:1").await;
     assert!(
         matches!(refused, Err(Error::Connect { .. })),
@@ -423,7 +423,7 @@ async fn expired_waiter_gets_an_error_and_its_node_goes() {
         guard.key()
     );
     proxy.heal();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// The next head an observer reports.
@@ -462,7 +462,7 @@ async fn observer_resumes_after_a_reconnect() {
     }
 
     proxy.black_hole();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let second = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     proxy.heal();
 
@@ -478,7 +478,7 @@ async fn observer_resumes_after_a_reconnect() {
         seen.contains(&HeadEvent::Skipped) || seen.contains(&HeadEvent::Head(None)),
         "the change while cut off is reported, as a gap or as the vacancy: {seen:?}"
     );
-    second.unlock().await.unwrap();
+    second.release().await.unwrap();
     assert_eq!(next(&mut heads).await, HeadEvent::Head(None));
 }
 
@@ -525,7 +525,7 @@ async fn lost_answers_are_unknown_outcomes() {
     proxy.heal();
     // Once answers flow again, a definite answer: the entry is gone.
     assert!(!cut.delete_entry(&entry).await.unwrap());
-    let unlocked = guard.unlock().await;
+    let unlocked = guard.release().await;
     assert!(
         matches!(unlocked, Err(Error::NotOwner { .. })),
         "{unlocked:?}"
@@ -600,14 +600,14 @@ async fn locks_share_their_sessions_connection() {
     let sessions = cons.lines().filter(|l| l.contains("sid=0x")).count();
     assert_eq!(sessions, 3, "{cons}");
     for guard in guards {
-        guard.unlock().await.unwrap();
+        guard.release().await.unwrap();
     }
     for waiter in waiting {
         let guard = within("a waiter", Duration::from_secs(10), waiter)
             .await
             .unwrap()
             .unwrap();
-        guard.unlock().await.unwrap();
+        guard.release().await.unwrap();
     }
 }
 
@@ -638,13 +638,13 @@ async fn a_leader_change_keeps_the_lock_and_the_token_order() {
         !a.is_lost() && !waiter.is_finished(),
         "the lock is still held"
     );
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let second = within("the waiter's grant", Duration::from_secs(30), waiter)
         .await
         .unwrap()
         .unwrap();
     assert!(second.fencing_token() > first_token);
-    second.unlock().await.unwrap();
+    second.release().await.unwrap();
 }
 
 /// A lock whose create answer is lost on the wire fails with `OutcomeUnknown`; once answers
@@ -684,7 +684,7 @@ async fn a_lost_create_answer_is_found_and_cleaned_up() {
         [holder.entry().clone()]
     );
     assert!(!s.is_lost());
-    holder.unlock().await.unwrap();
+    holder.release().await.unwrap();
 }
 
 /// A session's fence node (`/_baton-sessions/<session>`, which every entry's create checks)

@@ -219,12 +219,12 @@ async fn baton_contended(
                     let asked = Instant::now();
                     let guard = mutex.lock().await?;
                     if Instant::now() >= deadline {
-                        guard.unlock().await?;
+                        guard.release().await?;
                         return Res::Ok(cycles);
                     }
                     held(&grants, who, asked);
                     cycles += 1;
-                    guard.unlock().await?;
+                    guard.release().await?;
                 }
             })
         })
@@ -523,7 +523,7 @@ async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
     let queue_time = started.elapsed();
     let (woken, cpu) = (backend.wakeups(), server_cpu_seconds(node));
     let drain_start = Instant::now();
-    guard.unlock().await?;
+    guard.release().await?;
     let tokens = super::drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let wakeups = backend.wakeups() - woken;

@@ -165,7 +165,7 @@ impl Contender for Baton {
 
     async fn release(&mut self) -> Res<()> {
         if let Some(guard) = self.guard.take() {
-            guard.unlock().await?;
+            guard.release().await?;
         }
         Ok(())
     }
@@ -510,7 +510,7 @@ async fn scale(node: &RedisNode, admin: &Admin, waiters: usize) -> Res<Scale> {
     let wakeups0 = backend.wakeups();
     admin.reset().await?;
     let drain_start = Instant::now();
-    guard.unlock().await?;
+    guard.release().await?;
     let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let wakeups = backend.wakeups() - wakeups0;

@@ -158,13 +158,13 @@ async fn baton_contended(node: &ZkNode, n: usize, secs: Duration, name: &str) ->
                     let asked = Instant::now();
                     let guard = mutex.lock().await?;
                     if Instant::now() >= deadline {
-                        guard.unlock().await?;
+                        guard.release().await?;
                         return Res::Ok(cycles);
                     }
                     samples.lock().unwrap().granted(asked);
                     cycles += 1;
                     held(&samples, HOLD).await;
-                    guard.unlock().await?;
+                    guard.release().await?;
                 }
             })
         })
@@ -344,7 +344,9 @@ async fn scale(node: &ZkNode, waiters: usize, name: &str) -> Res<Scale> {
     let sessions = open_sessions(&backend, waiters).await?;
     let heap_sessions = live_bytes();
     let mut rx = queue_in_order(&sessions, name, || async {
-        Ok(baton::Backend::entries(&backend, name).await?.len())
+        Ok(baton::backend::Backend::entries(&backend, name)
+            .await?
+            .len())
     })
     .await?;
     let queue_time = started.elapsed();
@@ -352,7 +354,7 @@ async fn scale(node: &ZkNode, waiters: usize, name: &str) -> Res<Scale> {
     let connections = alive(node).await? - connections0;
     reset(node).await?;
     let drain_start = Instant::now();
-    guard.unlock().await?;
+    guard.release().await?;
     let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let server = server(node).await?;

@@ -8,7 +8,8 @@ pub(crate) mod sql_fence;
 
 use std::sync::Arc;
 
-use baton::{Backend, Fence, MemoryBackend, MemoryFence};
+use baton::backend::Backend;
+use baton::{Fence, MemoryBackend, MemoryFence};
 
 /// What an example says when asked for etcd without the feature that brings it.
 pub(crate) const NO_ETCD: &str = "this example was built without etcd: run it with `cargo run --features etcd --example <name> -- --endpoints ...`";

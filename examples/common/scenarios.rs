@@ -18,7 +18,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 
-use baton::{Backend, Error, Fence, FencingToken, Mutex, MutexGuard, Session};
+use baton::backend::Backend;
+use baton::{Error, Fence, FencingToken, Mutex, MutexGuard, Session};
 use tokio::sync::Notify;
 
 pub(crate) type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -215,7 +216,7 @@ fn refused(e: &Error) -> bool {
 }
 
 async fn session(world: &World) -> Result<Session, Failure> {
-    Ok(Session::from_shared(Arc::clone(&world.backend), Default::default()).await?)
+    Ok(Session::with_options(Arc::clone(&world.backend), Default::default()).await?)
 }
 
 /// Takes the lock; the first holder (`first`) takes it before anyone else starts.
@@ -225,7 +226,7 @@ async fn lock(session: &Session, name: &str) -> Result<MutexGuard, Failure> {
 
 /// Unlocks; a lock lost meanwhile (a paused holder's) is reported, not an error.
 async fn unlock(guard: MutexGuard) -> Result<(), Failure> {
-    match guard.unlock().await {
+    match guard.release().await {
         Ok(()) | Err(Error::NotOwner { .. }) => Ok(()),
         Err(e) => Err(e.into()),
     }

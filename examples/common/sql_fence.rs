@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
-use baton::{Error, Fence, FencingToken, Ticket, admit};
+use baton::fence::admit;
+use baton::{Error, Fence, FencingToken, Ticket};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 /// The table. `fence_token` is a 64-bit integer in SQLite (`INTEGER`); in PostgreSQL it must

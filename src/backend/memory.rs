@@ -40,7 +40,7 @@ use crate::error::{Error, LostReason, Result};
 /// let session = Session::new(MemoryBackend::new()).await?;
 /// let guard = Mutex::new(&session, "jobs/nightly")?.lock().await?;
 /// assert_eq!(guard.key(), format!("jobs/nightly/{}", session.lease_id()));
-/// guard.unlock().await?;
+/// guard.release().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]

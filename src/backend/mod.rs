@@ -1,8 +1,12 @@
-//! The [`Backend`] trait: leases and queues of entries, the only thing recipes talk to.
+//! The [`Backend`] trait: leases and queues of entries, the only thing recipes talk to, and
+//! the types it speaks in. For implementers of a backend, and for tests that wrap one
+//! (`testing::FaultyBackend`); an application needs none of it beyond choosing a backend
+//! ([`connect`](crate::connect), or the backends themselves, also at the crate's root).
 //!
-//! The trait speaks in queues, entries and leases, not in etcd revisions, so that etcd, the
-//! in-memory model and later ZooKeeper or Redis can implement it without the recipes knowing
-//! which is which.
+//! The trait speaks in queues, entries and leases, not in etcd revisions, so that etcd,
+//! Redis, ZooKeeper, PostgreSQL and the in-memory store implement it without the recipes
+//! knowing which is which. [`StoreEpochs`] is what every network backend uses to notice a
+//! store that lost or rolled back its state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -11,8 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 
-use crate::epoch::StoreEpochs;
+pub use crate::epoch::StoreEpochs;
 use crate::error::Result;
+pub use crate::token::FencingToken;
 
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
@@ -52,47 +57,6 @@ impl LeaseId {
 impl fmt::Display for LeaseId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:x}", self.0)
-    }
-}
-
-/// A fencing token: strictly increasing in the order a queue grants its head.
-///
-/// For etcd it is the create revision of the holder's key. Pass it to the resource you
-/// protect and have the resource reject any token lower than the highest it accepted
-/// (see [`Fence`](crate::Fence) and `docs/fencing.md`). With the `serde` feature it
-/// serialises as a plain integer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct FencingToken(u64);
-
-impl FencingToken {
-    /// Wraps a raw token value (an etcd create revision).
-    pub const fn new(value: u64) -> Self {
-        FencingToken(value)
-    }
-
-    /// The raw value, for storing in a resource that checks it.
-    pub const fn get(self) -> u64 {
-        self.0
-    }
-}
-
-#[cfg(feature = "serde")]
-impl serde::Serialize for FencingToken {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_u64(self.0)
-    }
-}
-
-#[cfg(feature = "serde")]
-impl<'de> serde::Deserialize<'de> for FencingToken {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        u64::deserialize(deserializer).map(FencingToken)
-    }
-}
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
     }
 }
 
@@ -395,7 +359,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// How much longer this backend grants nothing at all, whatever its queues hold, as far as
     /// this process knows: the rest of the restart grace of a store epoch that began when
-    /// the store lost or rolled back its state ([`StoreEpochs`](crate::StoreEpochs)). The
+    /// the store lost or rolled back its state ([`StoreEpochs`]). The
     /// queue engine asks before every grant and waits it out; a `try_*` call refused while
     /// it lasts says so ([`Error::RestartGrace`](crate::Error::RestartGrace)) instead of
     /// "held or contended". The default asks [`epochs`](Backend::epochs).
@@ -404,7 +368,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// What this client remembers of its store's epochs, if the store can lose or roll back
-    /// its state ([`StoreEpochs`](crate::StoreEpochs)). A session registers there when it is
+    /// its state ([`StoreEpochs`]). A session registers there when it is
     /// granted, and is lost at once ([`LostReason::StoreReset`](crate::LostReason)) when a
     /// new epoch begins. The backend must have entered the store's current epoch before it
     /// answers a request that decides a grant, and must compare the epoch in that request.
@@ -669,7 +633,7 @@ pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
 #[cfg(feature = "etcd")]
 pub use self::etcd::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "postgres")]
-pub use self::postgres::{PgBackend, PgFence, PgOptions};
+pub use self::postgres::{PgBackend, PgOptions};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]

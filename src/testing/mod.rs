@@ -15,7 +15,7 @@
 //! use baton::{MemoryBackend, Mutex, Session};
 //!
 //! let faulty = FaultyBackend::new(MemoryBackend::new());
-//! let session = Session::from_shared(faulty.clone(), Default::default()).await?;
+//! let session = Session::with_options(faulty.clone(), Default::default()).await?;
 //! // The next create is applied, but its answer is lost.
 //! faulty.inject(Call::Enqueue, 1, Fault::FailAfter);
 //! assert!(Mutex::new(&session, "jobs/a")?.lock().await.is_err());
@@ -39,7 +39,7 @@
 //! # Test dependencies
 //! ```toml
 //! [dev-dependencies]
-//! baton = { version = "0.1", features = ["testing", "etcd"] }   # or "redis", "zookeeper"
+//! baton = { version = "0.4", features = ["testing", "etcd"] }   # or "redis", "zookeeper"
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread", "time"] }
 //! ```
 //!

@@ -463,11 +463,11 @@ impl Guard {
             return;
         }
         let _ = match self {
-            Guard::Mutex(g) => g.unlock().await,
+            Guard::Mutex(g) => g.release().await,
             Guard::Read(g) => g.release().await,
             Guard::Write(g) => g.release().await,
             Guard::Permit(g) => g.release().await,
-            Guard::Lead(g) => g.resign().await,
+            Guard::Lead(g) => g.release().await,
         };
     }
 }
@@ -871,7 +871,7 @@ async fn multilock_client(ctx: Ctx, mut client: Client, mut rng: Rng, names: [St
         for (hold, ended, _, _) in &holds {
             ctx.released(*hold, ended);
         }
-        let _ = guard.unlock().await;
+        let _ = guard.release().await;
     }
 }
 
@@ -950,7 +950,7 @@ async fn observer(ctx: Ctx, id: usize, session: Session, name: String, until: In
         };
         let (token, value) = match next {
             Some(Ok(LeaderEvent::Elected(leader) | LeaderEvent::Proclaimed(leader))) => (
-                leader.token().get(),
+                leader.fencing_token().get(),
                 String::from_utf8_lossy(leader.value()).into_owned(),
             ),
             Some(Ok(LeaderEvent::Vacant | LeaderEvent::Skipped)) => (0, String::new()),

@@ -46,7 +46,7 @@ where
     Nf: Future<Output = Arc<dyn Backend>>,
 {
     let options = SessionOptions::new().with_ttl(ttl);
-    let a = Session::from_shared(holder, options.clone())
+    let a = Session::with_options(holder, options.clone())
         .await
         .expect("the holder's session");
     let guard = Mutex::new(&a, name)
@@ -59,7 +59,7 @@ where
 
     forget().await;
     let contact = Instant::now();
-    let b = Session::from_shared(newcomer().await, options)
+    let b = Session::with_options(newcomer().await, options)
         .await
         .expect("the newcomer's session");
     let mutex = Mutex::new(&b, name).unwrap();
@@ -105,7 +105,7 @@ where
         after > before,
         "the new epoch's token {after} is not above the token {before} from before"
     );
-    granted.unlock().await.expect("unlock");
+    granted.release().await.expect("unlock");
     b.close().await.expect("close");
     Overlap {
         before,

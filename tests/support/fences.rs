@@ -235,7 +235,7 @@ pub async fn stale_writes_are_fenced(rig: Rig, fence: Arc<dyn Fence>, rounds: us
         let (token, data) = fence.read(&resource).await.unwrap().unwrap();
         assert_eq!(token, new.fencing_token());
         assert_eq!(data, format!("new {round}").as_bytes());
-        new.unlock().await.unwrap();
+        new.release().await.unwrap();
         drop(old);
     }
 }

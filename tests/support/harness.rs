@@ -354,7 +354,7 @@ impl World {
                 }
                 Op::Unlock => {
                     let g = self.held.lock().unwrap().guard.take().unwrap();
-                    g.unlock().await?;
+                    g.release().await?;
                 }
                 Op::DropGuard => {
                     drop(self.held.lock().unwrap().guard.take());
@@ -366,7 +366,7 @@ impl World {
                 }
                 Op::Resign => {
                     let l = self.held.lock().unwrap().leadership.take().unwrap();
-                    l.resign().await?;
+                    l.release().await?;
                 }
                 Op::Proclaim => {
                     let mut l = self.held.lock().unwrap().leadership.take().unwrap();
@@ -436,10 +436,10 @@ impl World {
             r.release.await.unwrap();
         }
         if let Some(g) = g {
-            g.unlock().await.unwrap();
+            g.release().await.unwrap();
         }
         if let Some(l) = l {
-            l.resign().await.unwrap();
+            l.release().await.unwrap();
         }
     }
 
@@ -461,10 +461,10 @@ impl World {
         if let Some(g) = g {
             let head = self.rig.outside.head(&self.name).await.unwrap();
             assert_eq!(head.map(|h| h.token()), Some(g.fencing_token()));
-            g.unlock().await.unwrap();
+            g.release().await.unwrap();
         }
         if let Some(l) = l {
-            l.resign().await.unwrap();
+            l.release().await.unwrap();
         }
     }
 
@@ -706,10 +706,10 @@ where
             .await
             .unwrap();
         world.grants.granted("W", g.fencing_token());
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
         let g = within(case, limit, world.mutex().lock()).await.unwrap();
         world.s_granted(g.fencing_token()).await;
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
         w.close().await.unwrap();
 
         assert_eq!(
@@ -730,11 +730,11 @@ where
                     }
                     LeaderEvent::Elected(l) => {
                         assert!(
-                            l.token().get() > last_leader,
+                            l.fencing_token().get() > last_leader,
                             "{case}: the observer saw leader {} after {last_leader}",
-                            l.token()
+                            l.fencing_token()
                         );
-                        last_leader = l.token().get();
+                        last_leader = l.fencing_token().get();
                     }
                     _ => {}
                 }
@@ -814,7 +814,7 @@ pub async fn lost_by_the_deadline(
         lost_at - (applied + ttl)
     );
     if let Some(g) = h_guard {
-        g.unlock().await.unwrap();
+        g.release().await.unwrap();
     }
     if waiting {
         let result = within(&case, ttl * 4, waiter).await;
@@ -843,7 +843,7 @@ pub async fn lost_by_the_deadline(
         matches!(again, Err(Error::SessionLost(_))),
         "{case}: nothing is granted to a lost session: {again:?}"
     );
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
     faulty.clear();
     faulty.release();
     w.close().await.unwrap();

@@ -32,7 +32,7 @@ impl Rig {
     }
 
     pub async fn session_ttl(&self, ttl: Duration) -> Session {
-        Session::from_shared(
+        Session::with_options(
             Arc::clone(&self.backend),
             SessionOptions::new().with_ttl(ttl),
         )
@@ -159,7 +159,7 @@ pub async fn late_request_left_nothing<B: Backend>(
         .expect("the lock for another session within 10 s")
         .unwrap();
     let token = guard.fencing_token().get();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     token
 }
 
@@ -187,7 +187,7 @@ pub async fn retried_enqueue_delivered_late<B: Backend>(
     );
     let first = first.unwrap();
     let t1 = first.fencing_token().get();
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let delivery = proxy.deliver_held_together();
     let delivered = within("delivery", Duration::from_secs(10), delivery)
         .await
@@ -225,7 +225,7 @@ pub async fn abandoned_enqueue_delivered_late<B: Backend>(
     .await
     .unwrap();
     let t1 = again.fencing_token().get();
-    again.unlock().await.unwrap();
+    again.release().await.unwrap();
     assert!(proxy.deliver_held_together().await.unwrap() >= 1);
     let t2 = late_request_left_nothing(direct, name, a, b).await;
     assert!(t2 > t1, "tokens out of grant order: {t1}, {t2}");
@@ -361,7 +361,7 @@ pub async fn mutual_exclusion(rig: Rig) {
                 assert!(guard.is_owner().await.unwrap());
                 tokio::task::yield_now().await;
                 register.exit(token);
-                guard.unlock().await.unwrap();
+                guard.release().await.unwrap();
             }
         }));
     }
@@ -399,7 +399,7 @@ pub async fn fifo_order(rig: Rig) {
                 .await
                 .unwrap();
             tx.send((i, guard.fencing_token().get())).unwrap();
-            guard.unlock().await.unwrap();
+            guard.release().await.unwrap();
         });
         eventually("the contender is queued", || async {
             rig.keys(&name).await.len() == i + 2
@@ -407,7 +407,7 @@ pub async fn fifo_order(rig: Rig) {
         .await;
     }
     let queued = rig.outside.entries(&name).await.unwrap();
-    holder.unlock().await.unwrap();
+    holder.release().await.unwrap();
     let mut granted = Vec::new();
     for _ in 0..6 {
         granted.push(
@@ -445,9 +445,9 @@ pub async fn try_lock_leaves_nothing(rig: Rig) {
     assert!(matches!(same, Err(Error::Locked { .. })), "{same:?}");
     assert_eq!(rig.keys(&name).await, vec![holder_key]);
 
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let again = Mutex::new(&b, &name).unwrap().try_lock().await.unwrap();
-    again.unlock().await.unwrap();
+    again.release().await.unwrap();
     assert!(rig.keys(&name).await.is_empty());
 }
 
@@ -536,14 +536,14 @@ pub async fn dropped_lock_leaves_nothing(rig: Rig) {
     assert_eq!(rig.keys(&name).await, only_holder, "timed out");
 
     // Nothing is wedged, and no one adopts an old key: fresh keys, higher tokens.
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     for mutex in [&mutex_b, &mutex_a] {
         let next = within("next lock", Duration::from_secs(10), mutex.lock())
             .await
             .unwrap();
         assert!(next.fencing_token() > last_token);
         last_token = next.fencing_token();
-        next.unlock().await.unwrap();
+        next.release().await.unwrap();
     }
     assert!(rig.keys(&name).await.is_empty());
 }
@@ -575,7 +575,7 @@ pub async fn failed_lock_leaves_nothing(rig: Rig) {
     )
     .await
     .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// A release that fails, and whose background retries fail too for a while, keeps the
@@ -589,7 +589,7 @@ pub async fn failed_release_never_hands_out_the_token_again(rig: Rig) {
     let first = mutex.lock().await.unwrap();
     let first_token = first.fencing_token();
     faulty.inject_every(Call::DeleteEntry, Fault::FailBefore);
-    let failed = first.unlock().await;
+    let failed = first.release().await;
     assert!(failed.is_err(), "{failed:?}");
     let creates = faulty.count(Call::Enqueue);
     let deletes = faulty.count(Call::DeleteEntry);
@@ -615,7 +615,7 @@ pub async fn failed_release_never_hands_out_the_token_again(rig: Rig) {
         first_token
     );
     assert_eq!(rig.keys(&name).await, [second.key().to_owned()]);
-    second.unlock().await.unwrap();
+    second.release().await.unwrap();
 }
 
 /// A key deleted from outside (an operator) ends the hold as session loss does: `lost()`
@@ -634,7 +634,7 @@ pub async fn deleted_key_is_reported_to_the_holder(rig: Rig) {
     .await;
     assert_eq!(reason, LostReason::EntryDeleted);
     assert!(!a.is_lost(), "the session lives on");
-    let unlocked = guard.unlock().await;
+    let unlocked = guard.release().await;
     assert!(
         matches!(unlocked, Err(Error::NotOwner { .. })),
         "{unlocked:?}"
@@ -650,7 +650,7 @@ pub async fn deleted_key_is_reported_to_the_holder(rig: Rig) {
     assert!(rig.outside.delete_entry(&entry).await.unwrap());
     let reason = within("lost()", Duration::from_secs(10), leadership.lost()).await;
     assert_eq!(reason, LostReason::EntryDeleted);
-    let resigned = leadership.resign().await;
+    let resigned = leadership.release().await;
     assert!(
         matches!(resigned, Err(Error::NotOwner { .. })),
         "{resigned:?}"
@@ -721,14 +721,14 @@ pub async fn a_release_is_not_a_loss(rig: Rig) {
     let a = rig.session().await;
     let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     let after_unlock = tokio::spawn(guard.lost());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let leadership = Election::new(&a, format!("{name}-e"))
         .unwrap()
         .campaign("v")
         .await
         .unwrap();
     let after_resign = tokio::spawn(leadership.lost());
-    leadership.resign().await.unwrap();
+    leadership.release().await.unwrap();
     let permit = baton::Semaphore::new(&a, format!("{name}-s"), 2)
         .unwrap()
         .acquire()
@@ -739,7 +739,7 @@ pub async fn a_release_is_not_a_loss(rig: Rig) {
     // Each deletion has been seen from outside; the watches on them fired long ago.
     let last = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
     assert_eq!(rig.outside.entries(&name).await.unwrap().len(), 1);
-    last.unlock().await.unwrap();
+    last.release().await.unwrap();
     a.close().await.unwrap();
     for (what, lost) in [
         ("unlock", after_unlock),
@@ -783,8 +783,8 @@ pub async fn revoked_holder_is_told(rig: Rig) {
         .unwrap()
         .unwrap();
     assert!(next.fencing_token() > guard.fencing_token());
-    next.unlock().await.unwrap();
-    let late_unlock = guard.unlock().await;
+    next.release().await.unwrap();
+    let late_unlock = guard.release().await;
     assert!(
         matches!(late_unlock, Err(Error::NotOwner { .. })),
         "an unlock after the loss must say so: {late_unlock:?}"
@@ -815,7 +815,7 @@ pub async fn crashed_holder_is_followed(rig: Rig) {
     .unwrap();
     assert!(started.elapsed() <= lease.ttl() + Duration::from_secs(3));
     assert!(guard.fencing_token() > crashed.entry().token());
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// An old guard's late unlock must not delete a newer incarnation of the same key.
@@ -833,7 +833,7 @@ pub async fn late_unlock_spares_successor(rig: Rig) {
     assert!(newer.entry().token() > guard.fencing_token());
 
     // The old guard's key is gone: its unlock says so, and deletes nothing.
-    let late = guard.unlock().await;
+    let late = guard.release().await;
     assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
     let left = rig.outside.entries(&name).await.unwrap();
     assert_eq!(
@@ -857,7 +857,7 @@ pub async fn lost_waiter_gets_error(rig: Rig) {
         .unwrap();
     assert_lost(&result);
     assert_eq!(rig.keys(&name).await, vec![guard.key().to_owned()]);
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 }
 
 /// Two tasks sharing one session and one name queue in process: the second never reaches
@@ -880,12 +880,12 @@ pub async fn local_tasks_never_share_a_key(rig: Rig) {
         "the second task must wait in process"
     );
     assert_eq!(rig.keys(&name).await, [first.key().to_owned()]);
-    first.unlock().await.unwrap();
+    first.release().await.unwrap();
     let second = within("second local task", Duration::from_secs(10), second)
         .await
         .unwrap();
     assert!(second.fencing_token() > first_token);
-    second.unlock().await.unwrap();
+    second.release().await.unwrap();
 }
 
 /// Guarded writes apply while the lock is held and are refused once it is released.
@@ -900,7 +900,7 @@ pub async fn guarded_writes(rig: Rig) {
         Some(&b"v1"[..])
     );
     let entry = guard.entry().clone();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     // The released entry no longer guards anything.
     assert!(
         !rig.outside
@@ -918,7 +918,7 @@ pub async fn guarded_writes(rig: Rig) {
 pub async fn bad_input(rig: Rig) {
     let s = rig.session().await;
     assert!(matches!(Mutex::new(&s, ""), Err(Error::InvalidArgument(_))));
-    let zero = Session::from_shared(
+    let zero = Session::with_options(
         Arc::clone(&rig.backend),
         SessionOptions::new().with_ttl(Duration::ZERO),
     )
@@ -973,12 +973,12 @@ pub async fn dropped_guard_releases(rig: Rig) {
     .unwrap()
     .unwrap();
     assert_eq!(rig.keys(&name).await, vec![next.key().to_owned()]);
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A session on `backend` with `ttl`.
 pub async fn session_on(backend: Arc<dyn Backend>, ttl: Duration) -> Session {
-    Session::from_shared(backend, SessionOptions::new().with_ttl(ttl))
+    Session::with_options(backend, SessionOptions::new().with_ttl(ttl))
         .await
         .expect("session")
 }
@@ -1033,7 +1033,7 @@ pub async fn election_fifo_succession(rig: Rig) {
     for (i, next) in waiting.into_iter().enumerate() {
         let current = election.leader().await.unwrap().expect("someone leads");
         assert_eq!(current.key(), leader.key(), "exactly the one leader");
-        leader.resign().await.unwrap();
+        leader.release().await.unwrap();
         let (_s, next) = within("succession", Duration::from_secs(10), next)
             .await
             .unwrap();
@@ -1046,7 +1046,7 @@ pub async fn election_fifo_succession(rig: Rig) {
         leader = next;
     }
     assert_strictly_increasing(&tokens);
-    leader.resign().await.unwrap();
+    leader.release().await.unwrap();
     assert_eq!(next_event(&mut events).await, LeaderEvent::Vacant);
     assert!(election.leader().await.unwrap().is_none());
 }
@@ -1072,7 +1072,7 @@ pub async fn election_dead_leader_is_followed(rig: Rig) {
     .await
     .unwrap();
     assert_eq!(elected_value(&next_event(&mut events).await), b"alive");
-    next.resign().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// Proclaim updates the value while leading; after the session is lost it is refused.
@@ -1125,7 +1125,7 @@ pub async fn election_lost_campaigner_gets_error(rig: Rig) {
         .await
         .unwrap();
     assert_lost(&result);
-    leader.resign().await.unwrap();
+    leader.release().await.unwrap();
     assert!(rig.keys(&name).await.is_empty());
 }
 
@@ -1282,7 +1282,7 @@ pub async fn election_campaign_after_a_failed_resign_is_new(rig: Rig) {
     let old = election.campaign("old").await.unwrap();
     let old_token = old.fencing_token();
     faulty.inject_every(Call::DeleteEntry, Fault::FailBefore);
-    assert!(old.resign().await.is_err());
+    assert!(old.release().await.is_err());
     let creates = faulty.count(Call::Enqueue);
     let deletes = faulty.count(Call::DeleteEntry);
     let mut campaign = Box::pin(election.campaign("new"));
@@ -1304,10 +1304,10 @@ pub async fn election_campaign_after_a_failed_resign_is_new(rig: Rig) {
     assert_eq!(new.value(), b"new");
     let leader = election.leader().await.unwrap().unwrap();
     assert_eq!(
-        (leader.value(), leader.token()),
+        (leader.value(), leader.fencing_token()),
         (&b"new"[..], new.fencing_token())
     );
-    new.resign().await.unwrap();
+    new.release().await.unwrap();
 }
 
 /// An observer that reads slowly still sees every leader change, in order: more changes than
@@ -1323,7 +1323,7 @@ pub async fn election_observer_misses_nothing_when_slow(rig: Rig) {
     for i in 1..=PROCLAIMS {
         leadership.proclaim(i.to_string()).await.unwrap();
     }
-    leadership.resign().await.unwrap();
+    leadership.release().await.unwrap();
     // Only now does the observer read.
     assert_eq!(elected_value(&next_event(&mut events).await), b"0");
     for i in 1..=PROCLAIMS {
@@ -1364,7 +1364,7 @@ pub async fn nested_names_share_a_queue(rig: Rig) {
         leader.map(|l| l.key().to_owned()),
         Some(inner.key().to_owned())
     );
-    inner.unlock().await.unwrap();
+    inner.release().await.unwrap();
 }
 
 /// Every write path tells "not applied" from "may have been applied": a write whose answer
@@ -1397,7 +1397,7 @@ pub async fn write_paths_report_unknown_outcomes(rig: Rig) {
     );
 
     faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
-    let unlocked = guard.unlock().await;
+    let unlocked = guard.release().await;
     assert!(
         matches!(unlocked, Err(Error::OutcomeUnknown { .. })),
         "{unlocked:?}"
@@ -1424,7 +1424,7 @@ pub async fn write_paths_report_unknown_outcomes(rig: Rig) {
         .unwrap();
     assert_eq!(leader.value(), b"b", "applied");
     faulty.inject(Call::DeleteEntry, 1, Fault::FailAfter);
-    let resigned = leadership.resign().await;
+    let resigned = leadership.release().await;
     assert!(
         matches!(resigned, Err(Error::OutcomeUnknown { .. })),
         "{resigned:?}"
@@ -1472,7 +1472,7 @@ pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
         [guard.key().to_owned()],
         "the queue is untouched"
     );
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     // The next contender is granted at once: no leaseless entry blocks it.
     let other = rig.session().await;
     let next = within(
@@ -1482,7 +1482,7 @@ pub async fn guarded_writes_never_touch_the_queue(rig: Rig) {
     )
     .await
     .unwrap();
-    next.unlock().await.unwrap();
+    next.release().await.unwrap();
 }
 
 /// A waiter whose predecessor goes while an older entry still holds is not the head:

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use baton::testing::{Call, Fault, FaultyBackend};
 use baton::{
-    Barrier, DoubleBarrier, Error, LostReason, MultiLock, Mutex, RwLock, Semaphore,
+    Barrier, DoubleBarrier, Election, Error, LostReason, MultiLock, Mutex, RwLock, Semaphore,
     SemaphorePermit, Session,
 };
 use tokio::task::JoinHandle;
@@ -366,7 +366,20 @@ pub async fn recipes_bad_input(rig: Rig) {
             "{permits}: {r:?}"
         );
     }
+    // One name rule for every recipe.
     for bad in ["", "trailing/"] {
+        assert!(matches!(
+            Mutex::new(&s, bad),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            Election::new(&s, bad),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            MultiLock::new(&s, ["ok", bad]),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(
             Semaphore::new(&s, bad, 1),
             Err(Error::InvalidArgument(_))
@@ -746,9 +759,9 @@ pub async fn multilock_all_or_nothing(rig: Rig) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..3 {
                 let guard = lock.lock().await.unwrap();
-                let tokens: Vec<_> = guard.tokens().map(|(n, _)| n.to_owned()).collect();
+                let tokens: Vec<_> = guard.fencing_tokens().map(|(n, _)| n.to_owned()).collect();
                 assert!(tokens.windows(2).all(|w| w[0] < w[1]), "not in name order");
-                guard.unlock().await.unwrap();
+                guard.release().await.unwrap();
             }
             drop(session);
         }));
@@ -779,7 +792,7 @@ pub async fn multilock_all_or_nothing(rig: Rig) {
         "a lock was kept after a timeout"
     );
     assert_eq!(rig.keys(&c).await, vec![c_guard.key().to_owned()]);
-    c_guard.unlock().await.unwrap();
+    c_guard.release().await.unwrap();
 
     // Any loss is reported.
     let guard = both.lock().await.unwrap();
@@ -794,7 +807,7 @@ pub async fn multilock_all_or_nothing(rig: Rig) {
         within("lost()", BOUND, lost).await,
         LostReason::EntryDeleted
     );
-    let late = guard.unlock().await;
+    let late = guard.release().await;
     assert!(matches!(late, Err(Error::NotOwner { .. })), "{late:?}");
     assert!(rig.keys(&a).await.is_empty() && rig.keys(&c).await.is_empty());
 }
@@ -824,7 +837,7 @@ pub async fn one_name_several_kinds_exclude_each_other(rig: Rig) {
         "a read lock beside a Mutex holder",
     );
     let waiting = spawn_waiting(&rig, &name, 2, acquire_task(&sem)).await;
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
     let permit = within("the permit after the Mutex", BOUND, waiting)
         .await
         .unwrap()
@@ -843,7 +856,7 @@ pub async fn one_name_several_kinds_exclude_each_other(rig: Rig) {
         .await
         .unwrap()
         .unwrap();
-    guard.unlock().await.unwrap();
+    guard.release().await.unwrap();
 
     // A leader: no permit, no read lock; a reader waits for it.
     let leader = baton::Election::new(&one, &name)
@@ -858,7 +871,7 @@ pub async fn one_name_several_kinds_exclude_each_other(rig: Rig) {
     busy(rw.try_read().await.map(drop), "a read lock beside a leader");
     let reader = rw.clone();
     let waiting = spawn_waiting(&rig, &name, 2, async move { reader.read().await }).await;
-    leader.resign().await.unwrap();
+    leader.release().await.unwrap();
     let read = within("the read lock after the leader", BOUND, waiting)
         .await
         .unwrap()

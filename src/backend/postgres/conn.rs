@@ -11,7 +11,7 @@ use tokio_postgres::{Client, Row, Statement};
 /// once per request: at the queue's rate, planning was the larger part of the server's time
 /// (docs/design.md, 2026-11-26).
 #[derive(Debug)]
-pub(super) struct Conn {
+pub(crate) struct Conn {
     client: Client,
     prepared: Mutex<HashMap<String, Statement>>,
     /// The server's system identifier (`pg_control_system()`), read when the connection
@@ -20,10 +20,10 @@ pub(super) struct Conn {
 }
 
 /// A parameter and its PostgreSQL type.
-pub(super) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
+pub(crate) type Param<'a> = (&'a (dyn ToSql + Sync), Type);
 
 impl Conn {
-    pub(super) fn new(client: Client, system_id: u64) -> Conn {
+    pub(crate) fn new(client: Client, system_id: u64) -> Conn {
         Conn {
             client,
             prepared: Mutex::new(HashMap::new()),
@@ -33,17 +33,17 @@ impl Conn {
 
     /// The client, for a caller that runs its own transaction (the migration, before the
     /// connection is shared).
-    pub(super) fn client_mut(&mut self) -> &mut Client {
+    pub(crate) fn client_mut(&mut self) -> &mut Client {
         &mut self.client
     }
 
     /// The system identifier of the server this connection reached.
-    pub(super) fn system_id(&self) -> u64 {
+    pub(crate) fn system_id(&self) -> u64 {
         self.system_id
     }
 
     /// Whether the connection is closed (a request would fail at once).
-    pub(super) fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
 
@@ -73,7 +73,7 @@ impl Conn {
 
     /// Sends a notification on `channel` (an unnamed statement: one round trip, nothing kept
     /// on the connection).
-    pub(super) async fn notify(&self, channel: &str) -> Result<(), tokio_postgres::Error> {
+    pub(crate) async fn notify(&self, channel: &str) -> Result<(), tokio_postgres::Error> {
         self.client
             .query_typed("SELECT pg_notify($1, '')", &[(&channel, Type::TEXT)])
             .await
@@ -81,7 +81,7 @@ impl Conn {
     }
 
     /// Runs `sql` (prepared on first use) and returns its rows.
-    pub(super) async fn query(
+    pub(crate) async fn query(
         &self,
         sql: &str,
         params: &[Param<'_>],
@@ -92,7 +92,7 @@ impl Conn {
     }
 
     /// Runs `sql` (prepared on first use) and returns how many rows it changed.
-    pub(super) async fn execute(
+    pub(crate) async fn execute(
         &self,
         sql: &str,
         params: &[Param<'_>],

@@ -2,12 +2,11 @@
 //! every state change one call of a PL/pgSQL function, waits woken by LISTEN/NOTIFY.
 //! docs/postgres.md says what it promises and what it needs from the server.
 
-mod conn;
+pub(crate) mod conn;
 mod epoch;
-mod fence;
 mod listener;
 mod observe;
-mod schema;
+pub(crate) mod schema;
 mod tls;
 
 use std::future::Future;
@@ -31,8 +30,6 @@ use self::listener::{Heard, Listener};
 use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
 use crate::epoch::StoreEpochs;
 use crate::error::{BoxError, Error, LostReason, Result, Where};
-
-pub use self::fence::PgFence;
 
 /// The oldest PostgreSQL baton runs on: 13.
 const MINIMUM_VERSION: i32 = 130_000;
@@ -499,7 +496,7 @@ fn schema_gone(e: &tokio_postgres::Error) -> bool {
 }
 
 /// A server error that retrying cannot fix, as baton's error.
-fn map_db_error(op: &'static str, e: tokio_postgres::Error) -> Error {
+pub(crate) fn map_db_error(op: &'static str, e: tokio_postgres::Error) -> Error {
     let code = e.as_db_error().map(|db| db.code().clone());
     match code {
         Some(c) if c == SqlState::INSUFFICIENT_PRIVILEGE => Error::Permission { source: e.into() },
@@ -765,7 +762,7 @@ impl PgBackend {
 
     /// Runs one request, retrying transient failures for up to `retry_for`. The flag says
     /// whether an earlier attempt may have been applied.
-    async fn request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<(T, bool)>
+    pub(crate) async fn request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<(T, bool)>
     where
         F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
@@ -838,7 +835,7 @@ impl PgBackend {
     }
 
     /// A read: whether an earlier attempt was applied does not matter.
-    async fn read_request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<T>
+    pub(crate) async fn read_request<T, F, Fut>(&self, op: &'static str, attempt: F) -> Result<T>
     where
         F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,

@@ -879,7 +879,7 @@ END $$;
 "#;
 
 /// The SQL of migration `sql` for schema `schema`.
-pub(super) fn render(sql: &str, schema: &str) -> String {
+pub(crate) fn render(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
         .replace("{class}", &LOCK_CLASS.to_string())
 }

@@ -31,9 +31,9 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, MultiReadResult, MultiWriteError, MultiWriteResult, Stat};
 
 use super::{Kind, ZkBackend, ZkError, is_connected, names, open, persistent, sync};
-use crate::backend::FencingToken;
 use crate::epoch::{Epoch, clock_us};
 use crate::error::{Error, LostReason, Result};
+use crate::token::FencingToken;
 
 /// The marker node.
 pub(super) const MARKER: &str = "/_baton-epoch";

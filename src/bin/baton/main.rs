@@ -696,6 +696,12 @@ fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
 fn validate(cli: &Cli) -> Result<Checked, Failure> {
     let endpoints = Endpoints::parse(&cli.endpoints.join(","))
         .map_err(|e| Failure::new(exit::USAGE, format!("--endpoints: {e}")))?;
+    if endpoints == Endpoints::Memory {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--endpoints: memory:// is an in-process store; no other process would see its locks",
+        ));
+    }
     if cli.layout.is_some() && !matches!(endpoints, Endpoints::ZooKeeper(_)) {
         return Err(Failure::new(
             exit::USAGE,
@@ -975,7 +981,7 @@ async fn session(
     deadline: Option<Instant>,
 ) -> Result<Session, Failure> {
     before(deadline, exit::UNAVAILABLE, "starting a session", async {
-        Ok(Session::from_shared(backend, SessionOptions::new().with_ttl(ttl)).await?)
+        Ok(Session::with_options(backend, SessionOptions::new().with_ttl(ttl)).await?)
     })
     .await
 }
@@ -1112,10 +1118,10 @@ impl Held {
     /// Releases; the error, if any, as one line.
     async fn release(self) -> Result<(), Failure> {
         let released = match self {
-            Held::Lock(g) => g.unlock().await,
+            Held::Lock(g) => g.release().await,
             Held::Read(g) => g.release().await,
             Held::Permit(p) => p.release().await,
-            Held::Lead(l) => l.resign().await,
+            Held::Lead(l) => l.release().await,
         };
         released.map_err(Failure::from)
     }
@@ -1461,7 +1467,7 @@ fn render_event(event: &LeaderEvent, json: bool) -> String {
             "{{\"event\":\"{kind}\",\"key\":{},\"value\":{},\"token\":{}}}",
             json_str(l.key()),
             json_str(&String::from_utf8_lossy(l.value())),
-            l.token()
+            l.fencing_token()
         ),
         (true, None) => format!("{{\"event\":\"{kind}\"}}"),
         (false, Some(l)) => one_line(&String::from_utf8_lossy(l.value())),

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use baton::Backend;
+use baton::backend::Backend;
 use baton::inspect::{self, EntryKind, Member, QueueView, Role};
 
 use crate::{Failure, exit, json_str, one_line, out};

@@ -137,11 +137,11 @@ impl Held {
 
     async fn release(self) -> crate::Result<()> {
         match self {
-            Held::Mutex(g) => g.unlock().await,
+            Held::Mutex(g) => g.release().await,
             Held::Permit(g) => g.release().await,
             Held::Read(g) => g.release().await,
             Held::Write(g) => g.release().await,
-            Held::Leader(g) => g.resign().await,
+            Held::Leader(g) => g.release().await,
         }
     }
 }
@@ -309,7 +309,7 @@ pub(crate) async fn run(cfg: ClientConfig) -> i32 {
                     let _ = tokio::time::timeout(Duration::from_secs(1), old.close()).await;
                 }
                 let opts = SessionOptions::new().with_ttl(cfg.ttl);
-                match tokio::time::timeout(Duration::from_secs(5), Session::from_shared(b, opts))
+                match tokio::time::timeout(Duration::from_secs(5), Session::with_options(b, opts))
                     .await
                 {
                     Ok(Ok(s)) => {

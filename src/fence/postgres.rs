@@ -4,10 +4,10 @@
 use async_trait::async_trait;
 use tokio_postgres::types::Type;
 
-use super::{PgBackend, schema};
-use crate::backend::FencingToken;
+use super::{Fence, Ticket, admit, check_args};
+use crate::backend::postgres::{PgBackend, map_db_error, schema};
 use crate::error::{Error, Result};
-use crate::fence::{Fence, Ticket, admit, check_args};
+use crate::token::FencingToken;
 
 /// The claim, and with data the write: one statement, so the check and the record are one
 /// step for the database (the conflicting row is locked and the condition evaluated on its
@@ -68,12 +68,14 @@ fn token_param(resource: &str, ticket: &Ticket) -> Result<i64> {
 }
 
 fn pg(op: &'static str, e: tokio_postgres::Error) -> Error {
-    super::map_db_error(op, e)
+    map_db_error(op, e)
 }
 
 impl PgFence {
-    /// A fence in `backend`'s schema (the table is created with the schema).
-    pub fn new(backend: &PgBackend) -> PgFence {
+    /// A fence in `backend`'s schema (the table is created with the schema). As every
+    /// fence in a store, made from that store's backend (`&backend`, or the backend itself).
+    pub fn new(backend: impl std::borrow::Borrow<PgBackend>) -> PgFence {
+        let backend = backend.borrow();
         let s = backend.schema();
         PgFence {
             backend: backend.clone(),
