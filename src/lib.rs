@@ -74,19 +74,19 @@
 //! - [`metrics`]: the metrics baton records.
 //!
 //! # Features
-//! - `etcd` (not default): `EtcdBackend` and `EtcdFence`, with TLS (rustls); building
-//!   etcd-client needs `protoc`. Without any feature, the in-memory backend and every recipe build with the Rust
-//!   toolchain alone.
-//! - `redis` (not default): `RedisBackend`, on a single Redis 5.0+ primary.
-//! - `zookeeper` (not default): `ZkBackend`, on ZooKeeper 3.6+, with Curator's or kazoo's
+//! - `etcd` (not default): [`EtcdBackend`] and [`EtcdFence`], with TLS (rustls); building
+//!   etcd-client needs `protoc`. Without any feature, the in-memory backend and every recipe
+//!   build with the Rust toolchain alone.
+//! - `redis` (not default): [`RedisBackend`], on a single Redis 5.0+ primary.
+//! - `zookeeper` (not default): [`ZkBackend`], on ZooKeeper 3.6+, with Curator's or kazoo's
 //!   node layout.
-//! - `postgres` (not default): `PgBackend` on PostgreSQL 13+, and `PgFence`, a fence whose
+//! - `postgres` (not default): [`PgBackend`] on PostgreSQL 13+, and [`PgFence`], a fence whose
 //!   check can be part of the application's own transaction (`docs/postgres.md`).
-//! - `redlock` (not default): `redlock::Redlock` over several independent Redis masters, an
+//! - `redlock` (not default): [`redlock::Redlock`] over several independent Redis masters, an
 //!   efficiency lock without fencing tokens (`docs/redlock.md`).
 //! - `serde`: `Serialize`/`Deserialize` for [`FencingToken`] (a plain integer).
 //! - `cli`: the `baton` command-line tool, on etcd, Redis, ZooKeeper and PostgreSQL.
-//! - `testing`: the `testing` module: `testing::FaultyBackend`, a decorator that injects
+//! - `testing`: the [`testing`] module: `testing::FaultyBackend`, a decorator that injects
 //!   faults into any backend's calls; with `etcd`, etcd fixtures (single node and
 //!   three-member cluster), with `redis`, Redis fixtures, with `zookeeper`, ZooKeeper
 //!   fixtures (`ZkNode`, `ZkEnsemble`), with `postgres`, a PostgreSQL fixture (`PgNode`),
@@ -100,6 +100,52 @@
 //!
 //! See `docs/guarantees.md` for what the lock promises and under which assumptions, and
 //! `docs/changelog.md` for names that moved.
+// Items of a feature this build lacks link to their page on docs.rs, which has them all
+// (link definitions, after a blank line: a definition cannot interrupt a paragraph).
+#![doc = ""]
+#![cfg_attr(feature = "etcd", doc = "[`EtcdBackend`]: crate::EtcdBackend")]
+#![cfg_attr(
+    not(feature = "etcd"),
+    doc = "[`EtcdBackend`]: https://docs.rs/baton/latest/baton/struct.EtcdBackend.html"
+)]
+#![cfg_attr(feature = "etcd", doc = "[`EtcdFence`]: crate::EtcdFence")]
+#![cfg_attr(
+    not(feature = "etcd"),
+    doc = "[`EtcdFence`]: https://docs.rs/baton/latest/baton/struct.EtcdFence.html"
+)]
+#![cfg_attr(feature = "redis", doc = "[`RedisBackend`]: crate::RedisBackend")]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisBackend`]: https://docs.rs/baton/latest/baton/struct.RedisBackend.html"
+)]
+#![cfg_attr(feature = "zookeeper", doc = "[`ZkBackend`]: crate::ZkBackend")]
+#![cfg_attr(
+    not(feature = "zookeeper"),
+    doc = "[`ZkBackend`]: https://docs.rs/baton/latest/baton/struct.ZkBackend.html"
+)]
+#![cfg_attr(feature = "postgres", doc = "[`PgBackend`]: crate::PgBackend")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PgBackend`]: https://docs.rs/baton/latest/baton/struct.PgBackend.html"
+)]
+#![cfg_attr(feature = "postgres", doc = "[`PgFence`]: crate::PgFence")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[`PgFence`]: https://docs.rs/baton/latest/baton/struct.PgFence.html"
+)]
+#![cfg_attr(
+    feature = "redlock",
+    doc = "[`redlock::Redlock`]: crate::redlock::Redlock"
+)]
+#![cfg_attr(
+    not(feature = "redlock"),
+    doc = "[`redlock::Redlock`]: https://docs.rs/baton/latest/baton/redlock/struct.Redlock.html"
+)]
+#![cfg_attr(feature = "testing", doc = "[`testing`]: crate::testing")]
+#![cfg_attr(
+    not(feature = "testing"),
+    doc = "[`testing`]: https://docs.rs/baton/latest/baton/testing/index.html"
+)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
@@ -125,14 +171,19 @@ mod session;
 pub mod testing;
 pub mod token;
 
+#[doc(inline)]
 pub use backend::MemoryBackend;
 #[cfg(feature = "etcd")]
+#[doc(inline)]
 pub use backend::{EtcdBackend, EtcdOptions};
 #[cfg(feature = "postgres")]
+#[doc(inline)]
 pub use backend::{PgBackend, PgOptions};
 #[cfg(feature = "redis")]
+#[doc(inline)]
 pub use backend::{RedisBackend, RedisOptions};
 #[cfg(feature = "zookeeper")]
+#[doc(inline)]
 pub use backend::{ZkBackend, ZkLayout, ZkOptions};
 pub use barrier::{Barrier, BarrierGuard, DoubleBarrier, DoubleBarrierGuard};
 pub use connect::{ConnectOptions, Endpoints, connect, connect_with};
@@ -143,15 +194,19 @@ pub use error::{BoxError, Error, ErrorKind, LostReason, Result, Where};
 #[cfg(feature = "etcd")]
 pub use etcd_client;
 #[cfg(feature = "etcd")]
+#[doc(inline)]
 pub use fence::EtcdFence;
 #[cfg(feature = "postgres")]
+#[doc(inline)]
 pub use fence::PgFence;
+#[doc(inline)]
 pub use fence::{Fence, MemoryFence, Ticket};
 pub use multilock::{MultiLock, MultiLockGuard};
 pub use mutex::{Mutex, MutexGuard};
 pub use rwlock::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 pub use semaphore::{Semaphore, SemaphorePermit};
 pub use session::{IntoBackend, Session, SessionOptions};
+#[doc(inline)]
 pub use token::FencingToken;
 /// The PostgreSQL client baton is built on, re-exported so that code using
 /// [`PgFence::claim_in`] names the same `Transaction` type.
