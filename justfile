@@ -61,7 +61,7 @@ features:
     set -euo pipefail
     echo "== no feature"
     cargo check --quiet --lib --no-default-features
-    for feature in etcd redis zookeeper postgres redlock serde testing cli; do
+    for feature in etcd redis zookeeper postgres redlock serde testing nemesis cli; do
       echo "== feature $feature alone"
       cargo check --quiet --lib --no-default-features --features "$feature"
     done
@@ -111,7 +111,7 @@ simulate-replay seed steps="":
 mutants seconds="60" seed="1000":
     scripts/mutants.sh {{seconds}} {{seed}}
 
-# The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
+# The nemesis (issue #26; feature `nemesis`): client processes on every recipe while a seeded schedule pauses,
 # kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
 # the history; on Redis it also promotes a replica (in sync or behind), on ZooKeeper it
 # expires a client's sessions, on PostgreSQL it crashes the server and ends connections.
@@ -120,9 +120,9 @@ mutants seconds="60" seed="1000":
 # killed and restarted with its data). SEED replays the schedule (default: the time).
 # BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
 nemesis backend seconds seed="":
-    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- {{backend}} {{seconds}} {{seed}}
+    cargo test --features nemesis --test nemesis -- {{backend}} {{seconds}} {{seed}}
 
 # Check a history a nemesis run saved (target/nemesis/BACKEND-SEED.history) again, with this
 # build's checker.
 nemesis-check file:
-    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- check {{file}}
+    cargo test --features nemesis --test nemesis -- check {{file}}

@@ -8,7 +8,7 @@
 //! false`): the same binary, run again with `BATON_NEMESIS_CLIENT` set, is each client
 //! process.
 //!
-//! - `cargo test --test nemesis --features testing,etcd,redis,zookeeper,postgres`: the short
+//! - `cargo test --test nemesis --features nemesis`: the short
 //!   runs CI makes, with fixed seeds (each single server, a three-member etcd cluster, a
 //!   three-server ZooKeeper ensemble); then the same with a defect injected, which the
 //!   checker must catch.

@@ -1,4 +1,4 @@
-//! The nemesis (feature `testing`): client **processes** lock, make a fenced
+//! The nemesis (feature `nemesis`, which brings `testing` and every backend): client **processes** lock, make a fenced
 //! read-modify-write of a counter, append an entry to the lock's log and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
