@@ -36,8 +36,8 @@
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
 //! operating system's, and a member fault strikes whoever leads when it strikes). A run
 //! carries out its whole schedule, however long the server takes, so one seed carries out
-//! the same faults every time; [`schedule`] shows them without a server. `docs/reliability.md` says what each backend promises under each
-//! fault. The rules are the same on a cluster as on one server: etcd is linearizable through
+//! the same faults every time; [`schedule()`] shows them without a server.
+//! `docs/reliability.md` says what each backend promises under each fault. The rules are the same on a cluster as on one server: etcd is linearizable through
 //! a leader change (a new leader keeps every lease), and ZooKeeper's czxids keep increasing
 //! across epochs and its sessions move to another member, so every rule above is promised
 //! under every member fault.
@@ -505,7 +505,7 @@ impl Options {
 /// waits.
 pub const DEFAULT_CLIENTS_PER_RECIPE: usize = Recipe::SEMAPHORE_PERMITS as usize + 1;
 
-/// A run's schedule as its seed plans it, seen without a server ([`schedule`]): the faults in
+/// A run's schedule as its seed plans it, seen without a server ([`schedule()`]): the faults in
 /// the order the run carries them out, which it leaves out and why, and which kinds it draws
 /// of those the server offers.
 #[derive(Debug, Clone)]
