@@ -166,31 +166,26 @@ pub enum Server {
     /// data; and, started with
     /// [`start_with_host_data`](crate::testing::EtcdNode::start_with_host_data), restarted
     /// without it (its data dir wiped) or from a snapshot taken earlier in the run.
-    #[cfg(feature = "etcd")]
     Etcd(crate::testing::EtcdNode),
     /// A Redis started by the fixture: paused, killed and restarted with its data, without
     /// it and from an older snapshot, flushed; and (in a container) failed over: a replica
     /// the run starts beside it is promoted, in sync or after missing writes, the old
     /// primary killed (no split brain: docs/redis.md does not promise it), the clients
     /// redirected, and a new replica attached for the next promotion.
-    #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
     /// A ZooKeeper server started by the fixture: paused (a container only), killed and
     /// restarted with its data; a client's sessions expired (cut off past every session
     /// timeout it has); and, started with
     /// [`start_with_host_data`](crate::testing::ZkNode::start_with_host_data), restarted
     /// without its data (its data dir wiped).
-    #[cfg(feature = "zookeeper")]
     ZooKeeper(crate::testing::ZkNode),
     /// A three-member etcd cluster started by the fixture: a follower or the leader paused, a
     /// member or the leader killed and restarted with its data, one member at a time (the
     /// quorum is kept). Each client reaches every member, through a proxy per member.
-    #[cfg(feature = "etcd")]
     EtcdCluster(crate::testing::EtcdCluster),
     /// A three-server ZooKeeper ensemble started by the fixture: as
     /// [`EtcdCluster`](Server::EtcdCluster) (pauses on containers only), and a client's
     /// sessions expired.
-    #[cfg(feature = "zookeeper")]
     ZkEnsemble(crate::testing::ZkEnsemble),
     /// A PostgreSQL started by the fixture: paused, stopped (fast shutdown) and started
     /// again, crashed (immediate shutdown: WAL replay at the start), every client
@@ -203,7 +198,6 @@ pub enum Server {
     /// re-created without its data (its data directory wiped) and restored from a base backup
     /// taken earlier in the run; not once a standby was promoted (the standby's data is its
     /// container's): such a fault is left out of the run.
-    #[cfg(feature = "postgres")]
     Postgres(crate::testing::PgNode),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
     /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
@@ -215,17 +209,11 @@ pub enum Server {
 impl Server {
     fn name(&self) -> &'static str {
         match self {
-            #[cfg(feature = "etcd")]
             Server::Etcd(_) => "etcd",
-            #[cfg(feature = "redis")]
             Server::Redis(_) => "redis",
-            #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => "zookeeper",
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(_) => "etcd-cluster",
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(_) => "zookeeper-ensemble",
-            #[cfg(feature = "postgres")]
             Server::Postgres(_) => "postgres",
             Server::External(url) if url.starts_with("postgres") => "postgres",
             Server::External(url) if url.starts_with("redis") => "redis",
@@ -237,17 +225,11 @@ impl Server {
     /// The server's URL as clients would use it directly.
     fn url(&self) -> String {
         match self {
-            #[cfg(feature = "etcd")]
             Server::Etcd(n) => n.endpoints().first().cloned().unwrap_or_default(),
-            #[cfg(feature = "redis")]
             Server::Redis(n) => n.url(),
-            #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) => n.url(),
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(c) => c.endpoints().join(","),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => e.url(),
-            #[cfg(feature = "postgres")]
             Server::Postgres(n) => n.url(),
             Server::External(url) => url.clone(),
         }
@@ -257,17 +239,11 @@ impl Server {
     /// what its fixture allows (its data on the host, a container).
     fn faults(&self) -> Vec<FaultKind> {
         let (host_data, container) = match self {
-            #[cfg(feature = "etcd")]
             Server::Etcd(n) => (n.has_host_data(), true),
-            #[cfg(feature = "redis")]
             Server::Redis(n) => (false, n.is_container()),
-            #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) => (n.has_host_data(), n.is_container()),
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(_) => (false, true),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => (false, e.member(0).is_container()),
-            #[cfg(feature = "postgres")]
             Server::Postgres(n) => (n.has_host_data(), true),
             Server::External(url) if url.starts_with("zk://") => return vec![FaultKind::Expire(0)],
             Server::External(_) => return Vec::new(),
@@ -276,87 +252,57 @@ impl Server {
     }
 
     async fn act(&self, act: ServerAct) -> Result<(), String> {
-        // The fixture's error, in words (the type exists only with a backend feature).
-        #[allow(unused)]
+        // The fixture's error, in words.
         fn e(e: impl std::fmt::Display) -> String {
             e.to_string()
         }
         match (self, act) {
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Save) => n.command::<()>("SAVE", &[]).await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Flush) => {
                 n.command::<()>("FLUSHALL", &[]).await.map_err(e)
             }
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Stop) => n.stop_fast().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Crash) => n.stop_immediate().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Start) => n.start_again().await.map_err(e),
             // baton's connections name themselves `baton` (PgOptions' default).
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::EndConnections) => {
                 n.terminate("baton").await.map(drop).map_err(e)
             }
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::SaveCopy(id)) => {
                 n.save_snapshot(&etcd_snapshot(id)).await.map_err(e)
             }
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::RestoreCopy(id)) => {
                 let path = etcd_snapshot(id);
                 let restored = n.restore_snapshot(&path).await.map_err(e);
                 let _ = std::fs::remove_file(&path);
                 restored
             }
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::SaveCopy(_)) => {
                 n.command::<()>("SAVE", &[]).await.map_err(e)
             }
             // The restart loads the snapshot the copy saved.
-            #[cfg(feature = "redis")]
             (Server::Redis(_), ServerAct::RestoreCopy(_)) => Ok(()),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::SaveCopy(id)) => n
                 .take_base_backup(&format!("nemesis-{id}"))
                 .await
                 .map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::RestoreCopy(id)) => {
                 n.restore_base_backup(&format!("nemesis-{id}")).map_err(e)
             }
@@ -392,7 +338,6 @@ impl Server {
     /// cannot be wiped or restored.
     fn can(&self, fault: &FaultKind) -> bool {
         match (self, fault) {
-            #[cfg(feature = "postgres")]
             (
                 Server::Postgres(n),
                 FaultKind::ServerRestartEmpty | FaultKind::ServerRestartFromSnapshot,
@@ -403,7 +348,6 @@ impl Server {
 }
 
 /// Where an etcd snapshot of fault `id` is kept until it is restored.
-#[cfg(feature = "etcd")]
 fn etcd_snapshot(id: u32) -> PathBuf {
     std::env::temp_dir().join(format!(
         "baton-nemesis-{}-{id}.snapshot",
@@ -768,10 +712,8 @@ struct Failover {
     primary: Option<Server>,
     /// A replica of the current primary, attached to it, to promote next; `None` when the
     /// server's faults include no promotion.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     replica: Option<Server>,
     /// The proxy a PostgreSQL standby replicates through (refused to cut it off).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     link: Option<Proxy>,
 }
 
@@ -785,22 +727,17 @@ impl Failover {
                 .any(|f| matches!(f, FaultKind::PromoteReplica(_)))
         };
         let (replica, link) = match server {
-            #[cfg(feature = "redis")]
             Server::Redis(primary) if promotes(server) => (
                 Some(Server::Redis(
                     replica_of(primary).await.map_err(std::io::Error::other)?,
                 )),
                 None,
             ),
-            #[cfg(feature = "postgres")]
             Server::Postgres(primary) if promotes(server) => {
                 let (standby, link) = standby_of(primary).await.map_err(std::io::Error::other)?;
                 (Some(Server::Postgres(standby)), Some(link))
             }
-            _ => {
-                let _ = promotes;
-                (None, None)
-            }
+            _ => (None, None),
         };
         Ok(Failover {
             primary: None,
@@ -813,7 +750,6 @@ impl Failover {
 /// A new Redis server made a replica of `primary` (`REPLICAOF` sent once it runs, rather than
 /// given as an argument, so that once promoted a restart brings it back as a primary), once
 /// it has synchronised.
-#[cfg(feature = "redis")]
 async fn replica_of(
     primary: &crate::testing::RedisNode,
 ) -> Result<crate::testing::RedisNode, String> {
@@ -843,7 +779,6 @@ async fn replica_of(
 
 /// A new PostgreSQL standby of `primary`, replicating through a proxy (so that a failover
 /// can cut it off first), once it has replayed everything `primary` had written.
-#[cfg(feature = "postgres")]
 async fn standby_of(
     primary: &crate::testing::PgNode,
 ) -> Result<(crate::testing::PgNode, Proxy), String> {
@@ -1456,11 +1391,6 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
 /// of the old primary was made before, every grant of the new epoch comes after: the
 /// checker's boundary), sends every client to the new primary and starts a fresh replica of
 /// it for the next promotion.
-// Built without both backends that can fail over, every arm returns.
-#[cfg_attr(
-    not(any(feature = "redis", feature = "postgres")),
-    allow(unreachable_code, unused_variables, dead_code)
-)]
 async fn promote(
     run: &Run,
     given: &Server,
@@ -1469,14 +1399,12 @@ async fn promote(
     hold: Duration,
     end: impl FnOnce(),
 ) -> Result<(), String> {
-    // The fixture's error, in words (the type exists only with a backend feature: `testing`
-    // alone builds this function with no arm that fails).
+    // The fixture's error, in words.
     fn e(e: impl std::fmt::Display) -> String {
         e.to_string()
     }
     let old = failover.primary.as_ref().unwrap_or(given);
     let port = match &failover.replica {
-        #[cfg(feature = "redis")]
         Some(Server::Redis(replica)) => {
             if !missed.is_zero() {
                 replica.detach().await.map_err(e)?;
@@ -1487,7 +1415,6 @@ async fn promote(
             replica.promote().await.map_err(e)?;
             replica.port()
         }
-        #[cfg(feature = "postgres")]
         Some(Server::Postgres(standby)) => {
             if !missed.is_zero() {
                 if let Some(link) = &failover.link {
@@ -1500,10 +1427,7 @@ async fn promote(
             standby.promote().await.map_err(e)?;
             standby.port()
         }
-        _ => {
-            let _ = (run, missed, hold, end, old);
-            return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned());
-        }
+        _ => return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned()),
     };
     end();
     // A client whose own fault holds its slot moves when that fault ends: it cannot reach
@@ -1523,9 +1447,7 @@ async fn promote(
     // The old primary, if the run started it, goes (it is stopped already); the server the
     // run was given stays stopped until its owner drops it.
     let (next, link) = match &failover.replica {
-        #[cfg(feature = "redis")]
         Some(Server::Redis(replica)) => (Server::Redis(replica_of(replica).await?), None),
-        #[cfg(feature = "postgres")]
         Some(Server::Postgres(standby)) => {
             let (next, link) = standby_of(standby).await?;
             (Server::Postgres(next), Some(link))

@@ -35,10 +35,6 @@ impl Rng {
 /// One fault of a schedule. Which ones a schedule draws depends on the server (and so on the
 /// backend features built in): a build without Redis never makes a flush.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(
-    not(all(feature = "etcd", feature = "redis", feature = "zookeeper")),
-    allow(dead_code)
-)]
 pub(crate) enum FaultKind {
     /// SIGSTOP a client for `hold` (past its TTL), then SIGCONT.
     Pause(usize),
