@@ -61,7 +61,7 @@ features:
     set -euo pipefail
     echo "== no feature"
     cargo check --quiet --lib --no-default-features
-    for feature in etcd redis zookeeper postgres redlock serde testing cli; do
+    for feature in etcd redis zookeeper postgres redlock serde testing nemesis cli; do
       echo "== feature $feature alone"
       cargo check --quiet --lib --no-default-features --features "$feature"
     done
@@ -111,18 +111,32 @@ simulate-replay seed steps="":
 mutants seconds="60" seed="1000":
     scripts/mutants.sh {{seconds}} {{seed}}
 
-# The nemesis (issue #26): client processes on every recipe while a seeded schedule pauses,
-# kills and cuts them off and restarts, rolls back or flushes the server; a checker reads
-# the history; on Redis it also promotes a replica (in sync or behind), on ZooKeeper it
-# expires a client's sessions, on PostgreSQL it crashes the server and ends connections.
+# The nemesis (issue #26; feature `nemesis`): client processes on every recipe (CLIENTS per
+# recipe, default 3, more than the semaphore's 2 permits; or BATON_NEMESIS_CLIENTS) while a
+# seeded schedule pauses, kills and cuts them off and restarts, rolls back or flushes the
+# server; a checker reads the history; on Redis it also promotes a replica (in sync or
+# behind), on ZooKeeper it expires a client's sessions, on PostgreSQL it crashes the server,
+# ends connections and promotes a standby.
 # BACKEND: etcd, redis, zookeeper or postgres (one server), etcd-cluster or
 # zookeeper-ensemble (three members: a follower or the leader paused, a member or the leader
-# killed and restarted with its data). SEED replays the schedule (default: the time).
-# BATON_NEMESIS_BUG=admit-lower injects a defect the checker must catch.
-nemesis backend seconds seed="":
-    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- {{backend}} {{seconds}} {{seed}}
+# killed and restarted with its data). The schedule is planned to fill SECONDS and carried out
+# whole (a run may take longer: restarts wait for the server), so SEED replays the same faults
+# (default seed: the time). BATON_NEMESIS_BUG=admit-lower, read-before-claim or no-grace
+# injects a defect the checker must catch.
+nemesis backend seconds seed="" clients="":
+    BATON_NEMESIS_CLIENTS="{{clients}}" cargo test --features nemesis --test nemesis -- {{backend}} {{seconds}} {{seed}}
+
+# The schedule a run would carry out (each fault, when, which it skips and why; the kinds of
+# fault it draws and misses of those the server offers), without starting anything.
+nemesis-plan backend seconds seed clients="":
+    cargo test --quiet --features nemesis --test nemesis -- plan {{backend}} {{seconds}} {{seed}} {{clients}}
+
+# The first seeds from FROM whose schedules of SECONDS draw every kind of fault BACKEND
+# offers, with their planned lengths (how the CI's seeds are chosen).
+nemesis-seek backend seconds from="1" clients="":
+    BATON_NEMESIS_CLIENTS="{{clients}}" cargo test --quiet --features nemesis --test nemesis -- seek {{backend}} {{seconds}} {{from}}
 
 # Check a history a nemesis run saved (target/nemesis/BACKEND-SEED.history) again, with this
 # build's checker.
 nemesis-check file:
-    cargo test --features testing,etcd,redis,zookeeper,postgres --test nemesis -- check {{file}}
+    cargo test --features nemesis --test nemesis -- check {{file}}

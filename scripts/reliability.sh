@@ -236,11 +236,21 @@ Also proven elsewhere:
 
 ## The nemesis (issue #26)
 
-`just nemesis BACKEND SECONDS [SEED]` (`tests/nemesis.rs`, library:
-`baton::testing::nemesis`): two client **processes** per recipe (Mutex, Semaphore of 2,
-RwLock, Election) loop lock -> claim, read, write of a counter, append to a log on a fenced
-resource (it refuses tokens below the highest it accepted, per lock) -> unlock, while a schedule drawn from
-SEED injects faults, one at a time or two together on different targets. One history, every
+`just nemesis BACKEND SECONDS [SEED] [CLIENTS]` (`tests/nemesis.rs`, library:
+`baton::testing::nemesis`, feature `nemesis`): three client **processes** per recipe by
+default (CLIENTS, or `BATON_NEMESIS_CLIENTS`; three is one more than the semaphore's two
+permits, so that on every recipe someone waits; 12 processes on 2 cores) (Mutex, Semaphore
+of 2, RwLock, Election) loop lock -> claim, read, write of a counter, append to a log on a
+fenced resource (it refuses tokens below the highest it accepted, per lock) -> unlock, while
+a schedule drawn from SEED injects faults, one at a time or two together on different
+targets. The schedule is planned to fill SECONDS and the run carries out all of it, however
+long its restarts take (a run may outlast SECONDS), so the faults carried out are a function
+of the seed: a fault the server of the moment cannot carry out is left out by a rule of the
+plan alone (PostgreSQL: a wipe or a restore after the first promotion, whose standby's data
+is its container's) and recorded as `skipped`. `just nemesis-plan BACKEND SECONDS SEED`
+shows a seed's schedule without a server (each fault, when, which are skipped, the kinds
+drawn and missed), `just nemesis-seek BACKEND SECONDS` the first seeds that draw every kind
+the server offers. One history, every
 line stamped with `CLOCK_MONOTONIC`; the checker reads it per lock: the fence never accepts a
 lower token and every accepted write adds one to the last (acknowledged <= applied <=
 acknowledged + unknown), and each log entry follows its own holder's write with nobody's
@@ -258,8 +268,28 @@ that shows it. `BATON_NEMESIS_BUG=admit-lower` breaks the resource's fence;
 `read-before-claim` breaks the clients' fencing rule. Each run saves its history
 (`target/nemesis/BACKEND-SEED.history`, the plan at its head); `just nemesis-check FILE`
 checks a saved history again with the current checker (CI checks the broken run's history
-again and requires the same violations). The seed replays the schedule; the history is the
-evidence of the interleaving the run had.
+again and requires the same violations, and the clients per recipe from its plan lines).
+The seed replays the schedule; the history is the evidence of the interleaving the run had.
+
+What CI runs (`cargo test --features nemesis --test nemesis`, about 5 minutes on 2 cores:
+302 s and 315 s on 2026-11-28, against about 495 s for the 60 s runs before):
+one run of a 30 s schedule per backend (etcd seed 88, Redis 465, ZooKeeper 452, the etcd
+cluster 107, the ZooKeeper ensemble 1969, PostgreSQL 3472), each seed chosen with
+`just nemesis-seek` so that its schedule draws every kind of fault its server offers, and
+each run **required** to carry them all out: the client kinds (`pause`, `kill`, `cut`,
+`cut-answers`) and the server's (etcd: `server-pause`, `server-restart`,
+`server-restart-empty`, `server-restart-from-snapshot`; Redis: those and `flush`,
+`promote-replica`; ZooKeeper: `server-pause`, `server-restart`, `server-restart-empty`,
+`expire`; the cluster: `follower-pause`, `leader-pause`, `member-restart`, `leader-restart`;
+the ensemble: those and `expire`; PostgreSQL: `server-pause`, `server-restart`,
+`server-crash`, `kill-connections`, `promote-replica`, `server-restart-empty`,
+`server-restart-from-snapshot`). A run that carries out fewer fails, naming the kinds. The
+state-loss faults (a server restarted without its data or from an earlier copy, a
+`FLUSHALL`, a promotion) are each followed by the epoch rule. Then three runs with a defect,
+which the checker must catch: Redis with `admit-lower` (seed 1, 12 s: two semaphore holders
+write at once, so the fence's refusals become `fence` and `counter` violations), PostgreSQL
+(seed 13, 8 s: a standby promoted 0.6 s in) and etcd (seed 9, 8 s: wiped 1 s in) with
+`no-grace` (`epoch` violations).
 
 What each backend promises under each fault (TTL 2 s; Redis restart grace = TTL; on
 ZooKeeper a lease is a session whose timeout is the TTL, and the backend's own connection,
@@ -277,7 +307,7 @@ holds):
 | Redis restarted without data, from an older snapshot, `FLUSHALL` | — | the same (new epoch) | — |
 | Redis replica promoted (in sync, or cut off from its primary 0.2–3 s first, so it missed what was granted and released meanwhile), the old primary killed 0.1–1.5 s before, clients redirected; a new replica attached for the next one; containers only | — | new epoch (the replica's `run_id` differs): holders told first, nothing granted for the grace, tokens above all before | — |
 | Redis split brain (the old primary keeps serving clients not redirected) | — | not promised, not injected ([redis.md](redis.md)): only a fence keeps the resource safe | — |
-| server killed, restarted without its data (its data dir wiped; every client cut off from the kill until the server serves again and the fault's end is recorded) | new store epoch (the marker is gone, the revision went back): holders from before told first, nothing granted for the restart grace, tokens above all before; checked by the epoch rule. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 1, 40 s) the checker finds grants within it | — (the Redis row above) | the same (the marker is gone, the zxid went back); the fixture's data dir on the host |
+| server killed, restarted without its data (its data dir wiped; every client cut off from the kill until the server serves again and the fault's end is recorded) | new store epoch (the marker is gone, the revision went back): holders from before told first, nothing granted for the restart grace, tokens above all before; checked by the epoch rule. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 9 with 8 s of schedule and three clients per recipe; seed 1, 40 s, with two) the checker finds grants within it | — (the Redis row above) | the same (the marker is gone, the zxid went back); the fixture's data dir on the host |
 | server killed, restarted from an earlier copy (etcd: `etcdctl snapshot save`, 0.5–3 s and a grant made past it, then `etcdctl snapshot restore`) | the same: a client that saw the store past the snapshot (every nemesis client runs throughout) finds the revision behind it. A client that never saw it past the copy cannot tell ([etcd.md](etcd.md)): not injected | — (the Redis row above) | not injected (the fixture copies a server's data only while it is stopped); a new store epoch for a client that saw it past the copy, tested in `tests/store_loss.rs` ([zookeeper.md](zookeeper.md)) |
 
 On a three-member etcd cluster (`etcd-cluster`) and a three-server ZooKeeper ensemble
@@ -306,9 +336,10 @@ same, and so is every rule of the checker; its server faults:
 | every client connection ended (`pg_terminate_backend`) | each backend reconnects; holders keep their locks, waiters their places, and look again after the new LISTEN |
 | re-created without its data (the data directory wiped: a new cluster at the same address, another system identifier, no baton schema; every client cut off from the stop until the server serves again and the fault's end is recorded) | a new store epoch (a schema without baton's marker): holders from before told first, nothing granted for the restart grace, tokens above all before (the sequences start at the clock); checked by the epoch rule. Not injected once a standby was promoted (its data is its container's) |
 | restored from an earlier base backup (`pg_basebackup`, 0.5–3 s and a grant made past it, then the stopped server's data directory replaced by it) | the same, for every client that saw the server past the backup (the flush LSN went back), as every nemesis client has. A client that never saw it past the backup is granted at once, with tokens still above (the undetectable row of [postgres.md](postgres.md)): not injected |
-| a failover: a standby (streaming through a proxy) promoted in sync, or after missing 0.2–3 s of writes (the proxy closed first), the primary crashed for good, the clients redirected | the standby starts a new WAL timeline: its tokens are above every token before (they start with the timeline), every session is told lost at its next renewal (a lease is renewed only on its own timeline), and nothing is granted for the restart grace (the clients': their TTL), so a holder the standby missed is told before anyone else is granted; checked by the epoch rule, as for Redis. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 7 since the state-loss faults joined the schedule, seed 5 before) the checker finds grants within it |
+| a failover: a standby (streaming through a proxy) promoted in sync, or after missing 0.2–3 s of writes (the proxy closed first), the primary crashed for good, the clients redirected | the standby starts a new WAL timeline: its tokens are above every token before (they start with the timeline), every session is told lost at its next renewal (a lease is renewed only on its own timeline), and nothing is granted for the restart grace (the clients': their TTL), so a holder the standby missed is told before anyone else is granted; checked by the epoch rule, as for Redis. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 13 with 8 s of schedule since the default became three clients per recipe; seed 7 with two clients, since the state-loss faults joined the schedule; seed 5 before) the checker finds grants within it |
 
-Runs (2 cores, 8 client processes; "faults" counts injected faults). The short runs made
+Runs (2 cores; the runs below had 2 clients per recipe, 8 processes, the default before
+2026-11-28; "faults" counts injected faults). The short runs made
 while building it (20–40 s each, by hand): etcd 2 runs, 50 s, 17 faults, 1,246 grants;
 Redis 3 runs, 90 s, 27 faults, 2,004 grants; ZooKeeper 4 runs, 105 s, 29 faults, 3,833
 grants; 0 violations. The three-member etcd cluster (30–300 s each): 12 runs, 1,290 s, 377
@@ -405,10 +436,12 @@ just reliability      # one run of every scenario, rewrites this file
 just reliability 5    # five runs, summed
 just soak 300         # five minutes of soak
 just nemesis redis 60 # one minute of nemesis on Redis (seed: the time; printed)
-just nemesis zookeeper 60 1  # CI's ZooKeeper run: its three server faults (a pause, a restart with and without its data) and an expiry
-just nemesis etcd-cluster 60 4  # CI's etcd cluster run: every member fault
-just nemesis zookeeper-ensemble 60 8  # CI's ensemble run: every member fault and an expiry
-just nemesis postgres 60 57  # CI's PostgreSQL run: re-created without its data, restored from a base backup, a crash, a restart, a pause, ended connections, two failovers
+just nemesis-plan redis 30 465  # CI's Redis schedule, without a server: every kind it draws
+just nemesis zookeeper 30 452  # CI's ZooKeeper run: a pause, a restart with and without its data, an expiry
+just nemesis etcd-cluster 30 107  # CI's etcd cluster run: every member fault
+just nemesis zookeeper-ensemble 30 1969  # CI's ensemble run: every member fault and an expiry
+just nemesis postgres 30 3472  # CI's PostgreSQL run: re-created without its data, restored from a base backup, a crash, a restart, a pause, ended connections, a failover
+just nemesis redis 60 "" 4  # a minute on Redis with 4 clients per recipe (16 processes; the seed: the time)
 just simulate 60      # a minute of fresh schedules of the deterministic simulation
 just mutants          # each planted bug against the simulation; rewrites docs/mutants.md
 scripts/reliability.sh --simulation  # only the simulation's section of this file

@@ -91,6 +91,9 @@
 //!   three-member cluster), with `redis`, Redis fixtures, with `zookeeper`, ZooKeeper
 //!   fixtures (`ZkNode`, `ZkEnsemble`), with `postgres`, a PostgreSQL fixture (`PgNode`),
 //!   started through testcontainers.
+//! - `nemesis`: `testing::nemesis`, baton's robustness suite on real servers (client
+//!   processes faulted while a seeded schedule faults the server, one history checked); it
+//!   brings `testing` and every backend.
 //!
 //! On docs.rs every feature's items are shown, each labelled with the feature it needs.
 //!

@@ -30,11 +30,13 @@
 //! (`black_hole`), lose only the server's answers (`drop_answers`) and heal: how baton's own
 //! fault tests cut a holder off from etcd or Redis.
 //!
-//! # A nemesis
-//! [`nemesis`] runs client processes on every recipe while a seeded schedule pauses, kills
-//! and cuts them off and restarts or rolls back the server (or, on an etcd cluster or a
-//! ZooKeeper ensemble, pauses, kills and restarts a follower or the leader), and checks the one history it
+//! # A nemesis (feature `nemesis`)
+//! `testing::nemesis`, behind a feature of its own (it brings this one and every backend),
+//! runs client processes on every recipe while a seeded schedule pauses, kills and cuts them
+//! off and restarts or rolls back the server (or, on an etcd cluster or a ZooKeeper ensemble,
+//! pauses, kills and restarts a follower or the leader), and checks the one history it
 //! records (fencing, token order, loss before the successor's grant, progress, leftovers).
+//! It is baton's own robustness suite; `testing` alone is what your tests need.
 //!
 //! # Test dependencies
 //! ```toml
@@ -199,6 +201,7 @@ mod faults;
     feature = "postgres"
 ))]
 mod fixture;
+#[cfg(feature = "nemesis")]
 pub mod nemesis;
 #[cfg(feature = "postgres")]
 mod postgres;

@@ -24,6 +24,15 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Clients per recipe: the most clients any one lock has.
+    pub fn clients_per_recipe(&self) -> usize {
+        self.locks
+            .iter()
+            .map(|(lock, _)| self.clients.iter().filter(|(_, l)| l == lock).count())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// The head of a history that describes this plan (`run`, `plan-lock`, `plan-client`,
     /// `plan-bound`, `plan-grace` lines), so that a saved history can be checked again
     /// ([`Plan::from_history`]).
@@ -847,6 +856,21 @@ mod tests {
         assert_eq!(back.progress_bound, plan.progress_bound);
         assert_eq!(back.restart_grace, plan.restart_grace);
         assert!(Plan::from_history(&[]).is_none());
+        // Clients per recipe come back too: the most clients of one lock.
+        let mut three = plan;
+        three.locks.push(("m".into(), Recipe::Semaphore));
+        three.clients.extend(
+            ["c2", "c3", "c4"]
+                .into_iter()
+                .map(|c| (c.to_owned(), "m".to_owned())),
+        );
+        let head: Vec<Event> = three
+            .to_events()
+            .into_iter()
+            .map(|what| ev(0, "nemesis", what))
+            .collect();
+        let back = Plan::from_history(&head).expect("a plan");
+        assert_eq!(back.clients_per_recipe(), 3);
     }
 
     #[test]

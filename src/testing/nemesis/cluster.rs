@@ -26,14 +26,11 @@ impl Server {
     /// an ensemble; `None` for a single server.
     pub(super) fn members(&self) -> Option<Vec<String>> {
         // `http://127.0.0.1:2379` or `127.0.0.1:2181`: the address the proxies stand for.
-        #[allow(unused)]
         fn address(url: &str) -> String {
             url.split_once("://").map_or(url, |(_, a)| a).to_owned()
         }
         match self {
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(c) => Some(c.endpoints().iter().map(|e| address(e)).collect()),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => Some(
                 (0..MEMBERS)
                     .map(|i| address(&e.member_connect_string(i)))
@@ -46,9 +43,7 @@ impl Server {
     /// The member that leads, if one does (asked of every member that answers).
     async fn leader(&self) -> Option<usize> {
         match self {
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(c) => c.leader().await.ok().flatten(),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => e.leader().await,
             _ => None,
         }
@@ -69,28 +64,19 @@ impl Server {
     }
 
     async fn member_act(&self, i: usize, act: MemberAct) -> Result<(), String> {
-        #[allow(unused)]
         fn e(e: impl std::fmt::Display) -> String {
             e.to_string()
         }
         match (self, act) {
-            #[cfg(feature = "etcd")]
             (Server::EtcdCluster(c), MemberAct::Pause) => c.pause_member(i).await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::EtcdCluster(c), MemberAct::Unpause) => c.unpause_member(i).await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::EtcdCluster(c), MemberAct::Stop) => c.stop_member(i).await.map_err(e),
             // Returns once the member serves a linearizable read through the quorum.
-            #[cfg(feature = "etcd")]
             (Server::EtcdCluster(c), MemberAct::Start) => c.start_member(i).await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZkEnsemble(z), MemberAct::Pause) => z.pause_member(i).await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZkEnsemble(z), MemberAct::Unpause) => z.unpause_member(i).await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZkEnsemble(z), MemberAct::Stop) => z.stop_member(i).await.map_err(e),
             // Returns once the member serves (it has joined a quorum).
-            #[cfg(feature = "zookeeper")]
             (Server::ZkEnsemble(z), MemberAct::Start) => z.start_member(i).await.map_err(e),
             (_, act) => Err(format!("{act:?} m{i} is not supported on this server")),
         }
@@ -101,9 +87,7 @@ impl Server {
     /// quorum, after a resync if the leader had dropped it).
     async fn wait_serving(&self, i: usize) -> Result<(), String> {
         match self {
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(c) => c.wait_healthy(i).await.map_err(|e| e.to_string()),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(z) => {
                 let deadline = tokio::time::Instant::now() + SETTLE;
                 while z.member(i).mode().await.is_none() {

@@ -152,6 +152,15 @@ pub enum What {
         /// What it is, in words (`pause c3`, `redis restart from snapshot`).
         what: String,
     },
+    /// A fault of the schedule that the run leaves out, by the schedule's own rule (never by
+    /// what the server of the moment allows), so that the faults carried out are a function
+    /// of the seed.
+    FaultSkipped {
+        /// Its number in the schedule.
+        id: u32,
+        /// What it would have been, in words.
+        what: String,
+    },
     /// A fault healed (a paused client resumed, a cut healed, a server is back).
     FaultEnd {
         /// Its number in the schedule.
@@ -278,6 +287,7 @@ impl fmt::Display for Event {
                 index,
             } => write!(f, "appended {lock} {token} {client} {index}"),
             What::FaultStart { id, what } => write!(f, "fault {id} {}", word(what)),
+            What::FaultSkipped { id, what } => write!(f, "skipped {id} {}", word(what)),
             What::FaultEnd { id } => write!(f, "healed {id}"),
             What::StateLost { id } => write!(f, "state-lost {id}"),
             What::Killed { client } => write!(f, "killed {client}"),
@@ -355,6 +365,10 @@ impl Event {
                 highest: n(s())?,
             },
             "fault" => What::FaultStart {
+                id: n(s())?.try_into().ok()?,
+                what: s()?,
+            },
+            "skipped" => What::FaultSkipped {
                 id: n(s())?.try_into().ok()?,
                 what: s()?,
             },
@@ -449,6 +463,10 @@ mod tests {
                 what: "pause_c1".into(),
             },
             What::FaultEnd { id: 3 },
+            What::FaultSkipped {
+                id: 4,
+                what: "postgres_killed,_restarted_without_data".into(),
+            },
             What::StateLost { id: 3 },
             What::Appended {
                 lock: "n/mutex".into(),

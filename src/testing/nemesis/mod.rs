@@ -1,4 +1,4 @@
-//! The nemesis (feature `testing`): client **processes** lock, make a fenced
+//! The nemesis (feature `nemesis`, which brings `testing` and every backend): client **processes** lock, make a fenced
 //! read-modify-write of a counter, append an entry to the lock's log and unlock, on a Mutex, a Semaphore, a RwLock and an
 //! Election, while a seeded schedule pauses (SIGSTOP past the TTL), kills (SIGKILL, then
 //! restarts) and cuts off (both ways, or answers only) clients, pauses, restarts, rolls
@@ -34,8 +34,10 @@
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
-//! operating system's). `docs/reliability.md` says what each backend promises under each
-//! fault. The rules are the same on a cluster as on one server: etcd is linearizable through
+//! operating system's, and a member fault strikes whoever leads when it strikes). A run
+//! carries out its whole schedule, however long the server takes, so one seed carries out
+//! the same faults every time; [`schedule()`] shows them without a server.
+//! `docs/reliability.md` says what each backend promises under each fault. The rules are the same on a cluster as on one server: etcd is linearizable through
 //! a leader change (a new leader keeps every lease), and ZooKeeper's czxids keep increasing
 //! across epochs and its sessions move to another member, so every rule above is promised
 //! under every member fault.
@@ -164,31 +166,26 @@ pub enum Server {
     /// data; and, started with
     /// [`start_with_host_data`](crate::testing::EtcdNode::start_with_host_data), restarted
     /// without it (its data dir wiped) or from a snapshot taken earlier in the run.
-    #[cfg(feature = "etcd")]
     Etcd(crate::testing::EtcdNode),
     /// A Redis started by the fixture: paused, killed and restarted with its data, without
     /// it and from an older snapshot, flushed; and (in a container) failed over: a replica
     /// the run starts beside it is promoted, in sync or after missing writes, the old
     /// primary killed (no split brain: docs/redis.md does not promise it), the clients
     /// redirected, and a new replica attached for the next promotion.
-    #[cfg(feature = "redis")]
     Redis(crate::testing::RedisNode),
     /// A ZooKeeper server started by the fixture: paused (a container only), killed and
     /// restarted with its data; a client's sessions expired (cut off past every session
     /// timeout it has); and, started with
     /// [`start_with_host_data`](crate::testing::ZkNode::start_with_host_data), restarted
     /// without its data (its data dir wiped).
-    #[cfg(feature = "zookeeper")]
     ZooKeeper(crate::testing::ZkNode),
     /// A three-member etcd cluster started by the fixture: a follower or the leader paused, a
     /// member or the leader killed and restarted with its data, one member at a time (the
     /// quorum is kept). Each client reaches every member, through a proxy per member.
-    #[cfg(feature = "etcd")]
     EtcdCluster(crate::testing::EtcdCluster),
     /// A three-server ZooKeeper ensemble started by the fixture: as
     /// [`EtcdCluster`](Server::EtcdCluster) (pauses on containers only), and a client's
     /// sessions expired.
-    #[cfg(feature = "zookeeper")]
     ZkEnsemble(crate::testing::ZkEnsemble),
     /// A PostgreSQL started by the fixture: paused, stopped (fast shutdown) and started
     /// again, crashed (immediate shutdown: WAL replay at the start), every client
@@ -201,7 +198,6 @@ pub enum Server {
     /// re-created without its data (its data directory wiped) and restored from a base backup
     /// taken earlier in the run; not once a standby was promoted (the standby's data is its
     /// container's): such a fault is left out of the run.
-    #[cfg(feature = "postgres")]
     Postgres(crate::testing::PgNode),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
     /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
@@ -213,17 +209,11 @@ pub enum Server {
 impl Server {
     fn name(&self) -> &'static str {
         match self {
-            #[cfg(feature = "etcd")]
             Server::Etcd(_) => "etcd",
-            #[cfg(feature = "redis")]
             Server::Redis(_) => "redis",
-            #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(_) => "zookeeper",
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(_) => "etcd-cluster",
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(_) => "zookeeper-ensemble",
-            #[cfg(feature = "postgres")]
             Server::Postgres(_) => "postgres",
             Server::External(url) if url.starts_with("postgres") => "postgres",
             Server::External(url) if url.starts_with("redis") => "redis",
@@ -235,192 +225,84 @@ impl Server {
     /// The server's URL as clients would use it directly.
     fn url(&self) -> String {
         match self {
-            #[cfg(feature = "etcd")]
             Server::Etcd(n) => n.endpoints().first().cloned().unwrap_or_default(),
-            #[cfg(feature = "redis")]
             Server::Redis(n) => n.url(),
-            #[cfg(feature = "zookeeper")]
             Server::ZooKeeper(n) => n.url(),
-            #[cfg(feature = "etcd")]
             Server::EtcdCluster(c) => c.endpoints().join(","),
-            #[cfg(feature = "zookeeper")]
             Server::ZkEnsemble(e) => e.url(),
-            #[cfg(feature = "postgres")]
             Server::Postgres(n) => n.url(),
             Server::External(url) => url.clone(),
         }
     }
 
+    /// The server faults it can carry out: [`schedule::server_faults`] of its name, with
+    /// what its fixture allows (its data on the host, a container).
     fn faults(&self) -> Vec<FaultKind> {
-        match self {
-            #[cfg(feature = "etcd")]
-            Server::Etcd(n) => {
-                let mut faults = vec![FaultKind::ServerPause, FaultKind::ServerRestart];
-                // Its data on the host: it can lose it, or go back to a snapshot.
-                if n.has_host_data() {
-                    faults.push(FaultKind::ServerRestartEmpty);
-                    faults.push(FaultKind::ServerRestartFromSnapshot);
-                }
-                faults
-            }
-            #[cfg(feature = "redis")]
-            Server::Redis(n) => {
-                let mut faults = vec![
-                    FaultKind::ServerPause,
-                    FaultKind::ServerRestart,
-                    FaultKind::ServerRestartEmpty,
-                    FaultKind::ServerRestartFromSnapshot,
-                    FaultKind::Flush,
-                ];
-                // The replica is started beside the server, in a container of its own: not
-                // beside a server named by `BATON_REDIS_URL`, which no fixture controls.
-                if n.is_container() {
-                    faults.push(FaultKind::PromoteReplica(Duration::ZERO));
-                }
-                faults
-            }
-            // `docker pause` freezes a container only; the local `java` fallback is not paused.
-            #[cfg(feature = "zookeeper")]
-            Server::ZooKeeper(n) if n.is_container() => {
-                let mut faults = vec![
-                    FaultKind::ServerPause,
-                    FaultKind::ServerRestart,
-                    FaultKind::Expire(0),
-                ];
-                // Its data on the host: it can lose it. (A copy of it is made only while it
-                // is stopped: no restore from an earlier copy here.)
-                if n.has_host_data() {
-                    faults.push(FaultKind::ServerRestartEmpty);
-                }
-                faults
-            }
-            #[cfg(feature = "zookeeper")]
-            Server::ZooKeeper(_) => vec![FaultKind::ServerRestart, FaultKind::Expire(0)],
-            #[cfg(feature = "etcd")]
-            Server::EtcdCluster(_) => vec![
-                FaultKind::FollowerPause(0),
-                FaultKind::LeaderPause,
-                FaultKind::MemberRestart(0),
-                FaultKind::LeaderRestart,
-            ],
-            #[cfg(feature = "zookeeper")]
-            Server::ZkEnsemble(e) if e.member(0).is_container() => vec![
-                FaultKind::FollowerPause(0),
-                FaultKind::LeaderPause,
-                FaultKind::MemberRestart(0),
-                FaultKind::LeaderRestart,
-                FaultKind::Expire(0),
-            ],
-            #[cfg(feature = "zookeeper")]
-            Server::ZkEnsemble(_) => vec![
-                FaultKind::MemberRestart(0),
-                FaultKind::LeaderRestart,
-                FaultKind::Expire(0),
-            ],
-            #[cfg(feature = "postgres")]
-            Server::Postgres(n) => {
-                let mut faults = vec![
-                    FaultKind::ServerPause,
-                    FaultKind::ServerRestart,
-                    FaultKind::ServerCrash,
-                    FaultKind::KillConnections,
-                    FaultKind::PromoteReplica(Duration::ZERO),
-                ];
-                // Its data on the host: it can lose it, or go back to a base backup (until
-                // a promotion: a standby's data is its container's).
-                if n.has_host_data() {
-                    faults.push(FaultKind::ServerRestartEmpty);
-                    faults.push(FaultKind::ServerRestartFromSnapshot);
-                }
-                faults
-            }
-            Server::External(url) if url.starts_with("zk://") => vec![FaultKind::Expire(0)],
-            Server::External(_) => Vec::new(),
-        }
+        let (host_data, container) = match self {
+            Server::Etcd(n) => (n.has_host_data(), true),
+            Server::Redis(n) => (false, n.is_container()),
+            Server::ZooKeeper(n) => (n.has_host_data(), n.is_container()),
+            Server::EtcdCluster(_) => (false, true),
+            Server::ZkEnsemble(e) => (false, e.member(0).is_container()),
+            Server::Postgres(n) => (n.has_host_data(), true),
+            Server::External(url) if url.starts_with("zk://") => return vec![FaultKind::Expire(0)],
+            Server::External(_) => return Vec::new(),
+        };
+        schedule::server_faults(self.name(), host_data, container)
     }
 
     async fn act(&self, act: ServerAct) -> Result<(), String> {
-        // The fixture's error, in words (the type exists only with a backend feature).
-        #[allow(unused)]
+        // The fixture's error, in words.
         fn e(e: impl std::fmt::Display) -> String {
             e.to_string()
         }
         match (self, act) {
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Save) => n.command::<()>("SAVE", &[]).await.map_err(e),
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::Flush) => {
                 n.command::<()>("FLUSHALL", &[]).await.map_err(e)
             }
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Stop) => n.stop().await.map_err(e),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Start) => n.start_again().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Pause) => n.pause().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Unpause) => n.unpause().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Stop) => n.stop_fast().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Crash) => n.stop_immediate().await.map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Start) => n.start_again().await.map_err(e),
             // baton's connections name themselves `baton` (PgOptions' default).
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::EndConnections) => {
                 n.terminate("baton").await.map(drop).map_err(e)
             }
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::SaveCopy(id)) => {
                 n.save_snapshot(&etcd_snapshot(id)).await.map_err(e)
             }
-            #[cfg(feature = "etcd")]
             (Server::Etcd(n), ServerAct::RestoreCopy(id)) => {
                 let path = etcd_snapshot(id);
                 let restored = n.restore_snapshot(&path).await.map_err(e);
                 let _ = std::fs::remove_file(&path);
                 restored
             }
-            #[cfg(feature = "redis")]
             (Server::Redis(n), ServerAct::SaveCopy(_)) => {
                 n.command::<()>("SAVE", &[]).await.map_err(e)
             }
             // The restart loads the snapshot the copy saved.
-            #[cfg(feature = "redis")]
             (Server::Redis(_), ServerAct::RestoreCopy(_)) => Ok(()),
-            #[cfg(feature = "zookeeper")]
             (Server::ZooKeeper(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::Wipe) => n.wipe_data().map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::SaveCopy(id)) => n
                 .take_base_backup(&format!("nemesis-{id}"))
                 .await
                 .map_err(e),
-            #[cfg(feature = "postgres")]
             (Server::Postgres(n), ServerAct::RestoreCopy(id)) => {
                 n.restore_base_backup(&format!("nemesis-{id}")).map_err(e)
             }
@@ -456,7 +338,6 @@ impl Server {
     /// cannot be wiped or restored.
     fn can(&self, fault: &FaultKind) -> bool {
         match (self, fault) {
-            #[cfg(feature = "postgres")]
             (
                 Server::Postgres(n),
                 FaultKind::ServerRestartEmpty | FaultKind::ServerRestartFromSnapshot,
@@ -467,7 +348,6 @@ impl Server {
 }
 
 /// Where an etcd snapshot of fault `id` is kept until it is restored.
-#[cfg(feature = "etcd")]
 fn etcd_snapshot(id: u32) -> PathBuf {
     std::env::temp_dir().join(format!(
         "baton-nemesis-{}-{id}.snapshot",
@@ -488,14 +368,16 @@ pub struct Options {
 }
 
 impl Options {
-    /// Faults for `seconds` (then the run waits for progress, stops the clients and looks for
-    /// leftovers), scheduled from `seed`. Defaults: 2 clients per recipe, a TTL of 2 s (the
-    /// Redis restart grace is the same).
+    /// A schedule of faults planned to fill `seconds`, drawn from `seed`; the run carries out
+    /// every fault of it (which may take longer than `seconds`: a restart waits for its
+    /// server), then waits for progress, stops the clients and looks for leftovers.
+    /// Defaults: [`DEFAULT_CLIENTS_PER_RECIPE`] clients per recipe, a TTL of 2 s (the restart
+    /// grace is the same).
     pub fn new(seconds: u64, seed: u64) -> Options {
         Options {
             seconds,
             seed,
-            clients_per_recipe: 2,
+            clients_per_recipe: DEFAULT_CLIENTS_PER_RECIPE,
             ttl: Duration::from_secs(2),
             bug: None,
             history_dir: None,
@@ -503,11 +385,22 @@ impl Options {
         }
     }
 
-    /// Clients per recipe (at least 1).
+    /// Clients per recipe (at least 1; default [`DEFAULT_CLIENTS_PER_RECIPE`]). The schedule
+    /// draws its clients from all of them, so a seed plans differently for another count.
+    ///
+    /// ## Warning
+    /// Each client is a process: four recipes of `n` clients are `4 n` processes beside the
+    /// servers. With no more than [`Recipe::SEMAPHORE_PERMITS`] per recipe, the semaphore
+    /// never makes anyone wait.
     #[must_use]
     pub fn with_clients_per_recipe(mut self, n: usize) -> Options {
         self.clients_per_recipe = n.max(1);
         self
+    }
+
+    /// Clients per recipe.
+    pub fn clients_per_recipe(&self) -> usize {
+        self.clients_per_recipe
     }
 
     /// The sessions' TTL (and the Redis restart grace).
@@ -551,6 +444,133 @@ impl Options {
     }
 }
 
+/// Clients per recipe unless [`Options::with_clients_per_recipe`] says otherwise: one more
+/// than the semaphore's permits, so that every recipe, the semaphore too, has a client that
+/// waits.
+pub const DEFAULT_CLIENTS_PER_RECIPE: usize = Recipe::SEMAPHORE_PERMITS as usize + 1;
+
+/// A run's schedule as its seed plans it, seen without a server ([`schedule()`]): the faults in
+/// the order the run carries them out, which it leaves out and why, and which kinds it draws
+/// of those the server offers.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    /// The backend's name, as [`Report::backend`].
+    pub backend: String,
+    /// The seed.
+    pub seed: u64,
+    /// Every planned fault, in order.
+    pub faults: Vec<PlannedFault>,
+    /// Every kind of fault a run on this server can carry out, by name (`pause`, `kill`,
+    /// `cut`, `cut-answers`, then the server's: `server-restart-empty`, `promote-replica`,
+    /// ...).
+    pub offered: Vec<&'static str>,
+    /// How long the plan takes if every fault takes exactly its planned time (restarts and
+    /// waits for a leader add to it).
+    pub planned: Duration,
+    slots: Vec<schedule::Slot>,
+    skipped: HashMap<u32, &'static str>,
+}
+
+/// One fault of a [`Schedule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedFault {
+    /// Its number (the history's `fault ID` and `healed ID`).
+    pub id: u32,
+    /// The slot it belongs to (faults of one slot run together).
+    pub slot: usize,
+    /// When it strikes, from the end of the warm-up (every client granted once), if every
+    /// fault before took its planned time.
+    pub at: Duration,
+    /// Its kind's name ([`Schedule::offered`]).
+    pub kind: &'static str,
+    /// What it does, in words (as the history says it).
+    pub what: String,
+    /// Why the run leaves it out, if it does (a rule of the plan alone: the faults carried
+    /// out are a function of the seed).
+    pub skipped: Option<&'static str>,
+}
+
+impl Schedule {
+    fn new(backend: &str, server_faults: &[FaultKind], options: &Options) -> Schedule {
+        let slots = schedule::plan(
+            options.seed,
+            options.clients_per_recipe * Recipe::ALL.len(),
+            server_faults,
+            options.ttl,
+            Duration::from_secs(options.seconds),
+        );
+        let skipped: HashMap<u32, &'static str> =
+            schedule::skipped(&slots, backend).into_iter().collect();
+        let mut faults = Vec::new();
+        let mut at = Duration::ZERO;
+        for (i, slot) in slots.iter().enumerate() {
+            at += slot.gap;
+            for f in &slot.faults {
+                faults.push(PlannedFault {
+                    id: f.id,
+                    slot: i,
+                    at,
+                    kind: f.kind.name(),
+                    what: f.kind.describe(backend),
+                    skipped: skipped.get(&f.id).copied(),
+                });
+            }
+            at += slot
+                .faults
+                .iter()
+                .map(|f| f.lead + f.hold)
+                .max()
+                .unwrap_or_default();
+        }
+        Schedule {
+            backend: backend.to_owned(),
+            seed: options.seed,
+            faults,
+            offered: schedule::offered_kinds(server_faults),
+            planned: at,
+            slots,
+            skipped,
+        }
+    }
+
+    /// The kinds of the faults the run carries out (not skipped), each once, in the order of
+    /// [`offered`](Schedule::offered).
+    pub fn drawn(&self) -> Vec<&'static str> {
+        self.offered
+            .iter()
+            .copied()
+            .filter(|k| {
+                self.faults
+                    .iter()
+                    .any(|f| f.kind == *k && f.skipped.is_none())
+            })
+            .collect()
+    }
+
+    /// The kinds the server offers that the run does not carry out.
+    pub fn missing(&self) -> Vec<&'static str> {
+        let drawn = self.drawn();
+        self.offered
+            .iter()
+            .copied()
+            .filter(|k| !drawn.contains(k))
+            .collect()
+    }
+}
+
+/// The schedule a run with `options` would carry out on a server of `backend` (`etcd`,
+/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`) as the CI starts
+/// it (in containers, the data on the host), seen without starting anything; `None` for
+/// another name. The same seed, options and backend give the same schedule as
+/// [`run`] carries out on such a server.
+pub fn schedule(backend: &str, options: &Options) -> Option<Schedule> {
+    let faults = schedule::server_faults(backend, true, true);
+    if faults.is_empty() {
+        return None;
+    }
+    Some(Schedule::new(backend, &faults, options))
+}
+
 /// What a run did and found.
 #[derive(Debug)]
 pub struct Report {
@@ -560,6 +580,15 @@ pub struct Report {
     pub backend: String,
     /// The faults injected, in words.
     pub faults: Vec<String>,
+    /// The faults the schedule planned and the run left out (the rule of
+    /// [`PlannedFault::skipped`]), in words.
+    pub skipped: Vec<String>,
+    /// The kinds of fault the server offers that the run did not carry out
+    /// ([`Schedule::missing`]); empty when the history was checked again ([`recheck`]), which
+    /// does not know the server.
+    pub missing_kinds: Vec<&'static str>,
+    /// Clients per recipe (read back from the plan at a saved history's head).
+    pub clients_per_recipe: usize,
     /// The whole history, sorted by time.
     pub history: Vec<Event>,
     /// What the checker found.
@@ -577,7 +606,7 @@ impl Report {
     pub fn summary(&self) -> String {
         let count = |f: fn(&What) -> bool| self.history.iter().filter(|e| f(&e.what)).count();
         let mut s = format!(
-            "nemesis {} seed {}: {} faults, {} grants, {} writes accepted, {} refused, {} lost, {} violations\n",
+            "nemesis {} seed {}: {} faults, {} grants, {} writes accepted, {} refused, {} lost, {} violations; {} clients per recipe, {} faults skipped{}\n",
             self.backend,
             self.seed,
             self.faults.len(),
@@ -585,7 +614,14 @@ impl Report {
             count(|w| matches!(w, What::Accepted { write: true, .. })),
             count(|w| matches!(w, What::Refused { .. })),
             count(|w| matches!(w, What::Lost { .. })),
-            self.violations.len()
+            self.violations.len(),
+            self.clients_per_recipe,
+            self.skipped.len(),
+            if self.missing_kinds.is_empty() {
+                String::new()
+            } else {
+                format!(", kinds not drawn: {}", self.missing_kinds.join(" "))
+            },
         );
         if let Some((median, longest, what)) = self.recovery.median_and_longest() {
             s.push_str(&format!(
@@ -676,10 +712,8 @@ struct Failover {
     primary: Option<Server>,
     /// A replica of the current primary, attached to it, to promote next; `None` when the
     /// server's faults include no promotion.
-    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     replica: Option<Server>,
     /// The proxy a PostgreSQL standby replicates through (refused to cut it off).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     link: Option<Proxy>,
 }
 
@@ -693,22 +727,17 @@ impl Failover {
                 .any(|f| matches!(f, FaultKind::PromoteReplica(_)))
         };
         let (replica, link) = match server {
-            #[cfg(feature = "redis")]
             Server::Redis(primary) if promotes(server) => (
                 Some(Server::Redis(
                     replica_of(primary).await.map_err(std::io::Error::other)?,
                 )),
                 None,
             ),
-            #[cfg(feature = "postgres")]
             Server::Postgres(primary) if promotes(server) => {
                 let (standby, link) = standby_of(primary).await.map_err(std::io::Error::other)?;
                 (Some(Server::Postgres(standby)), Some(link))
             }
-            _ => {
-                let _ = promotes;
-                (None, None)
-            }
+            _ => (None, None),
         };
         Ok(Failover {
             primary: None,
@@ -721,7 +750,6 @@ impl Failover {
 /// A new Redis server made a replica of `primary` (`REPLICAOF` sent once it runs, rather than
 /// given as an argument, so that once promoted a restart brings it back as a primary), once
 /// it has synchronised.
-#[cfg(feature = "redis")]
 async fn replica_of(
     primary: &crate::testing::RedisNode,
 ) -> Result<crate::testing::RedisNode, String> {
@@ -751,7 +779,6 @@ async fn replica_of(
 
 /// A new PostgreSQL standby of `primary`, replicating through a proxy (so that a failover
 /// can cut it off first), once it has replayed everything `primary` had written.
-#[cfg(feature = "postgres")]
 async fn standby_of(
     primary: &crate::testing::PgNode,
 ) -> Result<(crate::testing::PgNode, Proxy), String> {
@@ -1015,7 +1042,8 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
         cut: StdMutex::default(),
         failover: tokio::sync::Mutex::new(Failover::start(server).await?),
     });
-    let outcome = drive(&run, server, &options).await;
+    let schedule = Schedule::new(server.name(), &server.faults(), &options);
+    let outcome = drive(&run, server, &schedule, &options).await;
     // Whatever happened, every client ends: asked (stdin closed), then killed by its PID.
     let stopped = stop_clients(&run).await;
     // After a promotion, the state is on the promoted replica.
@@ -1028,7 +1056,7 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
     } else {
         Ok(())
     };
-    let faults = outcome?;
+    let driven = outcome?;
     stopped?;
     leftovers?;
     drop(resource);
@@ -1045,10 +1073,19 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
         }
         None => None,
     };
+    let missing_kinds = schedule
+        .offered
+        .iter()
+        .copied()
+        .filter(|k| !driven.done.iter().any(|(_, kind)| kind == k))
+        .collect();
     Ok(Report {
         seed: options.seed,
         backend: server.name().to_owned(),
-        faults,
+        faults: driven.done.into_iter().map(|(what, _)| what).collect(),
+        skipped: driven.skipped,
+        missing_kinds,
+        clients_per_recipe: options.clients_per_recipe,
         recovery: recovery(&history, &plan),
         progress_bound: plan.progress_bound,
         history,
@@ -1081,17 +1118,23 @@ pub fn recheck(path: &std::path::Path) -> std::io::Result<Report> {
             _ => None,
         })
         .unwrap_or_else(|| ("?".to_owned(), 0));
-    let faults = history
-        .iter()
-        .filter_map(|e| match &e.what {
-            What::FaultStart { what, .. } => Some(what.replace('_', " ")),
-            _ => None,
-        })
-        .collect();
+    let words = |skipped: bool| {
+        history
+            .iter()
+            .filter_map(|e| match &e.what {
+                What::FaultStart { what, .. } if !skipped => Some(what.replace('_', " ")),
+                What::FaultSkipped { what, .. } if skipped => Some(what.replace('_', " ")),
+                _ => None,
+            })
+            .collect()
+    };
     Ok(Report {
         seed,
         backend,
-        faults,
+        faults: words(false),
+        skipped: words(true),
+        missing_kinds: Vec::new(),
+        clients_per_recipe: plan.clients_per_recipe(),
         recovery: recovery(&history, &plan),
         progress_bound: plan.progress_bound,
         violations: check(&history, &plan),
@@ -1100,9 +1143,24 @@ pub fn recheck(path: &std::path::Path) -> std::io::Result<Report> {
     })
 }
 
-/// Starts the clients, waits for their first grants, runs the schedule, then waits for
-/// every client to be granted after the last heal (or the bound).
-async fn drive(run: &Arc<Run>, server: &Server, options: &Options) -> std::io::Result<Vec<String>> {
+/// What [`drive`] carried out: each fault's words and kind, and the words of those it left
+/// out.
+#[derive(Debug, Default)]
+struct Driven {
+    done: Vec<(String, &'static str)>,
+    skipped: Vec<String>,
+}
+
+/// Starts the clients, waits for their first grants, carries out every fault of the schedule
+/// (those its rule skips are recorded as skipped), then waits for every client to be granted
+/// after the last heal (or the bound). The whole schedule, never cut short by the clock: the
+/// faults carried out are a function of the seed.
+async fn drive(
+    run: &Arc<Run>,
+    server: &Server,
+    schedule: &Schedule,
+    options: &Options,
+) -> std::io::Result<Driven> {
     for slot in &run.slots {
         let mut slot = slot.lock().await;
         run.spawn(&mut slot)?;
@@ -1113,27 +1171,32 @@ async fn drive(run: &Arc<Run>, server: &Server, options: &Options) -> std::io::R
     while !run.all_granted_since(0) && tokio::time::Instant::now() < warm {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let slots = schedule::plan(
-        options.seed,
-        run.slots.len(),
-        &server.faults(),
-        options.ttl,
-        Duration::from_secs(options.seconds),
-    );
-    let started = tokio::time::Instant::now();
-    let window = Duration::from_secs(options.seconds);
-    let mut done = Vec::new();
-    for slot in slots {
+    let mut driven = Driven::default();
+    for slot in &schedule.slots {
         tokio::time::sleep(slot.gap).await;
-        if started.elapsed() >= window {
-            break;
+        let (left_out, carried): (Vec<&Fault>, Vec<&Fault>) = slot
+            .faults
+            .iter()
+            .partition(|f| schedule.skipped.contains_key(&f.id));
+        for fault in left_out {
+            let what = fault.kind.describe(server.name());
+            record(
+                &run.sink,
+                "nemesis",
+                What::FaultSkipped {
+                    id: fault.id,
+                    what: what.clone(),
+                },
+            );
+            driven.skipped.push(what);
         }
         let results =
-            futures::future::join_all(slot.faults.iter().map(|f| inject(run, server, f))).await;
-        for (fault, result) in slot.faults.iter().zip(results) {
-            if result.map_err(std::io::Error::other)? {
-                done.push(fault.kind.describe(server.name()));
-            }
+            futures::future::join_all(carried.iter().map(|f| inject(run, server, f))).await;
+        for (fault, result) in carried.iter().zip(results) {
+            result.map_err(std::io::Error::other)?;
+            driven
+                .done
+                .push((fault.kind.describe(server.name()), fault.kind.name()));
         }
     }
     record(&run.sink, "nemesis", What::Healed);
@@ -1142,13 +1205,14 @@ async fn drive(run: &Arc<Run>, server: &Server, options: &Options) -> std::io::R
     while !run.all_granted_since(healed) && tokio::time::Instant::now() < bound {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(done)
+    Ok(driven)
 }
 
 /// Carries out one fault, recording its start (and, for a fault that loses state, that it
-/// does) and its end; `false` if the server of the moment cannot carry it out (nothing is
-/// recorded then).
-async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<bool, String> {
+/// does) and its end. A fault the server of the moment cannot carry out is an error: the
+/// schedule's rule ([`schedule::skipped`]) should have left it out, and a run that skipped it
+/// by what it found would no longer carry out what its seed plans.
+async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String> {
     let start = |run: &Run| {
         record(
             &run.sink,
@@ -1172,16 +1236,19 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<bool, Strin
     };
     if let (FaultKind::PromoteReplica(missed), Some(failover)) = (&fault.kind, &mut failover) {
         start(run);
-        return promote(run, server, failover, *missed, fault.hold, || end(run))
-            .await
-            .map(|()| true);
+        return promote(run, server, failover, *missed, fault.hold, || end(run)).await;
     }
     let server = failover
         .as_ref()
         .and_then(|f| f.primary.as_ref())
         .unwrap_or(server);
     if !server.can(&fault.kind) {
-        return Ok(false);
+        return Err(format!(
+            "fault {} ({}) cannot be carried out by the server of the moment, and the \
+             schedule's rule did not leave it out",
+            fault.id,
+            fault.kind.describe(server.name())
+        ));
     }
     match fault.kind {
         FaultKind::Pause(c) => {
@@ -1314,7 +1381,7 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<bool, Strin
         // Carried out above.
         FaultKind::PromoteReplica(_) => {}
     }
-    Ok(true)
+    Ok(())
 }
 
 /// A failover: cuts the replica (Redis) or standby (PostgreSQL) off from the primary for
@@ -1324,11 +1391,6 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<bool, Strin
 /// of the old primary was made before, every grant of the new epoch comes after: the
 /// checker's boundary), sends every client to the new primary and starts a fresh replica of
 /// it for the next promotion.
-// Built without both backends that can fail over, every arm returns.
-#[cfg_attr(
-    not(any(feature = "redis", feature = "postgres")),
-    allow(unreachable_code, unused_variables, dead_code)
-)]
 async fn promote(
     run: &Run,
     given: &Server,
@@ -1337,14 +1399,12 @@ async fn promote(
     hold: Duration,
     end: impl FnOnce(),
 ) -> Result<(), String> {
-    // The fixture's error, in words (the type exists only with a backend feature: `testing`
-    // alone builds this function with no arm that fails).
+    // The fixture's error, in words.
     fn e(e: impl std::fmt::Display) -> String {
         e.to_string()
     }
     let old = failover.primary.as_ref().unwrap_or(given);
     let port = match &failover.replica {
-        #[cfg(feature = "redis")]
         Some(Server::Redis(replica)) => {
             if !missed.is_zero() {
                 replica.detach().await.map_err(e)?;
@@ -1355,7 +1415,6 @@ async fn promote(
             replica.promote().await.map_err(e)?;
             replica.port()
         }
-        #[cfg(feature = "postgres")]
         Some(Server::Postgres(standby)) => {
             if !missed.is_zero() {
                 if let Some(link) = &failover.link {
@@ -1368,10 +1427,7 @@ async fn promote(
             standby.promote().await.map_err(e)?;
             standby.port()
         }
-        _ => {
-            let _ = (run, missed, hold, end, old);
-            return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned());
-        }
+        _ => return Err("a promotion needs a Redis replica or a PostgreSQL standby".to_owned()),
     };
     end();
     // A client whose own fault holds its slot moves when that fault ends: it cannot reach
@@ -1391,9 +1447,7 @@ async fn promote(
     // The old primary, if the run started it, goes (it is stopped already); the server the
     // run was given stays stopped until its owner drops it.
     let (next, link) = match &failover.replica {
-        #[cfg(feature = "redis")]
         Some(Server::Redis(replica)) => (Server::Redis(replica_of(replica).await?), None),
-        #[cfg(feature = "postgres")]
         Some(Server::Postgres(standby)) => {
             let (next, link) = standby_of(standby).await?;
             (Server::Postgres(next), Some(link))
@@ -1476,5 +1530,62 @@ async fn find_leftovers(
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn more_clients_than_permits_by_default() {
+        let options = Options::new(30, 1);
+        assert!(options.clients_per_recipe() > Recipe::SEMAPHORE_PERMITS as usize);
+        assert_eq!(options.clients_per_recipe(), DEFAULT_CLIENTS_PER_RECIPE);
+        assert_eq!(options.with_clients_per_recipe(0).clients_per_recipe(), 1);
+    }
+
+    #[test]
+    fn a_seed_plans_the_same_faults_every_time_and_draws_from_every_client() {
+        let options = Options::new(60, 7);
+        let a = schedule("zookeeper-ensemble", &options).expect("a backend");
+        let b = schedule("zookeeper-ensemble", &options).expect("a backend");
+        assert_eq!(a.faults, b.faults);
+        assert_eq!(a.planned, b.planned);
+        assert!(
+            a.planned >= Duration::from_secs(60),
+            "the plan fills its window"
+        );
+        // Every client of the four recipes can be drawn, none beyond.
+        let clients = options.clients_per_recipe() * Recipe::ALL.len();
+        let targets: HashSet<usize> = (0..200)
+            .filter_map(|seed| schedule("redis", &Options::new(60, seed)))
+            .flat_map(|s| s.slots)
+            .flat_map(|slot| slot.faults)
+            .filter_map(|f| f.kind.client())
+            .collect();
+        assert_eq!(targets, (0..clients).collect());
+        assert!(schedule("consul", &options).is_none());
+    }
+
+    #[test]
+    fn drawn_and_missing_kinds_split_what_the_server_offers() {
+        for seed in 0..30 {
+            let s = schedule("postgres", &Options::new(30, seed)).expect("a backend");
+            let (drawn, missing) = (s.drawn(), s.missing());
+            assert_eq!(drawn.len() + missing.len(), s.offered.len());
+            assert!(drawn.iter().all(|k| !missing.contains(k)));
+            // A kind counts as drawn only if some fault of it is carried out.
+            for k in &drawn {
+                assert!(s.faults.iter().any(|f| f.kind == *k && f.skipped.is_none()));
+            }
+            for f in s.faults.iter().filter(|f| f.skipped.is_some()) {
+                let promoted_before = s
+                    .faults
+                    .iter()
+                    .any(|p| p.kind == "promote-replica" && p.id < f.id);
+                assert!(promoted_before, "seed {seed}: {f:?}");
+            }
+        }
     }
 }

@@ -35,10 +35,6 @@ impl Rng {
 /// One fault of a schedule. Which ones a schedule draws depends on the server (and so on the
 /// backend features built in): a build without Redis never makes a flush.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(
-    not(all(feature = "etcd", feature = "redis", feature = "zookeeper")),
-    allow(dead_code)
-)]
 pub(crate) enum FaultKind {
     /// SIGSTOP a client for `hold` (past its TTL), then SIGCONT.
     Pause(usize),
@@ -136,6 +132,30 @@ impl FaultKind {
         }
     }
 
+    /// The kind's name, whatever its client, member or duration: what a run must draw
+    /// ([`offered_kinds`]) and what the suite counts.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            FaultKind::Pause(_) => "pause",
+            FaultKind::Kill(_) => "kill",
+            FaultKind::Cut(_) => "cut",
+            FaultKind::CutAnswers(_) => "cut-answers",
+            FaultKind::ServerPause => "server-pause",
+            FaultKind::ServerRestart => "server-restart",
+            FaultKind::ServerRestartEmpty => "server-restart-empty",
+            FaultKind::ServerRestartFromSnapshot => "server-restart-from-snapshot",
+            FaultKind::Flush => "flush",
+            FaultKind::ServerCrash => "server-crash",
+            FaultKind::KillConnections => "kill-connections",
+            FaultKind::PromoteReplica(_) => "promote-replica",
+            FaultKind::Expire(_) => "expire",
+            FaultKind::FollowerPause(_) => "follower-pause",
+            FaultKind::LeaderPause => "leader-pause",
+            FaultKind::MemberRestart(_) => "member-restart",
+            FaultKind::LeaderRestart => "leader-restart",
+        }
+    }
+
     /// In words, for the history.
     pub(crate) fn describe(&self, backend: &str) -> String {
         match self {
@@ -179,6 +199,132 @@ impl FaultKind {
             }
         }
     }
+}
+
+/// The client faults every server gets, by name ([`FaultKind::name`]).
+pub(crate) const CLIENT_KINDS: [&str; 4] = ["pause", "kill", "cut", "cut-answers"];
+
+/// The server faults of a backend, by the backend's name (`etcd`, `redis`, `zookeeper`,
+/// `etcd-cluster`, `zookeeper-ensemble`, `postgres`): a pure function of the name and of
+/// what the fixture allows, so that a schedule can be seen without a server. `host_data`:
+/// the server's data is on the host (it can be wiped or restored); `container`: it runs in a
+/// container (it can be paused, and a Redis replica can be started beside it). In the CI's
+/// runs both are true. An unknown name has none.
+pub(crate) fn server_faults(backend: &str, host_data: bool, container: bool) -> Vec<FaultKind> {
+    let mut faults = Vec::new();
+    match backend {
+        "etcd" => {
+            faults.extend([FaultKind::ServerPause, FaultKind::ServerRestart]);
+            // Its data on the host: it can lose it, or go back to a snapshot.
+            if host_data {
+                faults.extend([
+                    FaultKind::ServerRestartEmpty,
+                    FaultKind::ServerRestartFromSnapshot,
+                ]);
+            }
+        }
+        "redis" => {
+            faults.extend([
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::ServerRestartEmpty,
+                FaultKind::ServerRestartFromSnapshot,
+                FaultKind::Flush,
+            ]);
+            // The replica is started beside the server, in a container of its own: not
+            // beside a server named by `BATON_REDIS_URL`, which no fixture controls.
+            if container {
+                faults.push(FaultKind::PromoteReplica(Duration::ZERO));
+            }
+        }
+        // `docker pause` freezes a container only; the local `java` fallback is not paused.
+        "zookeeper" if container => {
+            faults.extend([
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::Expire(0),
+            ]);
+            // Its data on the host: it can lose it. (A copy of it is made only while it is
+            // stopped: no restore from an earlier copy here.)
+            if host_data {
+                faults.push(FaultKind::ServerRestartEmpty);
+            }
+        }
+        "zookeeper" => faults.extend([FaultKind::ServerRestart, FaultKind::Expire(0)]),
+        "etcd-cluster" => faults.extend([
+            FaultKind::FollowerPause(0),
+            FaultKind::LeaderPause,
+            FaultKind::MemberRestart(0),
+            FaultKind::LeaderRestart,
+        ]),
+        "zookeeper-ensemble" if container => faults.extend([
+            FaultKind::FollowerPause(0),
+            FaultKind::LeaderPause,
+            FaultKind::MemberRestart(0),
+            FaultKind::LeaderRestart,
+            FaultKind::Expire(0),
+        ]),
+        "zookeeper-ensemble" => faults.extend([
+            FaultKind::MemberRestart(0),
+            FaultKind::LeaderRestart,
+            FaultKind::Expire(0),
+        ]),
+        "postgres" => {
+            faults.extend([
+                FaultKind::ServerPause,
+                FaultKind::ServerRestart,
+                FaultKind::ServerCrash,
+                FaultKind::KillConnections,
+                FaultKind::PromoteReplica(Duration::ZERO),
+            ]);
+            // Its data on the host: it can lose it, or go back to a base backup (until a
+            // promotion: a standby's data is its container's).
+            if host_data {
+                faults.extend([
+                    FaultKind::ServerRestartEmpty,
+                    FaultKind::ServerRestartFromSnapshot,
+                ]);
+            }
+        }
+        _ => {}
+    }
+    faults
+}
+
+/// Every kind a run on a server with these server faults can carry out, by name: the client
+/// kinds, then the server's, each once.
+pub(crate) fn offered_kinds(server_faults: &[FaultKind]) -> Vec<&'static str> {
+    let mut kinds: Vec<&'static str> = CLIENT_KINDS.to_vec();
+    for f in server_faults {
+        if !kinds.contains(&f.name()) {
+            kinds.push(f.name());
+        }
+    }
+    kinds
+}
+
+/// The planned faults a run leaves out, each with the reason, by a rule that reads the plan
+/// alone (never the server of the moment), so that the faults carried out are a function of
+/// the seed: on PostgreSQL, once a standby was promoted the primary's data is its container's,
+/// not the host's, so a wipe or a restore planned after the first promotion is skipped.
+pub(crate) fn skipped(slots: &[Slot], backend: &str) -> Vec<(u32, &'static str)> {
+    let mut promoted = false;
+    let mut skipped = Vec::new();
+    for fault in slots.iter().flat_map(|s| &s.faults) {
+        match fault.kind {
+            FaultKind::PromoteReplica(_) => promoted = true,
+            FaultKind::ServerRestartEmpty | FaultKind::ServerRestartFromSnapshot
+                if promoted && backend == "postgres" =>
+            {
+                skipped.push((
+                    fault.id,
+                    "a promoted standby's data is its container's: it cannot be wiped or restored",
+                ));
+            }
+            _ => {}
+        }
+    }
+    skipped
 }
 
 /// A fault and when: it starts `at` after the first slot's start, waits `lead` (a snapshot's
@@ -339,6 +485,83 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_backend_offers_its_faults_by_name_alone() {
+        let kinds = |backend| offered_kinds(&server_faults(backend, true, true));
+        assert_eq!(
+            kinds("redis"),
+            [
+                "pause",
+                "kill",
+                "cut",
+                "cut-answers",
+                "server-pause",
+                "server-restart",
+                "server-restart-empty",
+                "server-restart-from-snapshot",
+                "flush",
+                "promote-replica"
+            ]
+        );
+        for (backend, losing) in [
+            ("etcd", 2),
+            ("redis", 4),
+            ("zookeeper", 1),
+            ("etcd-cluster", 0),
+            ("zookeeper-ensemble", 0),
+            ("postgres", 3),
+        ] {
+            let faults = server_faults(backend, true, true);
+            assert_eq!(
+                faults.iter().filter(|f| f.loses_state()).count(),
+                losing,
+                "{backend}'s state-loss faults"
+            );
+            // An expiry is a client's fault that only ZooKeeper offers; the rest strike the
+            // server.
+            assert!(
+                faults
+                    .iter()
+                    .all(|f| f.on_server() || matches!(f, FaultKind::Expire(_)))
+            );
+            assert_eq!(kinds(backend).len(), CLIENT_KINDS.len() + faults.len());
+        }
+        // Without its data on the host, nothing to wipe or restore.
+        assert!(
+            !server_faults("postgres", false, true)
+                .iter()
+                .any(|f| matches!(f, FaultKind::ServerRestartEmpty))
+        );
+        // The local fallback (no container) is not paused.
+        assert!(!server_faults("zookeeper", true, false).contains(&FaultKind::ServerPause));
+        assert!(server_faults("consul", true, true).is_empty());
+    }
+
+    #[test]
+    fn a_wipe_or_restore_after_a_promotion_is_skipped_on_postgres_only() {
+        let server = server_faults("postgres", true, true);
+        let ttl = Duration::from_secs(2);
+        let mut skipped_any = false;
+        for seed in 0..40 {
+            let slots = plan(seed, 12, &server, ttl, Duration::from_secs(30));
+            let left = skipped(&slots, "postgres");
+            assert_eq!(left, skipped(&slots, "postgres"), "a function of the plan");
+            assert!(skipped(&slots, "redis").is_empty());
+            let mut promoted = false;
+            for f in slots.iter().flat_map(|s| &s.faults) {
+                let left_out = left.iter().any(|(id, _)| *id == f.id);
+                let host_data = matches!(
+                    f.kind,
+                    FaultKind::ServerRestartEmpty | FaultKind::ServerRestartFromSnapshot
+                );
+                assert_eq!(left_out, promoted && host_data, "seed {seed}, {f:?}");
+                skipped_any |= left_out;
+                promoted |= matches!(f.kind, FaultKind::PromoteReplica(_));
+            }
+        }
+        assert!(skipped_any, "some seed plans a wipe after a promotion");
     }
 
     #[test]
