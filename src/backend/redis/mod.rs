@@ -27,6 +27,7 @@ use super::{
 };
 use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
+use crate::retry::{Backoff, Retry};
 
 /// The oldest Redis baton runs on: 5.0 (streams, and scripts that read the clock before they
 /// write).
@@ -774,11 +775,7 @@ impl RedisBackend {
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let give_up = Instant::now()
-            .checked_add(self.inner.options.retry_for)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
-        let mut backoff = Duration::from_millis(25);
-        let mut maybe_applied = false;
+        let mut retry = Retry::new(op, self.inner.options.retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             let attempt = Box::pin(tokio::time::timeout(
@@ -786,45 +783,28 @@ impl RedisBackend {
                 f(self.inner.conn.clone()),
             ));
             let error: BoxError = match attempt.await {
-                Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                 Ok(Err(e)) if !is_transient(&e) => {
-                    return Err(if maybe_applied {
-                        Error::OutcomeUnknown {
-                            op,
-                            source: Box::new(e),
-                            at: Default::default(),
-                        }
+                    return Err(if retry.maybe_applied() {
+                        retry.failed(Box::new(e))
                     } else {
                         redis_err(op, e)
                     });
                 }
                 Ok(Err(e)) => {
-                    maybe_applied |= kind == Kind::Write && !never_sent(&e);
+                    if kind == Kind::Write && !never_sent(&e) {
+                        retry.may_have_applied();
+                    }
                     Box::new(e)
                 }
                 Err(_elapsed) => {
-                    maybe_applied |= kind == Kind::Write;
+                    if kind == Kind::Write {
+                        retry.may_have_applied();
+                    }
                     NoAnswer::request(self.inner.options.request_timeout)
                 }
             };
-            if Instant::now() + backoff >= give_up {
-                return Err(if maybe_applied {
-                    Error::OutcomeUnknown {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                } else {
-                    Error::Backend {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                });
-            }
-            tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.endpoint, "redis request failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            retry.pause(error, &self.inner.endpoint).await?;
         }
     }
 
@@ -1344,7 +1324,7 @@ impl Backend for RedisBackend {
             started: false,
             epoch: None,
             delay: None,
-            backoff: Duration::from_millis(25),
+            backoff: Backoff::new(),
         };
         futures::stream::unfold(observer, |mut o| async move {
             let event = o.next_event().await;
@@ -1380,7 +1360,7 @@ struct Observer {
     /// heads logged before may be gone or rolled back (see `epoch` in lib.lua).
     epoch: Option<u64>,
     delay: Option<Duration>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 /// One logged head: its id, the id before it, and the entry (`None`: the queue was empty).
@@ -1404,8 +1384,7 @@ impl Observer {
 
     fn failed(&mut self) {
         self.conn = None;
-        self.delay = Some(self.backoff);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+        self.delay = Some(self.backoff.next_delay());
     }
 
     fn report(&mut self, head: Option<Entry>) {
@@ -1473,7 +1452,7 @@ impl Observer {
                 at: Default::default(),
             })?
             .map_err(|e| redis_err("observe", e))?;
-        self.backoff = Duration::from_millis(25);
+        self.backoff.reset();
         let heads = stream_heads(answer)?;
         for (id, previous, head) in heads {
             if previous != self.last_id.as_deref().unwrap_or_default() {
