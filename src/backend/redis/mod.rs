@@ -25,7 +25,7 @@ use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp,
     queue_of_bytes,
 };
-use crate::epoch::{Epoch, StoreEpochs};
+use crate::epoch::{Epoch, StoreEpochs, grace_rest};
 use crate::error::{BoxError, Error, LostReason, Result};
 use crate::retry::{Backoff, Retry};
 
@@ -548,14 +548,12 @@ fn unknown(op: &'static str) -> Error {
     }
 }
 
-/// The restart grace still to wait, from the `since` and `now` a script answered with.
-fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<u64> {
+/// The restart grace still to wait, from the `since` and `now` a script answered with (the
+/// server's clock, ms).
+fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<Duration> {
     let since = since.and_then(number)?;
     let now = now.and_then(number)?;
-    let end = since.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
-    u64::try_from(end.saturating_sub(now))
-        .ok()
-        .filter(|&left| left > 0)
+    grace_rest(grace, now.saturating_sub(since))
 }
 
 /// One argument list of a script: the prefix first.
@@ -895,9 +893,7 @@ impl RedisBackend {
         let epoch = Epoch::new(u128::from(start), start, 0);
         if self.inner.epochs.may_enter(&epoch) {
             let left = grace_left(self.inner.options.restart_grace, since, now);
-            self.inner
-                .epochs
-                .enter(epoch, left.map(Duration::from_millis));
+            self.inner.epochs.enter(epoch, left);
         }
     }
 
