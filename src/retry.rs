@@ -143,12 +143,14 @@ impl Retry {
     }
 
     /// The same retries with pauses of at most `max`.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn capped(mut self, max: Duration) -> Retry {
         self.backoff = Backoff::capped(max);
         self
     }
 
     /// The deadline.
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
     pub(crate) fn give_up(&self) -> Instant {
         self.give_up
     }
