@@ -484,6 +484,24 @@ impl StoreEpochs {
     }
 }
 
+/// The rest of a restart grace of `grace` that began `age_ms` ago, as a store reports it on its
+/// own clock (Redis: its `TIME` minus when the epoch began; PostgreSQL: `clock_timestamp()`
+/// minus the same; ZooKeeper: the clock of its last write minus the marker's `mtime`); `None`
+/// once it has passed. The part every backend that counts the grace on the store's clock
+/// shares: where the two instants come from is the backend's.
+///
+/// An age below zero (the store's clock was set back since the epoch began) counts as zero:
+/// the epoch began before the answer that reports it, so the whole grace from now covers
+/// every holder from before, and no clock step can make the wait longer than the grace.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "zookeeper", feature = "postgres", test)),
+    allow(dead_code)
+)]
+pub(crate) fn grace_rest(grace: Duration, age_ms: i64) -> Option<Duration> {
+    let age = Duration::from_millis(u64::try_from(age_ms).unwrap_or(0));
+    grace.checked_sub(age).filter(|left| !left.is_zero())
+}
+
 /// 128 bits that differ between calls and processes: std's randomly keyed hasher over a
 /// counter and the clock. Uniqueness, not secrecy.
 pub(crate) fn random_u128() -> u128 {
@@ -527,6 +545,24 @@ mod tests {
         assert_eq!(Epoch::decode(b"baton-epoch/2 00 1 2"), None);
         assert_eq!(Epoch::decode(b"hello"), None);
         assert_eq!(Epoch::decode(b"\xff"), None);
+    }
+
+    #[test]
+    fn the_grace_left_is_what_the_store_clock_has_not_yet_counted() {
+        let grace = Duration::from_secs(60);
+        assert_eq!(grace_rest(grace, 0), Some(grace));
+        assert_eq!(grace_rest(grace, 45_000), Some(Duration::from_secs(15)));
+        assert_eq!(grace_rest(grace, 60_000), None);
+        assert_eq!(grace_rest(grace, i64::MAX), None);
+        // A store clock set back since the epoch began: never more than the whole grace.
+        assert_eq!(grace_rest(grace, -5_000), Some(grace));
+        assert_eq!(grace_rest(grace, i64::MIN), Some(grace));
+        // No grace (turned off), none to wait.
+        assert_eq!(grace_rest(Duration::ZERO, 0), None);
+        assert_eq!(
+            grace_rest(Duration::MAX, 1),
+            Duration::MAX.checked_sub(Duration::from_millis(1))
+        );
     }
 
     #[test]

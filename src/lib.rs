@@ -167,6 +167,7 @@ mod mutex;
 mod queue;
 #[cfg(feature = "redlock")]
 pub mod redlock;
+mod retry;
 mod rwlock;
 mod semaphore;
 mod session;

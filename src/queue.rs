@@ -31,37 +31,11 @@ pub(crate) enum Mode {
     Try,
 }
 
-/// Exponential backoff for retries that must not hammer a failing backend.
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    /// Delays handed out so far.
-    given: u32,
-}
+/// The retry policy's pauses (`crate::retry`), named here for the recipes built on the engine.
+pub(crate) use crate::retry::Backoff;
 
-impl Backoff {
-    const FIRST: Duration = Duration::from_millis(25);
-    const MAX: Duration = Duration::from_secs(1);
-
-    pub(crate) fn new() -> Self {
-        Backoff { given: 0 }
-    }
-
-    /// The pause before going round a loop that should not have come round at all.
-    const SLOW: Duration = Duration::from_millis(250);
-
-    /// The pause after `failures` failures in a row: 25 ms, doubling, up to a second.
-    fn after(failures: u32) -> Duration {
-        Self::FIRST
-            .saturating_mul(1 << failures.saturating_sub(1).min(6))
-            .min(Self::MAX)
-    }
-
-    /// The delay to wait now; the next one is twice as long, up to a second.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        self.given = self.given.saturating_add(1);
-        Self::after(self.given)
-    }
-}
+/// The pause before going round a loop that should not have come round at all.
+const SLOW: Duration = Duration::from_millis(250);
 
 /// The head of a queue, held: the entry exists and no older entry does.
 #[derive(Debug)]
@@ -179,7 +153,7 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
                         Ok(_) => Trace::Nothing,
                         Err(e) => {
                             tracing::debug!(key = %slot.0, error = %e, "cleanup: cannot look for the entry; retrying");
-                            wait(&mut backoff).await;
+                            backoff.wait().await;
                             Trace::Unknown(slot)
                         }
                     }
@@ -191,7 +165,7 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
                     }
                     Err(e) => {
                         tracing::debug!(key = %entry.key(), error = %e, "cleanup: delete failed; retrying");
-                        wait(&mut backoff).await;
+                        backoff.wait().await;
                         Trace::Created(entry)
                     }
                 },
@@ -210,11 +184,6 @@ async fn clean_up(session: Session, mut trace: Trace, local: Option<OwnedMutexGu
         }
     }
     drop(local);
-}
-
-async fn wait(backoff: &mut Backoff) {
-    // Boxed: a timer is large, and only failing paths need one.
-    Box::pin(tokio::time::sleep(backoff.next_delay())).await;
 }
 
 /// Runs `cleanup` in the current runtime, else in the session's; logs if neither runs.
@@ -791,7 +760,7 @@ fn wait_for_turn<'a>(
                     Backoff::after(failures)
                 } else {
                     tracing::debug!(key = %mine.key(), "predecessor seen again after it was gone; backing off");
-                    Backoff::SLOW
+                    SLOW
                 };
                 tokio::select! {
                     () = Box::pin(tokio::time::sleep(pause)) => {}
@@ -992,7 +961,7 @@ impl Held {
                     tokio::select! {
                         biased;
                         reason = &mut lost => return Err(Error::SessionLost(reason)),
-                        () = wait(&mut backoff) => {}
+                        () = backoff.wait() => {}
                     }
                 }
             }
@@ -1038,6 +1007,6 @@ async fn entry_deleted(backend: &dyn Backend, entry: &Entry) {
     let mut backoff = Backoff::new();
     while let Err(e) = backend.wait_gone(entry).await {
         tracing::debug!(key = %entry.key(), error = %e, "watching our own entry failed; retrying");
-        wait(&mut backoff).await;
+        backoff.wait().await;
     }
 }

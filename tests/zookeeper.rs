@@ -129,6 +129,65 @@ async fn layouts_name_nodes_as_curator_and_kazoo_do() {
     }
 }
 
+/// `inspect` and `list` (what `baton status` and `baton ls` print) label ZooKeeper's nodes by
+/// the recipes' rules in both layouts: the oldest holds, the others wait in queue order. Both
+/// layouts put `_` in node names (`_c_<uuid>-lock-<seq>`, `<uuid>__lock__<seq>`); such names
+/// were once taken for a barrier's entries, and every waiter showed as a holder (#38). The
+/// rules live in the library's `inspect`; the CLI re-derives no key layout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_labels_the_holder_and_the_waiters_in_both_layouts() {
+    use baton::inspect::{self, EntryKind, Role};
+    for layout in [ZkLayout::Curator, ZkLayout::Kazoo] {
+        let name = test_name(&format!("inspect-{}", layout.name()));
+        let backend = ZkBackend::connect(
+            &ZkNode::shared().url(),
+            ZkOptions::new().with_layout(layout),
+        )
+        .await
+        .unwrap();
+        let a = Session::new(backend.clone()).await.unwrap();
+        let b = Session::new(backend.clone()).await.unwrap();
+        let c = Session::new(backend.clone()).await.unwrap();
+        let first = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+        let second = support::spawn_queued(&backend, &b, &name, 2).await;
+        let third = support::spawn_queued(&backend, &c, &name, 3).await;
+
+        let view = inspect::inspect(&backend, &name).await.unwrap();
+        let roles: Vec<(Role, usize, EntryKind)> = view
+            .members()
+            .iter()
+            .map(|m| (m.role(), m.place(), m.kind()))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                (Role::Holder, 0, EntryKind::Exclusive),
+                (Role::Waiter, 1, EntryKind::Exclusive),
+                (Role::Waiter, 2, EntryKind::Exclusive),
+            ],
+            "{layout:?}"
+        );
+        assert_eq!(view.members()[0].entry().key(), first.key(), "{layout:?}");
+        let listed = inspect::list(&backend, &name).await.unwrap();
+        let mine: Vec<_> = listed.iter().filter(|v| v.name() == name).collect();
+        assert_eq!(mine.len(), 1, "{layout:?}: {listed:?}");
+        assert_eq!(mine[0].holders().count(), 1, "{layout:?}");
+        assert_eq!(mine[0].waiters(), 2, "{layout:?}");
+
+        first.release().await.unwrap();
+        let second = within("the first waiter", Duration::from_secs(10), second)
+            .await
+            .unwrap()
+            .unwrap();
+        second.release().await.unwrap();
+        let third = within("the second waiter", Duration::from_secs(10), third)
+            .await
+            .unwrap()
+            .unwrap();
+        third.release().await.unwrap();
+    }
+}
+
 /// A queue holding nodes of the other layout is refused with a typed error, and the refused
 /// contender leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
+use crate::retry::{Backoff, Retry};
 
 mod epoch;
 mod reach;
@@ -440,9 +441,8 @@ impl EtcdBackend {
         // (the authentication at connect, or the probe below): try again (another endpoint
         // gets its turn) until the connect timeout, as etcdctl does.
         let mut retry = ConnectRetry {
-            give_up: Instant::now() + options.connect_timeout,
+            retry: Retry::new("connect", options.connect_timeout).capped(CONNECT_BACKOFF_MAX),
             connect_timeout: options.connect_timeout,
-            backoff: Duration::from_millis(25),
             endpoints: &endpoints,
             tls_check: Some(tls_check),
             tls,
@@ -491,9 +491,8 @@ impl EtcdBackend {
     pub async fn from_client(client: Client, options: EtcdOptions) -> Result<Self> {
         let endpoints = vec!["(an application's etcd client)".to_owned()];
         let retry = ConnectRetry {
-            give_up: Instant::now() + options.connect_timeout,
+            retry: Retry::new("connect", options.connect_timeout).capped(CONNECT_BACKOFF_MAX),
             connect_timeout: options.connect_timeout,
-            backoff: Duration::from_millis(25),
             endpoints: &endpoints,
             tls_check: None,
             tls: false,
@@ -637,14 +636,7 @@ impl EtcdBackend {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let give_up = Instant::now() + retry_for;
-        let mut backoff = Duration::from_millis(25);
-        let mut maybe_applied = false;
-        let unknown = |source: BoxError| Error::OutcomeUnknown {
-            op,
-            source,
-            at: Default::default(),
-        };
+        let mut retry = Retry::new(op, retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
@@ -655,38 +647,29 @@ impl EtcdBackend {
                 f(self.inner.client.clone()),
             ));
             let error: BoxError = match attempt.await {
-                Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                 Ok(Err(e)) if !tonic_code::is_transient(&e) => {
-                    return Err(if maybe_applied {
-                        unknown(e.into())
+                    return Err(if retry.maybe_applied() {
+                        retry.failed(e.into())
                     } else {
                         etcd_err(op, e)
                     });
                 }
                 Ok(Err(e)) => {
-                    maybe_applied |= kind == Kind::Write && !tonic_code::never_sent(&e);
+                    if kind == Kind::Write && !tonic_code::never_sent(&e) {
+                        retry.may_have_applied();
+                    }
                     e.into()
                 }
                 // The request may be on its way, or applied with its answer on its way back.
                 Err(elapsed) => {
-                    maybe_applied |= kind == Kind::Write;
+                    if kind == Kind::Write {
+                        retry.may_have_applied();
+                    }
                     elapsed.into()
                 }
             };
-            if Instant::now() + backoff >= give_up {
-                return Err(if maybe_applied {
-                    unknown(error)
-                } else {
-                    Error::Backend {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                });
-            }
-            tracing::debug!(op, error = %error, ?backoff, "etcd request failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            retry.pause(error, "etcd").await?;
         }
     }
 
@@ -844,16 +827,19 @@ const TLS_CHECK_LIMIT: Duration = Duration::from_secs(1);
 /// etcd without TLS may go unanswered until the connect timeout.
 const PLAIN_TEXT_CHECK_AFTER: Duration = Duration::from_millis(250);
 
+/// The longest pause between the attempts of `connect`: its limit (the connect timeout,
+/// 5 s by default) is short, so attempts stay close together.
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(250);
+
 /// Retries of the requests `connect` makes, until the connect timeout: the channel balances
 /// over the endpoints, so a dead one may take a request while a live one would answer. A
 /// failure that retrying cannot fix ends it at once: every endpoint refused or unknown, a
 /// certificate refused, a TLS endpoint that answers in plain text or the reverse.
 struct ConnectRetry<'a> {
-    give_up: Instant,
-    connect_timeout: Duration,
-    /// The pause before the next attempt: 25 ms, doubling, up to 250 ms; shared by the
+    /// Until the connect timeout, pauses of at most [`CONNECT_BACKOFF_MAX`]; shared by the
     /// requests of one `connect`.
-    backoff: Duration,
+    retry: Retry,
+    connect_timeout: Duration,
     endpoints: &'a [String],
     /// Run once, at the first failure after a connection was made: it may hide a refused
     /// client certificate, or a TLS server reached in plain text.
@@ -903,7 +889,10 @@ impl ConnectRetry<'_> {
             .fuse()
         );
         loop {
-            let left = self.give_up.saturating_duration_since(Instant::now());
+            let left = self
+                .retry
+                .give_up()
+                .saturating_duration_since(Instant::now());
             let answer = tokio::select! {
                 answer = tokio::time::timeout(left, request()) => answer,
                 Some(not_tls) = &mut plain_text => {
@@ -917,9 +906,10 @@ impl ConnectRetry<'_> {
                     })));
                 }
                 Ok(Ok(answer)) => return Ok(answer),
-                Ok(Err(e)) if transient(&e) && Instant::now() + self.backoff < self.give_up => {
+                Ok(Err(e)) if transient(&e) && self.retry.pause_fits() => {
                     let within = self
-                        .give_up
+                        .retry
+                        .give_up()
                         .saturating_duration_since(Instant::now())
                         .min(TLS_CHECK_LIMIT);
                     // A connection that was made and then failed may be a server refusing
@@ -939,8 +929,11 @@ impl ConnectRetry<'_> {
                         return Err(self.failed(Box::new(unreachable)));
                     }
                     tracing::debug!(error = %e, "connect: an endpoint did not answer; {what} again");
-                    tokio::time::sleep(self.backoff).await;
-                    self.backoff = (self.backoff * 2).min(Duration::from_millis(250));
+                    // The checks above may have taken the time left: then the next attempt
+                    // finds none, and says so.
+                    if let Some(pause) = self.retry.next_pause() {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
                 Ok(Err(e)) if reach::AuthNotEnabled::is(&e) => {
                     return Err(self.misconfigured(Box::new(reach::AuthNotEnabled(e))));
@@ -1329,16 +1322,15 @@ impl Backend for EtcdBackend {
         // Register with the shared watch stream; once the watch is confirmed, check that the
         // entry still exists unless the watch is older than the entry: a deletion after that
         // point is delivered.
-        let mut backoff = Duration::from_millis(25);
+        let mut backoff = Backoff::new();
         loop {
             let registration = self
                 .inner
                 .watches
                 .register(entry.key_bytes(), revision(entry));
             let Ok(coverage) = registration.ready.await else {
-                tracing::debug!(key = %entry.key(), ?backoff, "watch not established; retrying");
-                Box::pin(tokio::time::sleep(backoff)).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                tracing::debug!(key = %entry.key(), backoff = ?backoff.peek(), "watch not established; retrying");
+                backoff.wait().await;
                 continue;
             };
             // A watch that existed before this incarnation was created has reported (or will
@@ -1507,7 +1499,7 @@ impl Backend for EtcdBackend {
             stream: None,
             snapshotted: false,
             delay: None,
-            backoff: Duration::from_millis(25),
+            backoff: Backoff::new(),
         };
         futures::stream::unfold(observer, |mut o| async move {
             let event = o.next_event().await;
@@ -1538,7 +1530,7 @@ struct Observer {
     snapshotted: bool,
     /// Wait this long before the next attempt (after a failure).
     delay: Option<Duration>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Observer {
@@ -1555,8 +1547,7 @@ impl Observer {
     }
 
     fn failed(&mut self) {
-        self.delay = Some(self.backoff);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+        self.delay = Some(self.backoff.next_delay());
     }
 
     /// One step: take a snapshot, open the watch, or read one response.
@@ -1592,7 +1583,7 @@ impl Observer {
             self.resume_from = None;
             return Ok(());
         }
-        self.backoff = Duration::from_millis(25);
+        self.backoff.reset();
         let events = resp.events();
         let mut next = self.resume_from.unwrap_or(0);
         for (i, ev) in events.iter().enumerate() {

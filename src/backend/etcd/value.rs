@@ -6,13 +6,13 @@
 //! publishes every value it learns; after a broken stream or a compaction it reads and watches
 //! again. It ends when the last waiter is gone.
 
+use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
-use std::time::Duration;
-
-use etcd_client::{Client, EventType, WatchOptions};
 use tokio::sync::watch;
+
+use crate::retry::Backoff;
 
 /// The last value a shared watch learned: `None` until its first read; then the key's value
 /// (`None`: absent).
@@ -58,7 +58,7 @@ async fn follow(
     sender: Weak<watch::Sender<Known>>,
     requests: Arc<AtomicU64>,
 ) {
-    let mut backoff = Duration::from_millis(25);
+    let mut backoff = Backoff::new();
     loop {
         let Some(tx) = sender.upgrade() else { return };
         let publish = |value: Option<Vec<u8>>| {
@@ -84,12 +84,11 @@ async fn follow(
                 tracing::debug!(%key, error = %e, "value watch: read or watch failed; retrying");
                 // Not held while waiting: if every waiter leaves meanwhile, the task ends.
                 drop(tx);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
-        backoff = Duration::from_millis(25);
+        backoff.reset();
         loop {
             let msg = tokio::select! {
                 // Every waiter is gone (the map keeps only a weak handle): stop.

@@ -26,8 +26,8 @@ use tokio::time::Instant;
 use tokio_postgres::Row;
 use tokio_postgres::types::Type;
 
-use super::{PgBackend, ms};
-use crate::epoch::Epoch;
+use super::PgBackend;
+use crate::epoch::{Epoch, grace_rest};
 use crate::error::{Error, Result};
 
 /// How many times a client reads the marker again because another client changed it while
@@ -109,12 +109,7 @@ impl PgBackend {
     /// What is left of an epoch's grace that began `age_ms` ago (`None`: marked new, or
     /// passed), by this client's grace.
     fn grace_left(&self, age_ms: Option<i64>) -> Option<Duration> {
-        let age = ms(age_ms?);
-        self.inner
-            .epochs
-            .grace()
-            .checked_sub(age)
-            .filter(|l| !l.is_zero())
+        grace_rest(self.inner.epochs.grace(), age_ms?)
     }
 
     /// Takes in what an answer said of the store (`system_id`: of the connection that

@@ -15,7 +15,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
-use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
@@ -23,6 +22,7 @@ use tokio_postgres::AsyncMessage;
 
 use super::{Target, connect_client};
 use crate::error::{Error, Result};
+use crate::retry::Backoff;
 
 /// What a subscriber hears.
 #[derive(Debug, Clone)]
@@ -244,7 +244,7 @@ async fn run(
     else {
         return;
     };
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new();
     loop {
         let connected = tokio::time::timeout(target.connect_timeout, connect_client(&target)).await;
         let (client, mut connection) = match connected {
@@ -264,8 +264,7 @@ async fn run(
                 if shared.strong_count() == 0 {
                     return;
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(backoff.next_delay()).await;
                 continue;
             }
         };
@@ -306,11 +305,10 @@ async fn run(
             .collect();
         if let Err(e) = client.batch_execute(&sql).await {
             tracing::debug!(error = %e, "the LISTEN connection could not listen; reconnecting");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            tokio::time::sleep(backoff.next_delay()).await;
             continue;
         }
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         listening.extend(wanted);
         if !first && let Some(strong) = shared.upgrade() {
             dispatch(&strong, None, &Heard::Reconnected);

@@ -30,6 +30,7 @@ use self::listener::{Heard, Listener};
 use super::{Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp};
 use crate::epoch::StoreEpochs;
 use crate::error::{BoxError, Error, LostReason, Result, Where};
+use crate::retry::Retry;
 
 /// The oldest PostgreSQL baton runs on: 13.
 const MINIMUM_VERSION: i32 = 130_000;
@@ -767,9 +768,7 @@ impl PgBackend {
         F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = std::result::Result<T, tokio_postgres::Error>>,
     {
-        let started = Instant::now();
-        let mut maybe_applied = false;
-        let mut backoff = Duration::from_millis(20);
+        let mut retry = Retry::new(op, self.inner.retry_for);
         loop {
             let failure = match self.client().await {
                 Err(failure) => failure,
@@ -780,7 +779,7 @@ impl PgBackend {
                     )
                     .await
                     {
-                        Ok(Ok(value)) => return Ok((value, maybe_applied)),
+                        Ok(Ok(value)) => return Ok((value, retry.maybe_applied())),
                         // The server was re-created without baton's schema, or it was
                         // dropped, after this client connected: create it again, as a client
                         // that connects now would (without a marker: its next answer begins
@@ -809,28 +808,15 @@ impl PgBackend {
                 Failure::Fatal(e) => return Err(e.at_endpoint(&self.inner.target.endpoint)),
                 Failure::Transient(e) => e,
                 Failure::Unknown(e) => {
-                    maybe_applied = true;
+                    retry.may_have_applied();
                     e
                 }
             };
-            if started.elapsed() >= self.inner.retry_for {
-                return Err(if maybe_applied {
-                    Error::OutcomeUnknown {
-                        op,
-                        at: self.at(),
-                        source,
-                    }
-                } else {
-                    Error::Backend {
-                        op,
-                        at: self.at(),
-                        source,
-                    }
-                });
-            }
-            tracing::debug!(op, error = %source, "PostgreSQL request failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            let endpoint = &self.inner.target.endpoint;
+            retry
+                .pause(source, endpoint)
+                .await
+                .map_err(|e| e.at_endpoint(endpoint))?;
         }
     }
 

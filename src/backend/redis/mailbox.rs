@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::RedisOptions;
 use super::scripts::SCRIPTS;
 use crate::error::{Error, Result};
+use crate::retry::Backoff;
 
 /// How long the server keeps a mailbox marked alive without hearing from its reader. Wake-ups
 /// for a mailbox not marked alive are dropped (its process is gone), so the reader renews the
@@ -239,12 +240,8 @@ impl Reader {
         // After a reconnect, a blocking read of the old connection may still be pending on the
         // server and take a wake-up meant for us: every waiter asks again once it has ended.
         let mut wake_after: Option<Instant> = None;
-        let mut backoff = Duration::from_millis(25);
-        let fail = |backoff: &mut Duration| {
-            let pause = *backoff;
-            *backoff = (*backoff * 2).min(Duration::from_secs(1));
-            tokio::time::sleep(pause)
-        };
+        let mut backoff = Backoff::new();
+        let fail = |backoff: &mut Backoff| tokio::time::sleep(backoff.next_delay());
         loop {
             // Renew the mark a few times per ALIVE, and look at the epoch every EPOCH_CHECK
             // while anyone waits; not per wake-up.
@@ -305,7 +302,7 @@ impl Reader {
             let pop = cmd.query_async::<Value>(conn);
             match tokio::time::timeout(BLOCK.saturating_add(self.request_timeout), pop).await {
                 Ok(Ok(answer)) => {
-                    backoff = Duration::from_millis(25);
+                    backoff.reset();
                     if let Value::Array(pair) = answer
                         && let Some(Value::BulkString(topic)) = pair.get(1)
                     {

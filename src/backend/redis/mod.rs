@@ -25,8 +25,9 @@ use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp,
     queue_of_bytes,
 };
-use crate::epoch::{Epoch, StoreEpochs};
+use crate::epoch::{Epoch, StoreEpochs, grace_rest};
 use crate::error::{BoxError, Error, LostReason, Result};
+use crate::retry::{Backoff, Retry};
 
 /// The oldest Redis baton runs on: 5.0 (streams, and scripts that read the clock before they
 /// write).
@@ -547,14 +548,12 @@ fn unknown(op: &'static str) -> Error {
     }
 }
 
-/// The restart grace still to wait, from the `since` and `now` a script answered with.
-fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<u64> {
+/// The restart grace still to wait, from the `since` and `now` a script answered with (the
+/// server's clock, ms).
+fn grace_left(grace: Duration, since: Option<&Value>, now: Option<&Value>) -> Option<Duration> {
     let since = since.and_then(number)?;
     let now = now.and_then(number)?;
-    let end = since.saturating_add(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
-    u64::try_from(end.saturating_sub(now))
-        .ok()
-        .filter(|&left| left > 0)
+    grace_rest(grace, now.saturating_sub(since))
 }
 
 /// One argument list of a script: the prefix first.
@@ -774,11 +773,7 @@ impl RedisBackend {
         F: FnMut(ConnectionManager) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let give_up = Instant::now()
-            .checked_add(self.inner.options.retry_for)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
-        let mut backoff = Duration::from_millis(25);
-        let mut maybe_applied = false;
+        let mut retry = Retry::new(op, self.inner.options.retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             let attempt = Box::pin(tokio::time::timeout(
@@ -786,45 +781,28 @@ impl RedisBackend {
                 f(self.inner.conn.clone()),
             ));
             let error: BoxError = match attempt.await {
-                Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                 Ok(Err(e)) if !is_transient(&e) => {
-                    return Err(if maybe_applied {
-                        Error::OutcomeUnknown {
-                            op,
-                            source: Box::new(e),
-                            at: Default::default(),
-                        }
+                    return Err(if retry.maybe_applied() {
+                        retry.failed(Box::new(e))
                     } else {
                         redis_err(op, e)
                     });
                 }
                 Ok(Err(e)) => {
-                    maybe_applied |= kind == Kind::Write && !never_sent(&e);
+                    if kind == Kind::Write && !never_sent(&e) {
+                        retry.may_have_applied();
+                    }
                     Box::new(e)
                 }
                 Err(_elapsed) => {
-                    maybe_applied |= kind == Kind::Write;
+                    if kind == Kind::Write {
+                        retry.may_have_applied();
+                    }
                     NoAnswer::request(self.inner.options.request_timeout)
                 }
             };
-            if Instant::now() + backoff >= give_up {
-                return Err(if maybe_applied {
-                    Error::OutcomeUnknown {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                } else {
-                    Error::Backend {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                });
-            }
-            tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.endpoint, "redis request failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            retry.pause(error, &self.inner.endpoint).await?;
         }
     }
 
@@ -915,9 +893,7 @@ impl RedisBackend {
         let epoch = Epoch::new(u128::from(start), start, 0);
         if self.inner.epochs.may_enter(&epoch) {
             let left = grace_left(self.inner.options.restart_grace, since, now);
-            self.inner
-                .epochs
-                .enter(epoch, left.map(Duration::from_millis));
+            self.inner.epochs.enter(epoch, left);
         }
     }
 
@@ -1344,7 +1320,7 @@ impl Backend for RedisBackend {
             started: false,
             epoch: None,
             delay: None,
-            backoff: Duration::from_millis(25),
+            backoff: Backoff::new(),
         };
         futures::stream::unfold(observer, |mut o| async move {
             let event = o.next_event().await;
@@ -1380,7 +1356,7 @@ struct Observer {
     /// heads logged before may be gone or rolled back (see `epoch` in lib.lua).
     epoch: Option<u64>,
     delay: Option<Duration>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 /// One logged head: its id, the id before it, and the entry (`None`: the queue was empty).
@@ -1404,8 +1380,7 @@ impl Observer {
 
     fn failed(&mut self) {
         self.conn = None;
-        self.delay = Some(self.backoff);
-        self.backoff = (self.backoff * 2).min(Duration::from_secs(1));
+        self.delay = Some(self.backoff.next_delay());
     }
 
     fn report(&mut self, head: Option<Entry>) {
@@ -1473,7 +1448,7 @@ impl Observer {
                 at: Default::default(),
             })?
             .map_err(|e| redis_err("observe", e))?;
-        self.backoff = Duration::from_millis(25);
+        self.backoff.reset();
         let heads = stream_heads(answer)?;
         for (id, previous, head) in heads {
             if previous != self.last_id.as_deref().unwrap_or_default() {

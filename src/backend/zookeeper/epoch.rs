@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, MultiReadResult, MultiWriteError, MultiWriteResult, Stat};
 
 use super::{Kind, ZkBackend, ZkError, is_connected, names, open, persistent, sync};
-use crate::epoch::{Epoch, clock_us};
+use crate::epoch::{Epoch, clock_us, grace_rest};
 use crate::error::{Error, LostReason, Result};
 use crate::token::FencingToken;
 
@@ -335,18 +335,14 @@ impl ZkBackend {
         if self.server_clock().is_none() {
             self.sample(op).await?;
         }
-        // mtime is whole milliseconds, rounded down: one more, so the grace is never shorter.
-        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
-        let end = began.saturating_add(grace_ms).saturating_add(1);
         let now = match self.server_clock() {
             Some(clock) => clock.now_ms(),
             // A server that answers writes without a time: this process's clock.
             None => i64::try_from(clock_us() / 1000).unwrap_or(i64::MAX),
         };
-        Ok(u64::try_from(end.saturating_sub(now))
-            .ok()
-            .filter(|&ms| ms > 0)
-            .map(Duration::from_millis))
+        // mtime is whole milliseconds, rounded down: one more, so the grace is never shorter.
+        let grace = grace.saturating_add(Duration::from_millis(1));
+        Ok(grace_rest(grace, now.saturating_sub(began)))
     }
 
     /// Writes `epoch`'s marker and node in one `multi`: creates the marker if there was none

@@ -28,6 +28,7 @@ use super::{
 };
 use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
+use crate::retry::Retry;
 
 type ZkError = zookeeper_client::Error;
 
@@ -508,8 +509,8 @@ async fn check_chroot(client: &Client, connect: &str) -> Result<()> {
 async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Stat>)> {
     let path = names::fence_path(client.session_id().0);
     let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
-    let give_up = Instant::now() + limit;
-    let mut backoff = Duration::from_millis(25);
+    let mut retry = Retry::new("grant_lease", limit);
+    let give_up = retry.give_up();
     loop {
         let attempt = async {
             match client.create(&path, &[], &ephemeral).await {
@@ -534,15 +535,10 @@ async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Sta
             Ok(Err(e)) => return Err(zk_err("grant_lease", e)),
             Err(elapsed) => Box::new(elapsed),
         };
-        if Instant::now() + backoff >= give_up {
-            return Err(Error::Backend {
-                op: "grant_lease",
-                source: error,
-                at: Default::default(),
-            });
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        let Some(pause) = retry.next_pause() else {
+            return Err(retry.failed(error));
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -728,9 +724,7 @@ impl ZkBackend {
         Fut: Future<Output = Result<T, Failure>>,
     {
         let options = &self.inner.options;
-        let give_up = Instant::now() + options.retry_for;
-        let mut backoff = Duration::from_millis(25);
-        let mut maybe_applied = false;
+        let mut retry = Retry::new(op, options.retry_for);
         loop {
             let error: BoxError = match self.base().await {
                 Err(e) => Box::new(e),
@@ -740,47 +734,38 @@ impl ZkBackend {
                         sent.store(false, Ordering::SeqCst);
                     }
                     match tokio::time::timeout(options.request_timeout, f(client)).await {
-                        Ok(Ok(v)) => return Ok((v, maybe_applied)),
+                        Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                         Ok(Err(Failure::Stop(e))) => return Err(e),
                         Ok(Err(Failure::Unsent(e))) if is_transient(&e) || is_over(&e) => {
                             Box::new(e)
                         }
                         Ok(Err(Failure::Unsent(e) | Failure::Zk(e))) if is_transient(&e) => {
-                            maybe_applied |= kind == Kind::Write;
+                            if kind == Kind::Write {
+                                retry.may_have_applied();
+                            }
                             Box::new(e)
                         }
                         // The session ended: the request was refused unsent; a new session
                         // is opened for the next attempt.
                         Ok(Err(Failure::Zk(e))) if is_over(&e) => Box::new(e),
                         Ok(Err(Failure::Zk(e) | Failure::Unsent(e))) => {
-                            return Err(if maybe_applied {
-                                unknown(op, Box::new(e))
+                            return Err(if retry.maybe_applied() {
+                                retry.failed(Box::new(e))
                             } else {
                                 zk_err(op, e)
                             });
                         }
                         Err(elapsed) => {
-                            maybe_applied |= kind == Kind::Write
-                                && sent.is_none_or(|s| s.load(Ordering::SeqCst));
+                            if kind == Kind::Write && sent.is_none_or(|s| s.load(Ordering::SeqCst))
+                            {
+                                retry.may_have_applied();
+                            }
                             Box::new(elapsed)
                         }
                     }
                 }
             };
-            if Instant::now() + backoff >= give_up {
-                return Err(if maybe_applied {
-                    unknown(op, error)
-                } else {
-                    Error::Backend {
-                        op,
-                        source: error,
-                        at: Default::default(),
-                    }
-                });
-            }
-            tracing::debug!(op, error = %error, ?backoff, endpoint = %self.inner.connect, "ZooKeeper request failed; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            retry.pause(error, &self.inner.connect).await?;
         }
     }
 
@@ -901,8 +886,7 @@ impl ZkBackend {
         Fut: Future<Output = Result<T, Failure>>,
     {
         let options = &self.inner.options;
-        let give_up = Instant::now() + options.retry_for;
-        let mut backoff = Duration::from_millis(25);
+        let mut retry = Retry::new(op, options.retry_for);
         loop {
             let error: BoxError = match tokio::time::timeout(options.request_timeout, f()).await {
                 Ok(Ok(v)) => return Ok(v),
@@ -916,16 +900,10 @@ impl ZkBackend {
                 }
                 Err(elapsed) => Box::new(elapsed),
             };
-            if Instant::now() + backoff >= give_up {
-                return Err(Error::Backend {
-                    op,
-                    source: error,
-                    at: Default::default(),
-                }
-                .at_endpoint(&self.label()));
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            let Some(pause) = retry.next_pause() else {
+                return Err(retry.failed(error).at_endpoint(&self.label()));
+            };
+            tokio::time::sleep(pause).await;
         }
     }
 
@@ -1106,8 +1084,7 @@ impl ZkBackend {
         let id = names::NodeId::new(queue, tag);
         let prefix = layout.prefix(id);
         let tag_prefix = layout.tag_prefix(id.tag);
-        let give_up = Instant::now() + self.inner.options.retry_for;
-        let mut backoff = Duration::from_millis(25);
+        let mut retry = Retry::new("enqueue", self.inner.options.retry_for);
         let mut maybe_created = false;
         let (mut mine, mut entries) = loop {
             if maybe_created {
@@ -1169,12 +1146,12 @@ impl ZkBackend {
                 Err(e) => e,
             };
             maybe_created = true;
-            if Instant::now() + backoff >= give_up {
-                return Err(unknown("enqueue", Box::new(failure)));
-            }
+            retry.may_have_applied();
+            let Some(pause) = retry.next_pause() else {
+                return Err(retry.failed(Box::new(failure)));
+            };
             tracing::debug!(error = %failure, queue, "ZooKeeper create failed; looking for its node");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(1));
+            tokio::time::sleep(pause).await;
         };
         // Nodes of this tag: another session's are never adopted (CURATOR-604) but deleted;
         // an older one of ours (an earlier call with the same tag) is the entry.

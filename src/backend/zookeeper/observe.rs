@@ -11,7 +11,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{LazyLock, Mutex};
-use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedSender;
 use zookeeper_client::{AddWatchMode, Client, EventType, SessionState};
@@ -19,6 +18,7 @@ use zookeeper_client::{AddWatchMode, Client, EventType, SessionState};
 use super::{Failure, ZkBackend, collect, names, to_entry};
 use crate::backend::{Entry, HeadEvent, LeaseId, Position, QueueChange, QueueMirror};
 use crate::error::{Error, Result};
+use crate::retry::Backoff;
 
 /// Values this process wrote to entries, kept while an observer of their queue runs, so
 /// that a fast writer's intermediate values still reach a slower observer.
@@ -121,7 +121,7 @@ pub(super) async fn run(backend: ZkBackend, queue: String, tx: Events) {
         versions: HashMap::new(),
         owners: HashMap::new(),
         last: None,
-        backoff: Duration::from_millis(25),
+        backoff: Backoff::new(),
     };
     let closed = observer.tx.clone();
     loop {
@@ -130,13 +130,12 @@ pub(super) async fn run(backend: ZkBackend, queue: String, tx: Events) {
             () = closed.closed() => return,
         };
         match outcome {
-            Ok(()) => observer.backoff = Duration::from_millis(25),
+            Ok(()) => observer.backoff.reset(),
             Err(e) => {
                 if observer.tx.send(Err(e)).is_err() {
                     return;
                 }
-                let delay = observer.backoff;
-                observer.backoff = (delay * 2).min(Duration::from_secs(1));
+                let delay = observer.backoff.next_delay();
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     () = closed.closed() => return,
@@ -158,7 +157,7 @@ struct Observer {
     owners: HashMap<String, Option<LeaseId>>,
     /// The last snapshot, or `None` before the first.
     last: Option<Snapshot>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Observer {

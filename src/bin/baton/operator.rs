@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 use baton::backend::Backend;
 use baton::inspect::{self, EntryKind, Member, QueueView, Role};
 
-use crate::{Failure, exit, json_str, one_line, out};
+use crate::failure::{Failure, exit};
+use crate::output::{json_str, one_line, out};
 
 /// `baton status NAME`: the queue of one name, holders first, then waiters in order.
 pub(crate) async fn status(backend: &dyn Backend, name: &str, json: bool) -> Result<u8, Failure> {

@@ -35,8 +35,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::time::{ClockId, clock_gettime};
 use nix::unistd::{Pid, getpgrp, getpid, getppid, tcgetpgrp, tcsetpgrp};
 
+use crate::failure::{Failure, exit};
 use crate::sigstate::{self, CallerSignals};
-use crate::{Failure, exit};
 
 /// The first argument by which baton runs as the exec step of a command.
 pub(crate) const EXEC_STEP: &str = "__baton-exec";
@@ -381,7 +381,7 @@ impl Group {
             let mut listed: Vec<String> = members
                 .iter()
                 .take(5)
-                .map(|(pid, name)| format!("pid {pid} ({})", crate::one_line(name)))
+                .map(|(pid, name)| format!("pid {pid} ({})", crate::output::one_line(name)))
                 .collect();
             if members.len() > 5 {
                 listed.push(format!("{} more", members.len() - 5));
@@ -401,7 +401,7 @@ impl Group {
         eprintln!(
             "baton: `{}` {}; the lock is held until {what} ends; {then}",
             self.program,
-            crate::describe(status)
+            crate::hold::describe(status)
         );
     }
 
