@@ -88,7 +88,7 @@ fn campaign(budget: Duration, first: u64, extra: &[u64], stop_at_first: bool) ->
         );
     }
     let (mut runs, mut bad) = (0u64, 0u64);
-    let mut faults = [0u64; 6];
+    let mut faults = [0u64; sim::net::FAULT_NAMES.len()];
     let mut seeds = extra.iter().copied().chain(first..);
     while started.elapsed() < budget || runs < extra.len() as u64 {
         let Some(seed) = seeds.next() else { break };
