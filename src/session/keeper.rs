@@ -227,6 +227,13 @@ fn due(
         session.lost.mark(LostReason::Expired);
         return None;
     }
+    if matches!(
+        session.lost.reason(),
+        Some(LostReason::Expired | LostReason::Revoked)
+    ) {
+        // Lost already (see `renewed`): never renewed again.
+        return None;
+    }
     if session.lost.reason() == Some(LostReason::StoreReset) {
         // The store forgot the epoch this lease was granted in: renewing it (a lease a
         // restore brought back) would keep its entries ahead of the new epoch's holders.
@@ -261,6 +268,16 @@ fn renewed(
     let Some(session) = kept.session.upgrade() else {
         return;
     };
+    if matches!(
+        session.lost.reason(),
+        Some(LostReason::Expired | LostReason::Revoked)
+    ) {
+        // Lost meanwhile (its deadline passed before this answer was handled: a check before
+        // a grant, or a `lost()` future, recorded it): its holders were told, its waiters
+        // failed, and its cleanups leave its entries to the lease. Renewing it now would keep
+        // those entries, and everyone queued behind them, for as long as the process runs.
+        return;
+    }
     match answer {
         Ok(Some(granted)) => {
             kept.ttl = granted;
