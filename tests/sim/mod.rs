@@ -1448,7 +1448,7 @@ async fn schedule(plan: Plan) -> Outcome {
             for _ in 0..3 {
                 // A fresh client that began an epoch which a client from before then refused
                 // (the wall clock stepped back below what that client saw) lost its session.
-                if clean.is_lost()
+                if clean.lost().now_or_never() == Some(LostReason::StoreReset)
                     && let Ok(session) = clean_session().await
                 {
                     clean = session;
