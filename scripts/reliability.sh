@@ -69,7 +69,14 @@ grace granted three permits at the grace's end under a limit of one (seed 587: t
 used the count of entries ahead made before the grace; now counted again after it; a
 regression seed), and defects of its own checker (a limit change in flight taken as made,
 seed 795865791, kept as a regression seed; a barrier's hold and a wait that ended in the
-same instant taken as overlapping). The mutation run uses fresh seeds only.
+same instant taken as overlapping). With frozen clients, a starved driver and clock steps
+(2026-11-28): a driver starved past a deadline went on renewing a session that a check had
+found lost, once the answer to a renewal sent before the starvation was handled, and that
+session's entries blocked two mutexes for good (seed 21065, a regression seed; the driver
+now never renews a lost session); the in-memory store's clients began a new epoch from the
+clock alone, and a client that refused an epoch began the next above its own floor but not
+above the refused epoch's tokens, so a clock stepped back gave tokens below earlier ones (now
+above both; etcd had the second gap too). The mutation run uses fresh seeds only.
 
 This generation's run:
 
