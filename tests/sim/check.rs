@@ -150,6 +150,7 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                             .collect();
                         let limit = limit_around(
                             limit_history.get(name).map_or(&[][..], Vec::as_slice),
+                            decided_from(&freezes, *client, *at),
                             *at,
                             plan.first_limit,
                         );
@@ -286,10 +287,24 @@ fn frozen_past_lease(freezes: &Freezes, hold: &Hold, at: u64, ended: Option<&u64
 /// 400 ms, split before and after the call).
 const NETWORK_DELAY_MS: u64 = 500;
 
-/// The highest limit that may have decided a grant recorded at `at`: the one in force a
-/// network delay before, and any set since.
-fn limit_around(history: &[(u64, u32)], at: u64, first: u32) -> u32 {
-    let from = at.saturating_sub(NETWORK_DELAY_MS);
+/// The earliest instant a grant recorded at `at` may have been decided at: a network delay
+/// before, or, if its client was frozen meanwhile, a network delay before the freeze began
+/// (an answer read before a freeze is taken in as the client thaws).
+fn decided_from(freezes: &Freezes, client: usize, at: u64) -> u64 {
+    let mut from = at.saturating_sub(NETWORK_DELAY_MS);
+    if let Some(intervals) = freezes.get(&client) {
+        for &(start, end, _) in intervals.iter().rev() {
+            if start <= at && end >= from {
+                from = from.min(start.saturating_sub(NETWORK_DELAY_MS));
+            }
+        }
+    }
+    from
+}
+
+/// The highest limit that may have decided a grant recorded at `at`: the one in force when it
+/// may have been decided (`from`, see [`decided_from`]), and any set since.
+fn limit_around(history: &[(u64, u32)], from: u64, at: u64, first: u32) -> u32 {
     let before = history
         .iter()
         .rev()
@@ -332,9 +347,24 @@ fn fenced_counters(history: &History, out: &mut Vec<Violation>) {
 /// sees every leader that was granted while it watched.
 fn observers(history: &History, out: &mut Vec<Violation>) {
     let mut seen: HashMap<(usize, &str), u64> = HashMap::new();
+    let mut loss_at: Option<u64> = None;
     for event in &history.events {
         match event {
-            Event::StoreLost { .. } => seen.clear(),
+            Event::StoreLost { at, .. } => {
+                seen.clear();
+                loss_at = Some(*at);
+            }
+            // In the instant of a loss, an observer may take in a leader from before it after
+            // one from after it (a restore brings an older leader back): not compared.
+            Event::Observed {
+                at,
+                observer,
+                name,
+                token,
+                ..
+            } if *token > 0 && loss_at == Some(*at) => {
+                seen.insert((*observer, name.as_str()), *token);
+            }
             Event::Observed {
                 at,
                 observer,
