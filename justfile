@@ -100,11 +100,11 @@ _clean-containers:
 # select!, --cfg tokio_unstable, in target/sim: so that a seed replays exactly); a violation prints its seed, the
 # shortest failing schedule and the command that replays it, and fails the run.
 simulate seconds="60" seed="":
-    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --test simulate -- {{seconds}} {{seed}}
+    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --features testing --test simulate -- {{seconds}} {{seed}}
 
 # Replays one schedule of the simulation and prints its history (STEPS: fewer steps per client).
 simulate-replay seed steps="":
-    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --test simulate -- replay {{seed}} {{steps}}
+    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --features testing --test simulate -- replay {{seed}} {{steps}}
 
 # Plants realistic bugs one at a time and runs the simulation against each (issue #37):
 # which it catches, which survive (target/mutants.md; docs/reliability.md quotes it).

@@ -30,9 +30,17 @@ each writing through the library's own fence; a network between each client and 
 delays, fails a request before it is applied, loses an answer after it was applied,
 duplicates a request, and delivers one late (after a later one); cancellation of waits at
 random points; clients cut off (paused) for shorter and longer than their TTL, their work
-stopped; and the store losing its state or going back to an earlier snapshot, with the
-restart grace and fresh clients. The checker reads the one history (one clock) and asks:
-one holder, or sharers of one kind, at a time; never more permits than the stored limit in
+stopped; clients frozen (`SIGSTOP`, a GC pause: what they send and are sent, watch results
+included, held until they thaw, their work stopped, and the keep-alive driver starved as
+long), and the driver starved on its own, for shorter and longer than the TTL
+(`baton::testing::starve_keep_alive`); the wall clock baton reads stepped forward and back
+by seconds to hours, at random moments and at store losses
+(`baton::testing::step_wall_clock`); and the store losing its state or going back to an
+earlier snapshot, with the restart grace and fresh clients. The checker reads the one
+history (one clock) and asks:
+one holder, or sharers of one kind, at a time (a holder frozen past its lease is excused
+while it is frozen and no longer: it must hear of its loss as it thaws); nothing granted on a
+session whose deadline had passed; never more permits than the stored limit in
 force; grants in queue (token) order within an epoch; after the store forgot, nothing
 granted within the grace and every token above every earlier one; every acknowledged fenced
 increment counted, nothing else; observers see every leader and every proclamation, in
@@ -48,18 +56,27 @@ prints a history, with `BATON_LOG=baton=debug` the library's own account beside 
 `cargo test` runs its regression seeds and a few seconds of fresh seeds; CI runs 90 s of
 fresh seeds in a release build (printed first, so a failure replays).
 
-Not simulated: a frozen process (a pause here cuts a client off and stops its work, while
-its own timers run: the mutant that skips the loss check before a grant survives for that
-reason; the nemesis freezes real processes), clock steps (the in-memory store runs on
-tokio's monotonic clock), and each backend's own code (its conformance suite, fault harness
-and nemesis cover it).
+Not simulated: each backend's own code (its conformance suite, fault harness and nemesis
+cover it); the library's own timers inside a frozen client (its `lost()` futures still fire
+at the deadline; the simulation records the holder told only when it thaws); one driver per
+client (the simulated clients share one runtime, so a freeze starves every client's renewals);
+a client that never saw the store, or not since the highest tokens were handed out, beginning
+an epoch after the clock stepped back below them (every client looks just before a loss: see
+guarantees.md for what is promised then).
 
 What it found while it was built: a semaphore whose limit was lowered during a restart
 grace granted three permits at the grace's end under a limit of one (seed 587: the grant
 used the count of entries ahead made before the grace; now counted again after it; a
 regression seed), and defects of its own checker (a limit change in flight taken as made,
 seed 795865791, kept as a regression seed; a barrier's hold and a wait that ended in the
-same instant taken as overlapping). The mutation run uses fresh seeds only.
+same instant taken as overlapping). With frozen clients, a starved driver and clock steps
+(2026-11-28): a driver starved past a deadline went on renewing a session that a check had
+found lost, once the answer to a renewal sent before the starvation was handled, and that
+session's entries blocked two mutexes for good (seed 21065, a regression seed; the driver
+now never renews a lost session); the in-memory store's clients began a new epoch from the
+clock alone, and a client that refused an epoch began the next above its own floor but not
+above the refused epoch's tokens, so a clock stepped back gave tokens below earlier ones (now
+above both; etcd had the second gap too). The mutation run uses fresh seeds only.
 
 This generation's run:
 

@@ -431,12 +431,15 @@ impl StoreEpochs {
         Epoch::new(random_u128(), clock_us.max(floor.saturating_add(1)), origin)
     }
 
+    /// Records `token` as handed out in the store, in an epoch this client is not in (one
+    /// it refused): a new epoch it begins starts above it.
+    pub(crate) fn above(&self, token: u64) {
+        let mut state = self.state();
+        state.floor = state.floor.max(token);
+    }
+
     /// The token of an entry with store counter `raw` in the current epoch, recorded as
     /// seen; `None` before this client has entered an epoch.
-    #[cfg_attr(
-        not(any(feature = "etcd", feature = "zookeeper", test)),
-        allow(dead_code)
-    )]
     pub(crate) fn token(&self, raw: u64) -> Option<FencingToken> {
         let mut state = self.state();
         let token = state.current?.token(raw);
@@ -522,12 +525,51 @@ pub(crate) fn random_u64() -> u64 {
     h.finish()
 }
 
-/// The wall clock in microseconds since 1970 (0 if it is set before 1970).
+/// The wall clock in microseconds since 1970 (0 if it is set before 1970), stepped as a test
+/// asked ([`stepped`]).
 #[cfg(any(feature = "etcd", feature = "zookeeper"))]
 pub(crate) fn clock_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    stepped(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+    )
+}
+
+/// How far tests stepped the wall clock, in microseconds (`testing::step_wall_clock`).
+#[cfg(feature = "testing")]
+static WALL_CLOCK_STEP_US: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// `clock_us`, a reading of the wall clock (or of the in-memory store's stand-in for it), as
+/// the clock stepped by tests reads (saturating at 0 and `u64::MAX`). Without the `testing`
+/// feature, `clock_us` itself.
+#[inline]
+pub(crate) fn stepped(clock_us: u64) -> u64 {
+    #[cfg(feature = "testing")]
+    {
+        let step = WALL_CLOCK_STEP_US.load(Ordering::Relaxed);
+        if step < 0 {
+            return clock_us.saturating_sub(step.unsigned_abs());
+        }
+        clock_us.saturating_add(step.unsigned_abs())
+    }
+    #[cfg(not(feature = "testing"))]
+    clock_us
+}
+
+/// Steps the wall clock baton reads by `by_us` (`testing::step_wall_clock`).
+#[cfg(feature = "testing")]
+pub(crate) fn step_wall_clock(by_us: i64) {
+    // A read-modify-write that saturates: `fetch_add` would wrap.
+    let _ = WALL_CLOCK_STEP_US.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |step| {
+        Some(step.saturating_add(by_us))
+    });
+}
+
+/// Undoes every step (`testing::reset_wall_clock`).
+#[cfg(feature = "testing")]
+pub(crate) fn reset_wall_clock() {
+    WALL_CLOCK_STEP_US.store(0, Ordering::Relaxed);
 }
 
 #[cfg(test)]

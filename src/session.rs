@@ -39,6 +39,13 @@ impl IntoBackend for Arc<dyn Backend> {
     }
 }
 
+/// Stops the keep-alive driver of the current tokio runtime for `d`
+/// ([`crate::testing::starve_keep_alive`]).
+#[cfg(feature = "testing")]
+pub(crate) fn starve_keep_alive(d: Duration) -> Result<()> {
+    keeper::starve(Instant::now() + d)
+}
+
 /// Options for [`Session::with_options`].
 #[derive(Debug, Clone)]
 #[must_use]

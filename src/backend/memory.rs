@@ -502,11 +502,21 @@ impl MemoryBackend {
             .marker
             .is_none_or(|(epoch, _)| !self.epochs.may_enter(&epoch));
         if stale {
+            // A marker refused (from before the store went back, or below what this client
+            // saw) may have had its grace pass and its tokens handed out, up to its token at
+            // the revision now: the new epoch starts above them too (with the clock stepped
+            // back, nothing else would put it there).
+            if let Some((refused, _)) = state.marker {
+                self.epochs.above(refused.token(state.revision).get());
+            }
             // The store's clock, as a network store's clients use the wall clock: later
             // epochs start far above the first one's tokens (its revisions).
-            let clock = u64::try_from((now - self.shared.created).as_micros())
-                .unwrap_or(u64::MAX)
-                .saturating_add(CLOCK_START);
+            // Stepped with the wall clock when a test steps it (`testing::step_wall_clock`).
+            let clock = crate::epoch::stepped(
+                u64::try_from((now - self.shared.created).as_micros())
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(CLOCK_START),
+            );
             let epoch = self.epochs.next_epoch(state.revision, clock);
             // Leases from before stay until they expire: their owners stop renewing them
             // when they notice the new epoch, as on a network store.
@@ -855,6 +865,10 @@ impl Drop for Answering<'_> {
         let _ = self
             .epochs
             .saw(b"memory", &[self.state.revision], Instant::now());
+        // Every token of this epoch so far is at most the one of the store's revision: a new
+        // epoch this client begins starts above it, whatever the clock says (a clock stepped
+        // back would otherwise start it below tokens handed out before).
+        let _ = self.epochs.token(self.state.revision);
     }
 }
 

@@ -21,8 +21,18 @@ use crate::error::{Error, LostReason, Result};
 
 /// The drivers started so far, by runtime. A driver ends with its runtime (its receiver is
 /// dropped with the task), which `is_closed` reveals; such entries are pruned.
-static DRIVERS: StdMutex<Vec<(tokio::runtime::Id, mpsc::UnboundedSender<Kept>)>> =
+static DRIVERS: StdMutex<Vec<(tokio::runtime::Id, mpsc::UnboundedSender<Msg>)>> =
     StdMutex::new(Vec::new());
+
+/// What the driver is told: a session to keep alive, or (tests) to stop for a while.
+enum Msg {
+    Keep(Kept),
+    /// Stop until this instant, as a driver whose thread is starved or whose process is
+    /// frozen: no renewal sent, no answer handled, no deadline marked
+    /// ([`crate::testing::starve_keep_alive`]).
+    #[cfg(feature = "testing")]
+    Starve(Instant),
+}
 
 /// The driver of the current runtime (started if there is none), and that runtime.
 pub(super) fn for_current_runtime() -> Result<(Keeper, tokio::runtime::Handle)> {
@@ -41,7 +51,7 @@ pub(super) fn for_current_runtime() -> Result<(Keeper, tokio::runtime::Handle)> 
 
 /// A handle to a runtime's driver.
 pub(super) struct Keeper {
-    tx: mpsc::UnboundedSender<Kept>,
+    tx: mpsc::UnboundedSender<Msg>,
 }
 
 impl Keeper {
@@ -55,11 +65,22 @@ impl Keeper {
             deadline: asked_at + ttl,
             next: Some(asked_at + ttl / 3),
         };
-        if self.tx.send(kept).is_err() {
+        if self.tx.send(Msg::Keep(kept)).is_err() {
             // Only if the runtime is shutting down: nothing will run to renew it.
             session.lost.mark(LostReason::Expired);
         }
     }
+}
+
+/// Stops the current runtime's driver (started if there is none) until `until`: the
+/// driver's loop awaits it inline, exactly as a starved task does nothing.
+#[cfg(feature = "testing")]
+pub(super) fn starve(until: Instant) -> Result<()> {
+    let (keeper, _) = for_current_runtime()?;
+    keeper
+        .tx
+        .send(Msg::Starve(until))
+        .map_err(|_| Error::InvalidArgument("the tokio runtime is shutting down"))
 }
 
 /// A session as the driver tracks it.
@@ -114,7 +135,7 @@ impl Drop for Sessions {
     }
 }
 
-async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
+async fn drive(mut rx: mpsc::UnboundedReceiver<Msg>) {
     let mut owned = Sessions::default();
     let sessions = &mut owned.0;
     let mut renewals: FuturesUnordered<BoxFuture<'static, Renewed>> = FuturesUnordered::new();
@@ -128,11 +149,13 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
             timer.as_mut().reset(at);
         }
         tokio::select! {
-            kept = rx.recv() => match kept {
-                Some(kept) => {
+            msg = rx.recv() => match msg {
+                Some(Msg::Keep(kept)) => {
                     seq += 1;
                     schedule(sessions, seq, kept);
                 }
+                #[cfg(feature = "testing")]
+                Some(Msg::Starve(until)) => starved(&mut rx, sessions, &mut seq, until).await,
                 // Every sender is gone: only when the process-wide list itself is dropped.
                 None => return,
             },
@@ -159,6 +182,36 @@ async fn drive(mut rx: mpsc::UnboundedReceiver<Kept>) {
     }
 }
 
+/// The driver starved until `until`: it only sleeps. What was sent to it meanwhile is taken
+/// in afterwards, a later starvation included (so that overlapping ones starve it until
+/// the last ends).
+#[cfg(feature = "testing")]
+async fn starved(
+    rx: &mut mpsc::UnboundedReceiver<Msg>,
+    sessions: &mut BTreeMap<Key, Kept>,
+    seq: &mut u64,
+    until: Instant,
+) {
+    let mut until = until;
+    loop {
+        tokio::time::sleep_until(until).await;
+        let mut later = None;
+        while let Ok(msg) = rx.try_recv() {
+            match msg {
+                Msg::Keep(kept) => {
+                    *seq += 1;
+                    schedule(sessions, *seq, kept);
+                }
+                Msg::Starve(next) => later = later.max(Some(next)),
+            }
+        }
+        match later {
+            Some(next) if next > until => until = next,
+            _ => return,
+        }
+    }
+}
+
 /// Handles a session whose wakeup came: expired, forgotten, or renewed now.
 fn due(
     sessions: &mut BTreeMap<Key, Kept>,
@@ -172,6 +225,13 @@ fn due(
     }
     if now >= kept.deadline {
         session.lost.mark(LostReason::Expired);
+        return None;
+    }
+    if matches!(
+        session.lost.reason(),
+        Some(LostReason::Expired | LostReason::Revoked)
+    ) {
+        // Lost already (see `renewed`): never renewed again.
         return None;
     }
     if session.lost.reason() == Some(LostReason::StoreReset) {
@@ -208,6 +268,16 @@ fn renewed(
     let Some(session) = kept.session.upgrade() else {
         return;
     };
+    if matches!(
+        session.lost.reason(),
+        Some(LostReason::Expired | LostReason::Revoked)
+    ) {
+        // Lost meanwhile (its deadline passed before this answer was handled: a check before
+        // a grant, or a `lost()` future, recorded it): its holders were told, its waiters
+        // failed, and its cleanups leave its entries to the lease. Renewing it now would keep
+        // those entries, and everyone queued behind them, for as long as the process runs.
+        return;
+    }
     match answer {
         Ok(Some(granted)) => {
             kept.ttl = granted;

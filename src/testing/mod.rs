@@ -25,6 +25,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # A starved driver, a stepped clock
+//! [`starve_keep_alive`] stops the keep-alive driver of the current runtime for a while (a
+//! starved thread, a frozen process); [`step_wall_clock`] steps the wall clock baton reads for
+//! new store epochs' tokens. The deterministic simulation draws both.
+//!
 //! # A partition proxy
 //! [`Proxy`] sits between a client and a server on 127.0.0.1 and can cut the client off
 //! (`black_hole`), lose only the server's answers (`drop_answers`) and heal: how baton's own
@@ -201,6 +206,7 @@ mod faults;
     feature = "postgres"
 ))]
 mod fixture;
+mod hooks;
 #[cfg(feature = "nemesis")]
 pub mod nemesis;
 #[cfg(feature = "postgres")]
@@ -223,6 +229,7 @@ pub use faults::{Call, Fault, FaultyBackend};
     feature = "postgres"
 ))]
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
+pub use hooks::{reset_wall_clock, starve_keep_alive, step_wall_clock};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};
 pub use proxy::Proxy;

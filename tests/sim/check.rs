@@ -15,6 +15,7 @@ pub struct Violation {
 /// A hold as the checker follows it.
 #[derive(Debug, Clone)]
 struct Hold {
+    id: u64,
     client: usize,
     name: String,
     kind: Kind,
@@ -48,6 +49,7 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
             ended.entry(*hold).or_insert(*at);
         }
     }
+    let freezes = freezes(history);
     let mut active: BTreeMap<u64, Hold> = BTreeMap::new();
     // Per name: the highest token granted to an exclusive holder, and to any holder.
     let mut last_token: HashMap<String, (u64, u64)> = HashMap::new();
@@ -100,11 +102,26 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                 kind,
                 token,
                 session_at,
+                deadline,
             } => {
-                // Overlap, by kind: what is still held on this name after this instant.
+                // Nothing is granted to a lost session, even one whose loss nothing recorded
+                // yet (its deadline passed while the keep-alive driver was starved).
+                if at > deadline {
+                    out.push(Violation {
+                        rule: "nothing is granted to a lost session",
+                        detail: format!(
+                            "at {at} ms client {client} was granted `{name}` (token {token}) on a session whose deadline passed at {deadline} ms"
+                        ),
+                    });
+                }
+                // Overlap, by kind: what is still held on this name after this instant. A
+                // holder frozen past its lease may still believe it holds while a successor is
+                // granted, until it thaws: only then can it hear of its loss (what fencing is
+                // for). That time, and no more, is excused.
                 let others: Vec<&Hold> = active
                     .iter()
                     .filter(|(id, h)| &h.name == name && ended.get(*id).is_none_or(|e| e > at))
+                    .filter(|(id, h)| !frozen_past_lease(&freezes, h, *at, ended.get(*id)))
                     .map(|(_, h)| h)
                     .collect();
                 let exclusive = others.iter().find(|h| h.kind == Kind::Exclusive);
@@ -133,6 +150,7 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                             .collect();
                         let limit = limit_around(
                             limit_history.get(name).map_or(&[][..], Vec::as_slice),
+                            decided_from(&freezes, *client, *at),
                             *at,
                             plan.first_limit,
                         );
@@ -206,6 +224,7 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
                 active.insert(
                     *hold,
                     Hold {
+                        id: *hold,
                         client: *client,
                         name: name.clone(),
                         kind: *kind,
@@ -222,14 +241,70 @@ fn exclusion_and_order(plan: &Plan, history: &History, out: &mut Vec<Violation>)
     }
 }
 
+/// Per client, the intervals it was frozen (overlapping freezes merged), each with the latest
+/// deadline its session had when one of them began.
+type Freezes = HashMap<usize, Vec<(u64, u64, u64)>>;
+
+fn freezes(history: &History) -> Freezes {
+    let mut by_client: Freezes = HashMap::new();
+    for event in &history.events {
+        if let Event::Frozen {
+            at,
+            client,
+            ms,
+            deadline,
+        } = event
+        {
+            let (from, to, lease) = (*at, at + ms, deadline.unwrap_or(u64::MAX));
+            let intervals = by_client.entry(*client).or_default();
+            match intervals.last_mut() {
+                Some(last) if from <= last.1 => {
+                    last.1 = last.1.max(to);
+                    last.2 = last.2.max(lease);
+                }
+                _ => intervals.push((from, to, lease)),
+            }
+        }
+    }
+    by_client
+}
+
+/// Whether `hold` may overlap a grant at `at` because its holder was frozen then, past its
+/// lease: `at` falls in one of its freezes, not before the deadline its session had when the
+/// freeze began, and the hold ended (its holder told) by the time the freeze ended.
+fn frozen_past_lease(freezes: &Freezes, hold: &Hold, at: u64, ended: Option<&u64>) -> bool {
+    let Some(ended) = ended else {
+        return false;
+    };
+    freezes.get(&hold.client).is_some_and(|intervals| {
+        intervals
+            .iter()
+            .any(|&(from, to, lease)| from <= at && at <= to && at >= lease && *ended <= to)
+    })
+}
+
 /// How long a request or its answer may be held up on the simulated network (net.rs: up to
 /// 400 ms, split before and after the call).
 const NETWORK_DELAY_MS: u64 = 500;
 
-/// The highest limit that may have decided a grant recorded at `at`: the one in force a
-/// network delay before, and any set since.
-fn limit_around(history: &[(u64, u32)], at: u64, first: u32) -> u32 {
-    let from = at.saturating_sub(NETWORK_DELAY_MS);
+/// The earliest instant a grant recorded at `at` may have been decided at: a network delay
+/// before, or, if its client was frozen meanwhile, a network delay before the freeze began
+/// (an answer read before a freeze is taken in as the client thaws).
+fn decided_from(freezes: &Freezes, client: usize, at: u64) -> u64 {
+    let mut from = at.saturating_sub(NETWORK_DELAY_MS);
+    if let Some(intervals) = freezes.get(&client) {
+        for &(start, end, _) in intervals.iter().rev() {
+            if start <= at && end >= from {
+                from = from.min(start.saturating_sub(NETWORK_DELAY_MS));
+            }
+        }
+    }
+    from
+}
+
+/// The highest limit that may have decided a grant recorded at `at`: the one in force when it
+/// may have been decided (`from`, see [`decided_from`]), and any set since.
+fn limit_around(history: &[(u64, u32)], from: u64, at: u64, first: u32) -> u32 {
     let before = history
         .iter()
         .rev()
@@ -272,9 +347,24 @@ fn fenced_counters(history: &History, out: &mut Vec<Violation>) {
 /// sees every leader that was granted while it watched.
 fn observers(history: &History, out: &mut Vec<Violation>) {
     let mut seen: HashMap<(usize, &str), u64> = HashMap::new();
+    let mut loss_at: Option<u64> = None;
     for event in &history.events {
         match event {
-            Event::StoreLost { .. } => seen.clear(),
+            Event::StoreLost { at, .. } => {
+                seen.clear();
+                loss_at = Some(*at);
+            }
+            // In the instant of a loss, an observer may take in a leader from before it after
+            // one from after it (a restore brings an older leader back): not compared.
+            Event::Observed {
+                at,
+                observer,
+                name,
+                token,
+                ..
+            } if *token > 0 && loss_at == Some(*at) => {
+                seen.insert((*observer, name.as_str()), *token);
+            }
             Event::Observed {
                 at,
                 observer,

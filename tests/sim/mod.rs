@@ -1,13 +1,15 @@
 //! The deterministic simulation of baton (issue #37): many clients of every recipe on one
 //! in-memory store, through a simulated network that delays, loses, duplicates and delivers
-//! late, with cancellations, pauses, session expiries and a store that loses or rolls back
-//! its state; one history on one (simulated) clock, and a checker.
+//! late, with cancellations, pauses, frozen clients, a starved keep-alive driver, session
+//! expiries, wall-clock steps and a store that loses or rolls back its state; one history on
+//! one (simulated) clock, and a checker.
 //!
 //! One seed is one schedule. It runs on a current-thread tokio runtime with paused time:
 //! tasks run one at a time in an order that depends only on the seed, time advances only
 //! when every task waits, and every random choice comes from generators seeded from the
-//! seed. Nothing reads the wall clock or the network, so a seed replays bit for bit (the
-//! runner checks it: [`run`] twice gives the same history).
+//! seed. Nothing reads the wall clock or the network (the in-memory store's stand-in for the
+//! wall clock is tokio's clock, which `baton::testing::step_wall_clock` steps), so a seed
+//! replays bit for bit (the runner checks it: [`run`] twice gives the same history).
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -95,6 +97,16 @@ pub struct Plan {
     /// so that a schedule drawn without them is the one its seed drew before they existed.
     pub barriers: bool,
     pub double_members: u32,
+    /// Process faults, drawn from a generator of their own (so that a schedule drawn without
+    /// them is the one its seed drew before they existed): whether clients freeze (their
+    /// network holds what they send and are sent, their work stops, and the keep-alive
+    /// driver, which the simulated clients share as the tasks of one runtime, is starved as
+    /// long); how many times the driver alone is starved; how many times the wall clock is
+    /// stepped at a random moment (and whether it is stepped at each store loss).
+    pub freezes: bool,
+    pub starvations: usize,
+    pub clock_steps: usize,
+    pub steps_at_losses: bool,
 }
 
 impl Plan {
@@ -143,8 +155,34 @@ impl Plan {
             first_limit: 1 + rng.below(3) as u32,
             barriers: false,
             double_members: 0,
+            freezes: false,
+            starvations: 0,
+            clock_steps: 0,
+            steps_at_losses: false,
         }
         .with_barriers(seed)
+        .with_process_faults(seed)
+    }
+
+    /// The constant is chosen so that the regression seeds draw none of these: each stays the
+    /// schedule that found its bug.
+    const PROCESS_FAULTS: u64 = 0x5157_0000_f2ee_2e1c;
+
+    fn with_process_faults(mut self, seed: u64) -> Plan {
+        let mut rng = Rng::new(seed ^ Self::PROCESS_FAULTS);
+        self.freezes = rng.chance(500);
+        self.starvations = if rng.chance(400) {
+            1 + rng.below(2) as usize
+        } else {
+            0
+        };
+        self.clock_steps = if rng.chance(500) {
+            1 + rng.below(3) as usize
+        } else {
+            0
+        };
+        self.steps_at_losses = rng.chance(500);
+        self
     }
 
     fn with_barriers(mut self, seed: u64) -> Plan {
@@ -172,6 +210,8 @@ pub enum Event {
         token: u64,
         /// When the session it was granted on began.
         session_at: u64,
+        /// That session's deadline at the grant: nothing may be granted at or after it.
+        deadline: u64,
     },
     /// A hold ended: released by its holder (the release began) or lost.
     Ended { at: u64, hold: u64, lost: bool },
@@ -243,6 +283,19 @@ pub enum Event {
     WorkOutlived { at: u64, client: usize, lost: u64 },
     /// A client was paused (cut off, its work stopped) from `at` for `ms`.
     Paused { at: u64, client: usize, ms: u64 },
+    /// A client was frozen from `at` for `ms` (what it sends and is sent held, its work
+    /// stopped, the keep-alive driver starved as long); its session's deadline then was
+    /// `deadline` (it had none: `None`).
+    Frozen {
+        at: u64,
+        client: usize,
+        ms: u64,
+        deadline: Option<u64>,
+    },
+    /// The keep-alive driver alone was starved from `at` for `ms`.
+    Starved { at: u64, ms: u64 },
+    /// The wall clock baton reads was stepped by `by_ms` (negative: back).
+    ClockStep { at: u64, by_ms: i64 },
     /// The schedule ended: the fence's counters as they stand, the entries left.
     Final {
         at: u64,
@@ -279,6 +332,12 @@ struct Ctx {
     start: Instant,
     fence: Arc<MemoryFence>,
     plan: Arc<Plan>,
+    /// Process faults drawn: the driver starved on its own, the wall clock stepped.
+    process_faults: Arc<StdMutex<[u64; 2]>>,
+    /// When the last freeze or starvation drawn so far ends; set once the faults heal, after
+    /// which nothing freezes any more.
+    quiet_at: Arc<StdMutex<Instant>>,
+    healed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Ctx {
@@ -294,6 +353,70 @@ impl Ctx {
             .push(event);
     }
 
+    /// A deadline as ms since the schedule began.
+    fn ms(&self, at: std::time::Instant) -> u64 {
+        let at = Instant::from_std(at).saturating_duration_since(self.start);
+        u64::try_from(at.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Freezes `client` for `ms` (its network holds everything, the keep-alive driver is
+    /// starved as long: the process is frozen) and records it. The caller stops its work.
+    fn freeze(&self, net: &SimNet, session: Option<&Session>, client: usize, ms: u64) {
+        if self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let d = Duration::from_millis(ms);
+        self.quiet_after(d);
+        self.record(Event::Frozen {
+            at: self.now(),
+            client,
+            ms,
+            deadline: session.map(|s| self.ms(s.deadline())),
+        });
+        net.freeze(d);
+        let _ = baton::testing::starve_keep_alive(d);
+    }
+
+    /// Heals the process faults: nothing freezes or starves from now on; returns when those
+    /// in progress have ended.
+    async fn heal_process(&self) {
+        self.healed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let quiet = *self.quiet_at.lock().unwrap_or_else(|p| p.into_inner());
+        if quiet > Instant::now() {
+            tokio::time::sleep_until(quiet).await;
+        }
+    }
+
+    /// Steps the wall clock baton reads, and records it.
+    fn step_clock(&self, by_ms: i64) {
+        self.record(Event::ClockStep {
+            at: self.now(),
+            by_ms,
+        });
+        self.count_process_fault(1);
+        baton::testing::step_wall_clock(by_ms.saturating_mul(1000));
+    }
+
+    /// Starves the keep-alive driver for `d` (unless the faults healed).
+    fn starve(&self, d: Duration) {
+        if self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        self.quiet_after(d);
+        let _ = baton::testing::starve_keep_alive(d);
+    }
+
+    fn quiet_after(&self, d: Duration) {
+        let mut quiet = self.quiet_at.lock().unwrap_or_else(|p| p.into_inner());
+        *quiet = (*quiet).max(Instant::now() + d);
+    }
+
+    fn count_process_fault(&self, i: usize) {
+        self.process_faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())[i] += 1;
+    }
+
     fn new_hold(&self) -> u64 {
         let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
         h.next_hold += 1;
@@ -302,8 +425,12 @@ impl Ctx {
 
     /// Records a grant, and watches its loss: `Ended { lost: true }` when `lost` resolves
     /// first. Returns the hold's id, and what tells the watcher the holder let go.
+    /// A frozen holder hears of its loss only once it thaws.
+    #[allow(clippy::too_many_arguments)]
     fn granted(
         &self,
+        net: &SimNet,
+        session: &Session,
         client: usize,
         name: &str,
         kind: Kind,
@@ -322,13 +449,17 @@ impl Ctx {
             kind,
             token: token.get(),
             session_at,
+            deadline: self.ms(session.deadline()),
         });
-        let ctx = self.clone();
+        let (ctx, net) = (self.clone(), net.clone());
         tokio::spawn(async move {
             tokio::select! {
                 biased;
                 () = watcher.notified() => {}
-                _ = lost => ctx.record(Event::Ended { at: ctx.now(), hold, lost: true }),
+                _ = lost => {
+                    net.thawed().await;
+                    ctx.record(Event::Ended { at: ctx.now(), hold, lost: true });
+                }
             }
         });
         (hold, ended)
@@ -344,9 +475,19 @@ impl Ctx {
         });
     }
 
-    /// The fenced work of a holder: claim, read the counter, maybe pause, write it + 1.
-    async fn work(&self, rng: &mut Rng, net: &SimNet, client: usize, name: &str, ticket: Ticket) {
+    /// The fenced work of a holder: claim, read the counter, maybe pause or freeze, write it
+    /// + 1. (A frozen client touches the fence only once it thaws.)
+    async fn work(
+        &self,
+        rng: &mut Rng,
+        net: &SimNet,
+        session: &Session,
+        client: usize,
+        name: &str,
+        ticket: Ticket,
+    ) {
         let token = ticket.token().get();
+        net.thawed().await;
         let Ok(before) = self.fence.claim(name, ticket.clone()).await else {
             return;
         };
@@ -364,14 +505,21 @@ impl Ctx {
             } else {
                 ttl + rng.below(2 * ttl)
             };
-            self.record(Event::Paused {
-                at: self.now(),
-                client,
-                ms,
-            });
-            net.cut_off(Duration::from_millis(ms));
-            tokio::time::sleep(Duration::from_millis(ms)).await;
+            if self.plan.freezes && net.draw(500) {
+                // Frozen instead (SIGSTOP): its renewals are not sent, rather than failing.
+                self.freeze(net, Some(session), client, ms);
+                net.thawed().await;
+            } else {
+                self.record(Event::Paused {
+                    at: self.now(),
+                    client,
+                    ms,
+                });
+                net.cut_off(Duration::from_millis(ms));
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
         }
+        net.thawed().await;
         if self
             .fence
             .write(name, ticket, (n + 1).to_string().as_bytes())
@@ -397,6 +545,8 @@ struct Client {
     /// entries (brought back by a restore) would stay for as long as it is kept.
     kept: Vec<Session>,
     ttl: Duration,
+    /// The session in use, for a freeze that comes later (its deadline is recorded).
+    current: Arc<StdMutex<Option<Session>>>,
 }
 
 impl Client {
@@ -417,6 +567,7 @@ impl Client {
             match Session::with_options(self.net.clone(), options).await {
                 Ok(s) => {
                     let at = ctx.now();
+                    *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(s.clone());
                     self.session = Some((s.clone(), at));
                     return Some((s, at));
                 }
@@ -548,6 +699,10 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
             lead_while(&ctx, &client, &mut rng, &session, session_at, &name).await;
             continue;
         }
+        if ctx.plan.freezes && client.net.draw(150) {
+            // Frozen at some moment of this step: waiting, holding, or after.
+            freeze_later(&ctx, &client);
+        }
         let Some((guard, kind)) = acquire(
             &mut rng,
             &session,
@@ -561,6 +716,8 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
             continue;
         };
         let (hold, ended) = ctx.granted(
+            &client.net,
+            &session,
             client.id,
             &name,
             kind,
@@ -575,8 +732,15 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
             Kind::Exclusive => name.clone(),
             Kind::Permit | Kind::Read => format!("{name}/{}", client.id),
         };
-        ctx.work(&mut rng, &client.net, client.id, &resource, ticket)
-            .await;
+        ctx.work(
+            &mut rng,
+            &client.net,
+            &session,
+            client.id,
+            &resource,
+            ticket,
+        )
+        .await;
         let mut guard = guard;
         if let Guard::Lead(leader) = &mut guard
             && rng.chance(300)
@@ -592,9 +756,33 @@ async fn name_client(ctx: Ctx, mut client: Client, mut rng: Rng, name: String, r
             }
         }
         tokio::time::sleep(Duration::from_millis(rng.below(800))).await;
+        client.net.thawed().await;
         ctx.released(hold, &ended);
         guard.release(&mut rng).await;
     }
+}
+
+/// Freezes `client` at a moment drawn from its process-fault generator, within the next few
+/// seconds, for less than half its TTL, about its TTL, or up to three times it.
+fn freeze_later(ctx: &Ctx, client: &Client) {
+    let ttl = u64::try_from(ctx.plan.ttl.as_millis()).unwrap_or(1000);
+    let after = client.net.draw_below(4_000);
+    let ms = match client.net.draw_below(3) {
+        0 => 1 + client.net.draw_below(ttl / 2),
+        1 => ttl / 2 + client.net.draw_below(ttl),
+        _ => ttl + client.net.draw_below(2 * ttl),
+    };
+    let (ctx, net, current, id) = (
+        ctx.clone(),
+        client.net.clone(),
+        Arc::clone(&client.current),
+        client.id,
+    );
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(after)).await;
+        let session = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        ctx.freeze(&net, session.as_ref(), id, ms);
+    });
 }
 
 /// The Barrier's gate: raises it, holds it up a while, lowers it; records when it is up
@@ -796,6 +984,7 @@ async fn lead_while(
                     kind: Kind::Exclusive,
                     token: token.get(),
                     session_at,
+                    deadline: ctx.ms(session.deadline()),
                 });
                 *state.lock().unwrap_or_else(|p| p.into_inner()) = Some(Work {
                     hold,
@@ -803,8 +992,15 @@ async fn lead_while(
                     finished: None,
                 });
                 let _on_drop = OnDrop(ctx.clone(), Arc::clone(&state));
-                ctx.work(&mut work_rng, &net, id, name, Ticket::new(token, name))
-                    .await;
+                ctx.work(
+                    &mut work_rng,
+                    &net,
+                    session,
+                    id,
+                    name,
+                    Ticket::new(token, name),
+                )
+                .await;
                 outlived(ctx);
                 tokio::time::sleep(Duration::from_millis(work_rng.below(500))).await;
                 outlived(ctx);
@@ -854,6 +1050,8 @@ async fn multilock_client(ctx: Ctx, mut client: Client, mut rng: Rng, names: [St
         let mut holds = Vec::new();
         for (name, mutex_guard) in names.iter().zip(guard.guards()) {
             let (hold, ended) = ctx.granted(
+                &client.net,
+                &session,
                 client.id,
                 name,
                 Kind::Exclusive,
@@ -864,10 +1062,18 @@ async fn multilock_client(ctx: Ctx, mut client: Client, mut rng: Rng, names: [St
             holds.push((hold, ended, mutex_guard.ticket(), name.clone()));
         }
         for (_, _, ticket, name) in &holds {
-            ctx.work(&mut rng, &client.net, client.id, name, ticket.clone())
-                .await;
+            ctx.work(
+                &mut rng,
+                &client.net,
+                &session,
+                client.id,
+                name,
+                ticket.clone(),
+            )
+            .await;
         }
         tokio::time::sleep(Duration::from_millis(rng.below(500))).await;
+        client.net.thawed().await;
         for (hold, ended, _, _) in &holds {
             ctx.released(*hold, ended);
         }
@@ -969,15 +1175,42 @@ async fn observer(ctx: Ctx, id: usize, session: Session, name: String, until: In
 
 /// The store's faults: it loses its state, or goes back to a snapshot (seen first by a client
 /// that saw it past the snapshot: what the library can detect, docs/guarantees.md).
-async fn store_faults(ctx: Ctx, store: MemoryBackend, witness: MemoryBackend, mut rng: Rng) {
+///
+/// With `steps_at_losses`, the wall clock is stepped just before or just after each loss (from
+/// `clock`, a generator of its own): the client that begins the next epoch reads it.
+async fn store_faults(
+    ctx: Ctx,
+    store: MemoryBackend,
+    witness: MemoryBackend,
+    mut rng: Rng,
+    mut clock: Rng,
+    clients: Vec<MemoryBackend>,
+) {
     let plan = Arc::clone(&ctx.plan);
+    // With the wall clock stepped back, a new epoch's tokens rise above the earlier ones only
+    // through what the client that begins it has seen (docs/guarantees.md): a client that
+    // never saw them, or not since the highest were handed out, may begin it below them.
+    // Every client looks just before the store forgets, as the witness does, so that the
+    // checker can hold the library to its promise.
+    let look = plan.clock_steps > 0 || plan.steps_at_losses;
     let mut snapshot = None;
     for _ in 0..plan.losses + plan.restores {
+        let step = plan
+            .steps_at_losses
+            .then(|| (clock.chance(500), clock_step(&mut clock)));
         tokio::time::sleep(Duration::from_millis(1_000 + rng.below(8_000))).await;
         if snapshot.is_none() && plan.restores > 0 {
             snapshot = Some(store.snapshot());
             ctx.record(Event::Snapshot { at: ctx.now() });
             continue;
+        }
+        if let Some((true, by_ms)) = step {
+            ctx.step_clock(by_ms);
+        }
+        if look {
+            for client in &clients {
+                let _ = client.entries("w").now_or_never();
+            }
         }
         match snapshot.take() {
             Some(saved) => {
@@ -1003,6 +1236,48 @@ async fn store_faults(ctx: Ctx, store: MemoryBackend, witness: MemoryBackend, mu
                 });
             }
         }
+        if let Some((false, by_ms)) = step {
+            ctx.step_clock(by_ms);
+        }
+    }
+}
+
+/// A step of the wall clock, in ms: back (two times in three) or forward, by seconds, minutes
+/// or hours.
+fn clock_step(rng: &mut Rng) -> i64 {
+    let ms = match rng.below(3) {
+        0 => 1_000 + rng.below(59_000),
+        1 => 60_000 + rng.below(3_540_000),
+        _ => 3_600_000 + rng.below(7_200_000),
+    };
+    let ms = i64::try_from(ms).unwrap_or(i64::MAX);
+    if rng.below(3) < 2 { -ms } else { ms }
+}
+
+/// The process's own faults: the keep-alive driver starved (for less than half the TTL, about
+/// the TTL, or up to three times it) and the wall clock stepped, at random moments.
+async fn process_faults(ctx: Ctx, mut rng: Rng) {
+    let plan = Arc::clone(&ctx.plan);
+    let ttl = u64::try_from(plan.ttl.as_millis()).unwrap_or(1000);
+    let mut starvations = plan.starvations;
+    let mut steps = plan.clock_steps;
+    while starvations + steps > 0 {
+        tokio::time::sleep(Duration::from_millis(500 + rng.below(6_000))).await;
+        if steps == 0 || (starvations > 0 && rng.chance(500)) {
+            starvations -= 1;
+            let ms = match rng.below(3) {
+                0 => 1 + rng.below(ttl / 2),
+                1 => ttl / 2 + rng.below(ttl),
+                _ => ttl + rng.below(2 * ttl),
+            };
+            ctx.record(Event::Starved { at: ctx.now(), ms });
+            ctx.count_process_fault(0);
+            ctx.starve(Duration::from_millis(ms));
+        } else {
+            steps -= 1;
+            let by_ms = clock_step(&mut rng);
+            ctx.step_clock(by_ms);
+        }
     }
 }
 
@@ -1010,7 +1285,7 @@ async fn store_faults(ctx: Ctx, store: MemoryBackend, witness: MemoryBackend, mu
 #[derive(Debug)]
 pub struct Outcome {
     pub history: History,
-    pub faults: [u64; 6],
+    pub faults: [u64; net::FAULT_NAMES.len()],
 }
 
 /// Runs the schedule of `plan` to its end and returns its history.
@@ -1032,19 +1307,30 @@ pub fn run(plan: &Plan) -> Outcome {
 pub const REPLAYS: bool = cfg!(tokio_unstable);
 
 async fn schedule(plan: Plan) -> Outcome {
+    // The wall clock's steps are the process's: none left over from the schedule before.
+    baton::testing::reset_wall_clock();
     let mut rng = Rng::new(plan.seed.rotate_left(17));
+    // Process faults draw from generators of their own (see `Plan::with_process_faults`).
+    let mut process = Rng::new(plan.seed.rotate_left(29) ^ Plan::PROCESS_FAULTS);
     let store = MemoryBackend::new().with_restart_grace(plan.grace);
     let ctx = Ctx {
         history: Arc::default(),
         start: Instant::now(),
         fence: Arc::new(MemoryFence::new()),
         plan: Arc::new(plan.clone()),
+        process_faults: Arc::default(),
+        quiet_at: Arc::new(StdMutex::new(Instant::now())),
+        healed: Arc::default(),
     };
     let mut nets = Vec::new();
     let mut tasks = Vec::new();
     let mut next_id = 0;
+    // Every client of the store, for the look before a loss (see `store_faults`).
+    let mut clients = Vec::new();
     let mut new_client = |rng: &mut Rng, nets: &mut Vec<SimNet>| {
-        let net = SimNet::new(store.client(), rng.fork(), plan.faults);
+        let inner = store.client();
+        clients.push(inner.clone());
+        let net = SimNet::new(inner, rng.fork(), process.fork(), plan.faults);
         nets.push(net.clone());
         next_id += 1;
         Client {
@@ -1053,15 +1339,17 @@ async fn schedule(plan: Plan) -> Outcome {
             session: None,
             kept: Vec::new(),
             ttl: plan.ttl,
+            current: Arc::default(),
         }
     };
+    let mut observer_clients = Vec::new();
     // Observers first, on clean connections, so that they see every leader.
     let observe_until = Instant::now() + Duration::from_secs(600);
     for (name, recipe) in &plan.names {
         if *recipe == Recipe::Election {
-            let session = Session::new(store.client())
-                .await
-                .expect("observer session");
+            let inner = store.client();
+            observer_clients.push(inner.clone());
+            let session = Session::new(inner).await.expect("observer session");
             for id in 0..2 {
                 tasks.push(tokio::spawn(observer(
                     ctx.clone(),
@@ -1123,25 +1411,34 @@ async fn schedule(plan: Plan) -> Outcome {
             workers.push(tokio::spawn(double_member(ctx.clone(), client, rng.fork())));
         }
     }
+    let mut process = Rng::new(plan.seed.rotate_left(41) ^ Plan::PROCESS_FAULTS);
+    let witness = store.client();
+    clients.push(witness.clone());
+    clients.extend(observer_clients);
     let faults = tokio::spawn(store_faults(
         ctx.clone(),
         store.clone(),
-        store.client(),
+        witness,
         rng.fork(),
+        process.fork(),
+        clients,
     ));
+    let process_faults = tokio::spawn(process_faults(ctx.clone(), process.fork()));
     // Everything ends: each client's steps are bounded, and a wait that outlives the
     // schedule's bound is itself a finding (reported by the progress check).
     let bound = Duration::from_secs(900);
     let _ = tokio::time::timeout(bound, futures::future::join_all(workers)).await;
     let _ = faults.await;
+    let _ = process_faults.await;
+    ctx.heal_process().await;
 
     // Healed: no more faults; a clean client takes every name, within a bound.
     for net in &nets {
         net.heal();
     }
-    let clean = Session::with_options(store.client(), SessionOptions::new().with_ttl(plan.ttl))
-        .await
-        .expect("a clean session");
+    let clean_session =
+        || Session::with_options(store.client(), SessionOptions::new().with_ttl(plan.ttl));
+    let mut clean = clean_session().await.expect("a clean session");
     for (name, recipe) in &plan.names {
         let bound = plan.grace + plan.ttl * 4;
         let mut r = Rng::new(plan.seed);
@@ -1149,6 +1446,13 @@ async fn schedule(plan: Plan) -> Outcome {
             let mut last = String::new();
             // Entries of lost sessions go with their leases: a few tries.
             for _ in 0..3 {
+                // A fresh client that began an epoch which a client from before then refused
+                // (the wall clock stepped back below what that client saw) lost its session.
+                if clean.lost().now_or_never() == Some(LostReason::StoreReset)
+                    && let Ok(session) = clean_session().await
+                {
+                    clean = session;
+                }
                 match acquire(&mut r, &clean, name, *recipe, plan.first_limit, false).await {
                     Some((guard, _)) => {
                         guard.release(&mut Rng::new(1)).await;
@@ -1207,12 +1511,17 @@ async fn schedule(plan: Plan) -> Outcome {
     for task in tasks {
         task.abort();
     }
-    let mut faults = [0u64; 6];
+    let mut faults = [0u64; net::FAULT_NAMES.len()];
     for net in &nets {
         for (total, n) in faults.iter_mut().zip(net.counts()) {
             *total += n;
         }
     }
+    let process = *ctx.process_faults.lock().unwrap_or_else(|p| p.into_inner());
+    for (total, n) in faults[net::NET_FAULTS..].iter_mut().zip(process) {
+        *total += n;
+    }
+    baton::testing::reset_wall_clock();
     let history = ctx
         .history
         .lock()

@@ -1,7 +1,8 @@
 //! The simulated network between a client and the in-memory store: a [`Backend`] decorator
 //! that, by a seeded plan, delays requests and answers, loses answers of requests it applied,
 //! refuses requests before they are sent, sends a request twice, delivers an `enqueue` after
-//! its caller gave up on it, and cuts a client off for a while.
+//! its caller gave up on it, cuts a client off for a while, and freezes it (holds its
+//! requests and answers, watches' included, until the freeze ends).
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
@@ -46,14 +47,21 @@ pub struct SimNet {
 #[derive(Debug)]
 struct NetState {
     rng: Rng,
+    /// The client's process faults (when it freezes, for how long): a generator of their own,
+    /// so that the network's faults are those the seed drew before freezes existed.
+    process: Rng,
     faults: Faults,
     /// Until when every request fails (a partition, a pause: the client cannot be reached).
     cut_until: Option<Instant>,
+    /// Until when the client is frozen (`SIGSTOP`, a GC pause): nothing it sends leaves, and
+    /// nothing sent to it (an answer, a watch's event) is taken in, until then.
+    frozen_until: Option<Instant>,
     /// Enqueues held back to be delivered late, by (queue, tag, lease): a give-up
     /// (`abandon`) cancels them, as the network backends' session fences do.
     late: Vec<(String, String, i64, tokio::task::AbortHandle)>,
-    /// Faults applied, by kind, for the run's report.
-    counts: [u64; 6],
+    /// Faults applied, by kind, for the run's report (the first `NET_FAULTS` of
+    /// [`FAULT_NAMES`]).
+    counts: [u64; NET_FAULTS],
 }
 
 /// What the plan decided for one request.
@@ -67,26 +75,36 @@ enum Fate {
     Late(Duration),
 }
 
-/// The names of the fault counters, for the report.
-pub const FAULT_NAMES: [&str; 6] = [
+/// The names of the fault counters, for the report: a client's network's faults (the first
+/// [`NET_FAULTS`]), then the process's: the keep-alive driver starved (on its own, or with a
+/// client frozen), and the wall clock stepped.
+pub const FAULT_NAMES: [&str; 9] = [
     "delay",
     "fail-before",
     "lost-answer",
     "duplicate",
     "late-delivery",
     "cut-off",
+    "frozen",
+    "starved-driver",
+    "clock-step",
 ];
 
+/// How many of [`FAULT_NAMES`] a client's network counts.
+pub const NET_FAULTS: usize = 7;
+
 impl SimNet {
-    pub fn new(inner: MemoryBackend, rng: Rng, faults: Faults) -> SimNet {
+    pub fn new(inner: MemoryBackend, rng: Rng, process: Rng, faults: Faults) -> SimNet {
         SimNet {
             inner,
             state: Arc::new(StdMutex::new(NetState {
                 rng,
+                process,
                 faults,
                 cut_until: None,
+                frozen_until: None,
                 late: Vec::new(),
-                counts: [0; 6],
+                counts: [0; NET_FAULTS],
             })),
         }
     }
@@ -102,14 +120,47 @@ impl SimNet {
         state.counts[5] += 1;
     }
 
-    /// No more faults from now on (the network heals).
+    /// Freezes this client for `d`: what it sends is held until then, and so is what it is
+    /// sent (answers, watch and wait results). Freezes that overlap end with the last.
+    pub fn freeze(&self, d: Duration) {
+        let mut state = self.state();
+        let until = Instant::now() + d;
+        state.frozen_until = state.frozen_until.max(Some(until));
+        state.counts[6] += 1;
+    }
+
+    /// `true` with probability `per_mille / 1000`, from the client's process-fault generator.
+    pub fn draw(&self, per_mille: u64) -> bool {
+        self.state().process.chance(per_mille)
+    }
+
+    /// A number in `0..n`, from the client's process-fault generator.
+    pub fn draw_below(&self, n: u64) -> u64 {
+        self.state().process.below(n)
+    }
+
+    /// When the client's freeze ends, if it is frozen now.
+    pub fn frozen_until(&self) -> Option<Instant> {
+        self.state()
+            .frozen_until
+            .filter(|until| Instant::now() < *until)
+    }
+
+    /// Waits until the client is not frozen: at once (without yielding) if it is not.
+    pub async fn thawed(&self) {
+        while let Some(until) = self.frozen_until() {
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    /// No more faults from now on (the network heals; a freeze in progress ends as drawn).
     pub fn heal(&self) {
         let mut state = self.state();
         state.faults = Faults::NONE;
         state.cut_until = None;
     }
 
-    pub fn counts(&self) -> [u64; 6] {
+    pub fn counts(&self) -> [u64; NET_FAULTS] {
         self.state().counts
     }
 
@@ -158,10 +209,12 @@ impl SimNet {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
-        match self.fate_of(writes, false)? {
+        self.thawed().await;
+        let answer = match self.fate_of(writes, false)? {
             Fate::Normal | Fate::Late(_) => call().await,
             Fate::Delay(d) => {
                 tokio::time::sleep(d / 2).await;
+                // Sent before a freeze began, delivered to the store: it is on the way.
                 let answer = call().await;
                 tokio::time::sleep(d / 2).await;
                 answer
@@ -176,7 +229,10 @@ impl SimNet {
                 let _ = call().await;
                 first
             }
-        }
+        };
+        // An answer that arrives while the client is frozen is taken in when it thaws.
+        self.thawed().await;
+        answer
     }
 }
 
@@ -217,7 +273,8 @@ impl Backend for SimNet {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Enqueued> {
-        match self.fate_of(true, true)? {
+        self.thawed().await;
+        let answer = match self.fate_of(true, true)? {
             Fate::Late(d) => {
                 // Sent, held up on the way, and delivered after the caller gave up (unless the
                 // caller's give-up, `abandon`, fences it off first).
@@ -256,7 +313,9 @@ impl Backend for SimNet {
                 first
             }
             Fate::Normal => self.inner.enqueue(queue, tag, lease, value).await,
-        }
+        };
+        self.thawed().await;
+        answer
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
@@ -308,10 +367,14 @@ impl Backend for SimNet {
 
     async fn wait_gone(&self, entry: &Entry) -> Result<()> {
         // A wait is a watch: its failure says nothing, and the caller waits again.
+        self.thawed().await;
         if let Fate::FailBefore | Fate::LoseAnswer = self.fate_of(false, false)? {
             return Err(Error::Unavailable);
         }
-        self.inner.wait_gone(entry).await
+        let gone = self.inner.wait_gone(entry).await;
+        // A deletion seen while the client is frozen reaches it when it thaws.
+        self.thawed().await;
+        gone
     }
 
     async fn head(&self, queue: &str) -> Result<Option<Entry>> {
@@ -352,10 +415,13 @@ impl Backend for SimNet {
     }
 
     async fn wait_value(&self, key: &str, seen: Option<&[u8]>) -> Result<Option<Vec<u8>>> {
+        self.thawed().await;
         if let Fate::FailBefore | Fate::LoseAnswer = self.fate_of(false, false)? {
             return Err(Error::Unavailable);
         }
-        self.inner.wait_value(key, seen).await
+        let value = self.inner.wait_value(key, seen).await;
+        self.thawed().await;
+        value
     }
 
     async fn lease_ttl(&self, lease: LeaseId) -> Result<Option<Duration>> {

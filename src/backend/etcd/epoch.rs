@@ -154,6 +154,13 @@ impl EtcdBackend {
                 return Ok((epoch, false));
             }
             let origin = u64::try_from(header_revision).unwrap_or(0);
+            // A marker refused (from before the store went back, or below what this client
+            // saw) may have had its grace pass and its tokens handed out, up to its token at
+            // the store's revision now: the new epoch starts above them too, whatever the
+            // clock says.
+            if let Some(refused) = found.filter(ours) {
+                self.inner.epochs.above(refused.token(origin).get());
+            }
             let epoch = self
                 .inner
                 .epochs

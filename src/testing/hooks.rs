@@ -1,0 +1,47 @@
+//! Hooks that put the library itself in the states a process meets when its thread is
+//! starved, it is frozen, or its wall clock is stepped: for tests (the deterministic
+//! simulation uses them, tests/sim).
+
+use std::time::Duration;
+
+use crate::error::Result;
+
+/// Stops the keep-alive driver of the current tokio runtime for `d`, as if its thread were
+/// starved or its process frozen (`SIGSTOP`, a long GC pause): for tests.
+///
+/// One driver renews the lease of every session created in a runtime and marks a session
+/// lost when its deadline passes. For `d` it sends no renewal, handles no answer and marks no
+/// deadline, while everything else in the runtime runs on: a session whose deadline passes
+/// meanwhile is lost, but nothing has recorded it. What must still hold then is what the
+/// library promises for a starved or frozen process: [`Session::is_lost`] and every
+/// `lost()` future check the deadline themselves, and nothing is granted to a session whose
+/// deadline has passed. Starvations that overlap end when the last one ends. The driver of the
+/// runtime is started if there is none yet.
+///
+/// Errors: [`Error::InvalidArgument`](crate::Error::InvalidArgument) outside a tokio runtime,
+/// or while it shuts down.
+///
+/// [`Session::is_lost`]: crate::Session::is_lost
+pub fn starve_keep_alive(d: Duration) -> Result<()> {
+    crate::session::starve_keep_alive(d)
+}
+
+/// Steps the wall clock that baton reads by `by_us` microseconds (negative: back), on top of
+/// the steps before, for the whole process: for tests.
+///
+/// baton reads the wall clock in one place: a client that begins a new store epoch (the
+/// store lost or rolled back its state) starts the epoch's tokens at the clock's
+/// microseconds since 1970, or above every token the client has seen if that is higher
+/// (etcd, ZooKeeper without a leader clock, and the in-memory store, whose stand-in for the
+/// wall clock is tokio's clock since the store was created). A step back is what an operator
+/// or NTP does to a clock that ran ahead; tokens must still rise. Without the `testing`
+/// feature the clock is read as it is, at no cost.
+pub fn step_wall_clock(by_us: i64) {
+    crate::epoch::step_wall_clock(by_us);
+}
+
+/// Puts the wall clock that baton reads back on the system's (undoes every
+/// [`step_wall_clock`]): for tests.
+pub fn reset_wall_clock() {
+    crate::epoch::reset_wall_clock();
+}
