@@ -89,6 +89,10 @@ fn expire(faulty: &FaultyBackend) {
     faulty.inject_every(Call::KeepAlive, Fault::FailBefore);
 }
 
+/// How long after a session's deadline the answer of a grant decided before it may come, in
+/// real time (the engine checks the deadline, then the answer travels back to the caller).
+const GRANT_RETURN: Duration = Duration::from_millis(100);
+
 #[derive(Debug, Clone)]
 enum Op {
     Lock(usize),
@@ -118,7 +122,8 @@ fn op() -> impl Strategy<Value = Op> {
 
 enum State {
     Idle,
-    Waiting(JoinHandle<baton::Result<MutexGuard>>),
+    /// A `lock()` in flight; with its answer, the instant it came.
+    Waiting(JoinHandle<(baton::Result<MutexGuard>, tokio::time::Instant)>),
     Holding(MutexGuard),
 }
 
@@ -160,7 +165,7 @@ impl Model {
             else {
                 unreachable!("checked just above")
             };
-            match handle.await.unwrap() {
+            match handle.await.unwrap().0 {
                 Ok(guard) => {
                     assert!(
                         !self.slots[i].session.is_lost(),
@@ -223,8 +228,24 @@ impl Model {
         match std::mem::replace(&mut self.slots[i].state, State::Idle) {
             State::Holding(g) => self.zombies.push(g),
             State::Waiting(handle) => {
-                let result = handle.await.unwrap();
-                assert!(result.is_err(), "a waiter of a lost session got the lock");
+                // A grant that came before the session's deadline is a holder's, which the
+                // loss then ends (it must own nothing); one after it is the bug. In real time
+                // (a real server) a grant decided just before the deadline may return just
+                // after it: GRANT_RETURN allows for that; paused time is exact.
+                let (result, at) = handle.await.unwrap();
+                if let Ok(g) = result {
+                    let deadline = tokio::time::Instant::from_std(self.slots[i].session.deadline());
+                    assert!(
+                        at <= deadline + GRANT_RETURN,
+                        "a waiter of a lost session got the lock {:?} after its deadline",
+                        at - deadline
+                    );
+                    assert!(
+                        !g.is_owner().await.unwrap(),
+                        "a lost holder still owns the lock"
+                    );
+                    self.zombies.push(g);
+                }
             }
             State::Idle => {}
         }
@@ -236,8 +257,10 @@ impl Model {
             Op::Lock(i) => {
                 if matches!(self.slots[i].state, State::Idle) {
                     let mutex = Mutex::new(&self.slots[i].session, &self.lock).unwrap();
-                    self.slots[i].state =
-                        State::Waiting(tokio::spawn(async move { mutex.lock().await }));
+                    self.slots[i].state = State::Waiting(tokio::spawn(async move {
+                        let result = mutex.lock().await;
+                        (result, tokio::time::Instant::now())
+                    }));
                 }
             }
             Op::TryLock(i) => {
@@ -385,7 +408,10 @@ proptest! {
             let backend = MemoryBackend::new();
             let s = Session::new(backend.clone()).await.unwrap();
             match Mutex::new(&s, name.clone()) {
-                Err(Error::InvalidArgument(_)) => assert!(name.is_empty()),
+                // The rule of every recipe: not empty, not ending in `/`.
+                Err(Error::InvalidArgument(_)) => {
+                    assert!(name.is_empty() || name.ends_with('/'), "{name:?}");
+                }
                 Err(e) => panic!("{e}"),
                 Ok(m) => {
                     let g = m.lock().await.unwrap();
