@@ -340,6 +340,28 @@ impl ConnectOptions {
         self
     }
 
+    /// The ZooKeeper backend's options these carry.
+    #[cfg(feature = "zookeeper")]
+    fn zk_options(self) -> crate::ZkOptions {
+        let mut zk = crate::ZkOptions::new().with_connect_timeout(self.connect_timeout);
+        if let Some(layout) = self.zk_layout {
+            zk = zk.with_layout(layout);
+        }
+        if let Some(grace) = self.restart_grace {
+            zk = zk.with_restart_grace(grace);
+        }
+        if let Some(timeout) = self.request_timeout {
+            zk = zk.with_request_timeout(timeout);
+        }
+        if let Some(retry) = self.retry_for {
+            zk = zk.with_retry_for(retry);
+        }
+        if let Some(timeout) = self.zk_session_timeout {
+            zk = zk.with_session_timeout(timeout);
+        }
+        zk
+    }
+
     #[cfg(feature = "zookeeper")]
     fn has_tls(&self) -> bool {
         self.ca_cert.is_some() || self.client_cert.is_some() || self.tls_server_name.is_some()
@@ -468,23 +490,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
                      does not take them",
                 ));
             }
-            let mut zk = crate::ZkOptions::new().with_connect_timeout(options.connect_timeout);
-            if let Some(layout) = options.zk_layout {
-                zk = zk.with_layout(layout);
-            }
-            if let Some(grace) = options.restart_grace {
-                zk = zk.with_restart_grace(grace);
-            }
-            if let Some(timeout) = options.request_timeout {
-                zk = zk.with_request_timeout(timeout);
-            }
-            if let Some(retry) = options.retry_for {
-                zk = zk.with_retry_for(retry);
-            }
-            if let Some(timeout) = options.zk_session_timeout {
-                zk = zk.with_session_timeout(timeout);
-            }
-            Ok(Arc::new(crate::ZkBackend::connect(&connect, zk).await?))
+            Ok(Arc::new(
+                crate::ZkBackend::connect(&connect, options.zk_options()).await?,
+            ))
         }
         #[cfg(not(feature = "zookeeper"))]
         Endpoints::ZooKeeper(_) => Err(Error::InvalidArgument(
@@ -534,6 +542,30 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `ConnectOptions` carries for ZooKeeper reaches `ZkOptions` (no server needed;
+    /// the Redis prefix and the PostgreSQL schema are shown on real servers, in their tests).
+    #[cfg(feature = "zookeeper")]
+    #[test]
+    fn zookeeper_options_are_carried() {
+        let zk = ConnectOptions::new()
+            .with_zk_session_timeout(Duration::from_secs(7))
+            .with_request_timeout(Duration::from_millis(1500))
+            .with_retry_for(Duration::from_secs(4))
+            .with_restart_grace(Duration::from_secs(9))
+            .with_zk_layout(crate::ZkLayout::Kazoo)
+            .zk_options();
+        let shown = format!("{zk:?}");
+        for field in [
+            "session_timeout: 7s",
+            "request_timeout: 1.5s",
+            "retry_for: 4s",
+            "restart_grace: 9s",
+            "Kazoo",
+        ] {
+            assert!(shown.contains(field), "{field} in {shown}");
+        }
+    }
 
     /// `memory://` is a new in-process store each time, ready for a session; options of
     /// one backend are refused for another before anything is contacted.
