@@ -8,8 +8,8 @@ use futures::stream::{BoxStream, StreamExt};
 use sync_wrapper::SyncFuture;
 use tracing::Instrument;
 
-use crate::backend::{Entry, FencingToken, HeadEvent, WriteOp};
-use crate::error::{Error, LostReason, Result};
+use crate::backend::{Entry, FencingToken, HeadEvent};
+use crate::error::{Error, Result};
 use crate::fence::Ticket;
 use crate::metrics::{Meter, Recipe};
 use crate::queue::{self, Held, Mode, Turn};
@@ -319,25 +319,9 @@ pub struct Leadership {
     held: Held,
 }
 
+crate::guard::entry_guard!(Leadership, "leadership");
+
 impl Leadership {
-    /// The fencing token: strictly increasing across leaders, and above every token of an
-    /// earlier store epoch (on etcd, our key's create revision carried above the epoch's
-    /// start; see `docs/fencing.md`).
-    pub fn fencing_token(&self) -> FencingToken {
-        self.held.entry().token()
-    }
-
-    /// Our queue entry as it was when we were elected (its position is etcd's create
-    /// revision, the `ETCD_LOCK_REV` of etcdctl).
-    pub fn entry(&self) -> &Entry {
-        self.held.entry()
-    }
-
-    /// Our key, `<name>/<lease id hex>`.
-    pub fn key(&self) -> &str {
-        self.held.entry().key()
-    }
-
     /// The fencing token together with the election's name, for a
     /// [`Fence`](crate::Fence) (see [`MutexGuard::ticket`](crate::MutexGuard::ticket)).
     pub fn ticket(&self) -> Ticket {
@@ -347,33 +331,6 @@ impl Leadership {
     /// The value we last proclaimed.
     pub fn value(&self) -> &[u8] {
         &self.value
-    }
-
-    /// Whether our key still exists with our token, checked against the backend now: whether
-    /// we still lead.
-    ///
-    /// # Errors
-    /// Backend errors after retries.
-    ///
-    /// # Cancel safety
-    /// Cancel safe: it only reads.
-    pub fn is_owner(&self) -> impl Future<Output = Result<bool>> + Send + Sync + '_ {
-        SyncFuture::new(
-            self.held
-                .session()
-                .backend()
-                .guarded(self.held.entry(), &[]),
-        )
-    }
-
-    /// Resolves when leadership is lost: the session under it is lost, or our key was
-    /// deleted from outside ([`LostReason::EntryDeleted`]); never because we resigned. See
-    /// [`MutexGuard::lost`](crate::MutexGuard::lost).
-    ///
-    /// # Cancel safety
-    /// Cancel safe: dropping it only stops this one observer.
-    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + Sync + 'static {
-        SyncFuture::new(self.held.lost())
     }
 
     /// Replaces our value (the proposal observers see), only while we still lead.
@@ -407,21 +364,6 @@ impl Leadership {
                 Err(self.held.not_owner())
             }
         })
-    }
-
-    /// Applies `ops` atomically only while we still lead (see
-    /// [`MutexGuard::write`](crate::MutexGuard::write)).
-    ///
-    /// # Errors
-    /// As for [`MutexGuard::write`](crate::MutexGuard::write).
-    ///
-    /// # Cancel safety
-    /// As for [`MutexGuard::write`](crate::MutexGuard::write).
-    pub fn write<'a>(
-        &'a self,
-        ops: &'a [WriteOp],
-    ) -> impl Future<Output = Result<()>> + Send + Sync + 'a {
-        SyncFuture::new(self.held.write(ops))
     }
 
     /// Gives up leadership: deletes our key if it is still ours. The next campaigner leads.
