@@ -1814,7 +1814,7 @@ async fn a_server_out_of_connections_is_named_as_such() {
 async fn connect_options_carry_the_schema() {
     let url = PgNode::shared().url();
     let pid = std::process::id();
-    let connect = |app: &str| {
+    support::namespaces_keep_locks_apart("schema", |app| {
         baton::connect_with(
             &url,
             baton::ConnectOptions::new()
@@ -1824,25 +1824,6 @@ async fn connect_options_carry_the_schema() {
                 .with_request_timeout(Duration::from_secs(5))
                 .with_retry_for(Duration::from_secs(10)),
         )
-    };
-    let (a, b, a_again) = (
-        connect("a").await.unwrap(),
-        connect("b").await.unwrap(),
-        connect("a").await.unwrap(),
-    );
-    let (sa, sb, sa_again) = (
-        Session::new(a).await.unwrap(),
-        Session::new(b).await.unwrap(),
-        Session::new(a_again).await.unwrap(),
-    );
-    let held = Mutex::new(&sa, "x").unwrap().lock().await.unwrap();
-    let other = Mutex::new(&sb, "x").unwrap().try_lock().await;
-    assert!(other.is_ok(), "another schema, another lock: {other:?}");
-    let same = Mutex::new(&sa_again, "x").unwrap().try_lock().await;
-    assert!(
-        matches!(same, Err(Error::Locked { .. })),
-        "the same schema, the same lock: {same:?}"
-    );
-    held.release().await.unwrap();
-    other.unwrap().release().await.unwrap();
+    })
+    .await;
 }

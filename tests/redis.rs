@@ -471,7 +471,7 @@ async fn connect_tells_refused_credentials_from_a_missing_permission() {
 async fn connect_options_carry_the_key_prefix() {
     let url = RedisNode::shared().url();
     let pid = std::process::id();
-    let connect = |app: &str| {
+    support::namespaces_keep_locks_apart("prefix", |app| {
         baton::connect_with(
             &url,
             baton::ConnectOptions::new()
@@ -481,23 +481,6 @@ async fn connect_options_carry_the_key_prefix() {
                 .with_request_timeout(Duration::from_secs(2))
                 .with_retry_for(Duration::from_secs(3)),
         )
-    };
-    let a = connect("a").await.unwrap();
-    let b = connect("b").await.unwrap();
-    let a_again = connect("a").await.unwrap();
-    let (sa, sb, sa_again) = (
-        Session::new(a).await.unwrap(),
-        Session::new(b).await.unwrap(),
-        Session::new(a_again).await.unwrap(),
-    );
-    let held = Mutex::new(&sa, "x").unwrap().lock().await.unwrap();
-    let other = Mutex::new(&sb, "x").unwrap().try_lock().await;
-    assert!(other.is_ok(), "another prefix, another lock: {other:?}");
-    let same = Mutex::new(&sa_again, "x").unwrap().try_lock().await;
-    assert!(
-        matches!(same, Err(Error::Locked { .. })),
-        "the same prefix, the same lock: {same:?}"
-    );
-    held.release().await.unwrap();
-    other.unwrap().release().await.unwrap();
+    })
+    .await;
 }

@@ -1590,3 +1590,28 @@ macro_rules! conformance {
         }
     };
 }
+
+/// Clients connected through `connect(app)` share locks within one application and not
+/// across two: a lock of one name held by `a` is free to `b` and busy to a second client of
+/// `a`. For options that name a namespace (a Redis prefix, a PostgreSQL schema): `what`
+/// names it in the messages.
+#[allow(dead_code)]
+pub async fn namespaces_keep_locks_apart<F, Fut>(what: &str, connect: F)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = baton::Result<Arc<dyn baton::backend::Backend>>>,
+{
+    let a = Session::new(connect("a").await.unwrap()).await.unwrap();
+    let b = Session::new(connect("b").await.unwrap()).await.unwrap();
+    let a_again = Session::new(connect("a").await.unwrap()).await.unwrap();
+    let held = Mutex::new(&a, "x").unwrap().lock().await.unwrap();
+    let other = Mutex::new(&b, "x").unwrap().try_lock().await;
+    assert!(other.is_ok(), "another {what}, another lock: {other:?}");
+    let same = Mutex::new(&a_again, "x").unwrap().try_lock().await;
+    assert!(
+        matches!(same, Err(Error::Locked { .. })),
+        "the same {what}, the same lock: {same:?}"
+    );
+    held.release().await.unwrap();
+    other.unwrap().release().await.unwrap();
+}
