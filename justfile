@@ -61,6 +61,9 @@ lint:
 features:
     #!/usr/bin/env bash
     set -euo pipefail
+    # As a crate that depends on baton builds it: without this repository's
+    # `--cfg tokio_unstable` (.cargo/config.toml), which an empty RUSTFLAGS overrides.
+    export RUSTFLAGS=""
     for feature in etcd redis zookeeper postgres redlock serde testing nemesis; do
       echo "== feature $feature alone"
       cargo check --quiet --lib --no-default-features --features "$feature"
@@ -96,15 +99,29 @@ _clean-containers:
     fi
 
 # The deterministic simulation (tests/simulate.rs): schedules from SEED (default: fresh, from
-# the clock; printed) for SECONDS of wall time, each checked (a build with tokio's seedable
-# select!, --cfg tokio_unstable, in target/sim: so that a seed replays exactly); a violation prints its seed, the
-# shortest failing schedule and the command that replays it, and fails the run.
+# the clock; printed) for SECONDS of wall time, each checked; a violation prints its seed, the
+# shortest failing schedule and the command that replays it, and fails the run. A release
+# build (about 20 times the schedules a minute of a debug one). Every build here seeds
+# tokio's select! (.cargo/config.toml: --cfg tokio_unstable), so a seed replays exactly.
 simulate seconds="60" seed="":
-    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --features testing --test simulate -- {{seconds}} {{seed}}
+    cargo test --quiet --release --features testing --test simulate -- {{seconds}} {{seed}}
 
-# Replays one schedule of the simulation and prints its history (STEPS: fewer steps per client).
-simulate-replay seed steps="":
-    RUSTFLAGS="--cfg tokio_unstable" cargo test --quiet --release --target-dir target/sim --features testing --test simulate -- replay {{seed}} {{steps}}
+# The same in the debug build `just test` makes (all features): nothing to compile after
+# it, so CI runs its fresh seeds here. A seed it prints replays with `just simulate-replay
+# SEED STEPS dev` (the same binary).
+simulate-dev seconds="60" seed="":
+    cargo test --quiet --all-features --test simulate -- {{seconds}} {{seed}}
+
+# Replays one schedule of the simulation and prints its history (STEPS: fewer steps per
+# client, 0 for all; PROFILE: release, or dev for `just simulate-dev`'s build).
+simulate-replay seed steps="0" profile="release":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ "{{profile}}" = dev ]; then
+      cargo test --quiet --all-features --test simulate -- replay {{seed}} {{steps}}
+    else
+      cargo test --quiet --release --features testing --test simulate -- replay {{seed}} {{steps}}
+    fi
 
 # Plants realistic bugs one at a time and runs the simulation against each (issue #37):
 # which it catches, which survive (target/mutants.md; docs/reliability.md quotes it).

@@ -781,6 +781,8 @@ async fn arbitrary_keys_under_the_prefix_never_panic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observer_resumes_after_a_broken_connection() {
     use baton::{Election, LeaderEvent};
+    // No compaction of a test beside this one while the observer is cut off.
+    let _history = support::HISTORY.read().await;
     let node = EtcdNode::shared();
     let proxy = Proxy::start(&node.endpoints()[0]).await;
     let name = name("observe-resume");

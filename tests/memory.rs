@@ -485,6 +485,7 @@ async fn fault_harness_every_operation_step_and_fault() {
         sample: 1,
         follow_sample: 1,
         backend: "memory",
+        parallel: 1,
     };
     let tally = within(
         "the harness",

@@ -22,6 +22,15 @@ use sim::{Plan, check::check};
 /// had found lost, whose entries then blocked two mutexes for good.
 const REGRESSION_SEEDS: &[u64] = &[587, 795_865_791, 21_065];
 
+/// The build a printed seed replays in: `just simulate` makes a release build, `just
+/// simulate-dev` (CI) runs the debug one `just test` makes; `just simulate-replay SEED STEPS
+/// PROFILE` replays in the same one.
+const PROFILE: &str = if cfg!(debug_assertions) {
+    "dev"
+} else {
+    "release"
+};
+
 fn main() {
     let all: Vec<String> = std::env::args().skip(1).collect();
     let stop_at_first = all.iter().any(|a| a == "--stop-at-first");
@@ -76,7 +85,7 @@ fn replays(seed: u64) -> bool {
 fn campaign(budget: Duration, first: u64, extra: &[u64], stop_at_first: bool) -> i32 {
     let started = Instant::now();
     println!(
-        "simulate: seeds from {first} for {:.0} s (replay one: just simulate-replay SEED)",
+        "simulate: seeds from {first} for {:.0} s (replay one: just simulate-replay SEED 0 {PROFILE})",
         budget.as_secs_f64()
     );
     if sim::REPLAYS {
@@ -86,7 +95,7 @@ fn campaign(budget: Duration, first: u64, extra: &[u64], stop_at_first: bool) ->
         }
     } else {
         println!(
-            "simulate: not a tokio_unstable build: tokio::select! is not seeded, so a seed may not replay exactly (`just simulate` builds with it)"
+            "simulate: not a tokio_unstable build: tokio::select! is not seeded, so a seed may not replay exactly (.cargo/config.toml sets --cfg tokio_unstable: was RUSTFLAGS set?)"
         );
     }
     let (mut runs, mut bad) = (0u64, 0u64);
@@ -154,7 +163,7 @@ fn report(seed: u64, plan: &Plan, violations: &[sim::check::Violation]) {
     let small = Plan::from_seed(seed, Some(shortest));
     let history = sim::run(&small).history;
     println!(
-        "simulate: shortest failing schedule: {shortest} steps per client ({} events); replay: just simulate-replay {seed} {shortest}",
+        "simulate: shortest failing schedule: {shortest} steps per client ({} events); replay: just simulate-replay {seed} {shortest} {PROFILE}",
         history.events.len()
     );
     for event in history.events.iter().take(400) {
@@ -167,7 +176,11 @@ fn replay(args: &[String]) -> i32 {
         eprintln!("simulate replay SEED [STEPS]");
         return 64;
     };
-    let steps = args.get(1).and_then(|s| s.parse().ok());
+    // STEPS 0 (or none): the whole schedule.
+    let steps = args
+        .get(1)
+        .and_then(|s| s.parse().ok())
+        .filter(|&steps: &usize| steps > 0);
     // BATON_LOG=baton=debug (a tracing filter): the library's own account of the schedule.
     if let Ok(filter) = std::env::var("BATON_LOG") {
         let _ = tracing_subscriber::fmt()
