@@ -451,6 +451,11 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
             }),
         }
     }
+    // The server's JVM compiles its hot paths during the first seconds of load: a run that
+    // is not reported comes first, so that the first configuration measured (baton at the
+    // smallest N) does not pay for it alone.
+    eprintln!("bench: ZooKeeper, warming the server up");
+    baton_contended(&node, 8, secs, &format!("{prefix}/warm-up"), "warm-up").await?;
     let mut runs = Vec::new();
     for &n in ns {
         eprintln!("bench: ZooKeeper, N = {n}");
@@ -547,7 +552,7 @@ impl Report {
                 r.peak_rss.map_or("–".to_owned(), mib),
             ));
         }
-        md.push_str("\nHandoff = from the holder starting its release to the next grant, in any contender (with N = 1, its own next acquisition). Watches fired: the server's own count (`mntr` after `srst`: `zk_sum_node_{created,deleted,changed,children}_watch_count`, the watchers each change triggered), divided by the releases, the uncounted last one of each contender included; \"most watches one event fired\" is the largest of the `zk_max_…` of the same summaries (1 = no herd). Server packets: `zk_packets_received` per counted cycle, pings and the clients' connects included. Server CPU: the CPU time of the server's container (its cgroup's) during the run, per counted cycle: for the peers, whose processes connect inside the measured span, their N sessions' opening and closing are in it (for baton they are not). baton runs twice at each N, before and after the peers (\"baton, again\"), so that the machine's drift does not decide the comparison. The peers' times come from their own clocks (`System.nanoTime`, `time.monotonic_ns`), measured the same way; the JVM is not warmed beyond opening the sessions.\n\n");
+        md.push_str("\nHandoff = from the holder starting its release to the next grant, in any contender (with N = 1, its own next acquisition). Watches fired: the server's own count (`mntr` after `srst`: `zk_sum_node_{created,deleted,changed,children}_watch_count`, the watchers each change triggered), divided by the releases, the uncounted last one of each contender included; \"most watches one event fired\" is the largest of the `zk_max_…` of the same summaries (1 = no herd). Server packets: `zk_packets_received` per counted cycle, pings and the clients' connects included. Server CPU: the CPU time of the server's container (its cgroup's) during the run, per counted cycle: for the peers, whose processes connect inside the measured span, their N sessions' opening and closing are in it (for baton they are not). baton runs twice at each N, before and after the peers (\"baton, again\"), so that the machine's drift does not decide the comparison, and an unreported baton run at N = 8 warms the server's JVM up before the first. The peers' times come from their own clocks (`System.nanoTime`, `time.monotonic_ns`), measured the same way; the JVM is not warmed beyond opening the sessions.\n\n");
         for s in &self.skipped {
             if s.n == 0 {
                 md.push_str(&format!("**{} did not run**: {}.\n\n", s.peer, s.why));
