@@ -35,6 +35,11 @@ bench:
 bench-epoch-cost pairs="3":
     scripts/bench-epoch-cost.sh {{pairs}}
 
+# No regression (issue #39): baton's etcd N = 8/64 and Redis rows of BASE and HEAD, run
+# alternately PAIRS times in one run; prints the medians, fails if HEAD's is > 5 % below.
+bench-compare base head="HEAD" pairs="3":
+    scripts/bench-compare.sh {{base}} {{head}} {{pairs}}
+
 # Soak: contenders on a three-member cluster while members restart (profile: release or dev).
 soak seconds="60" profile="release":
     cargo run --quiet --profile {{profile}} --all-features --example soak -- --seconds {{seconds}}

@@ -729,6 +729,16 @@ async fn wait_for_fewer(
     }
 }
 
+/// What [`wait_for_turn`] remembers of the predecessor it saw go: a hash of its key and
+/// token (a waiter keeps 8 bytes, not a key). Two entries that collide only cost a pause.
+fn fingerprint(entry: &Entry) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    entry.key_bytes().hash(&mut h);
+    entry.token().get().hash(&mut h);
+    h.finish()
+}
+
 /// Waits until no entry older than `mine` remains, watching only the newest older one.
 /// Returns only after a read that showed `mine` present and nothing older (the same read:
 /// [`Backend::predecessor`](crate::Backend::predecessor) or, after a wake,
@@ -743,10 +753,11 @@ fn wait_for_turn<'a>(
 ) -> impl Future<Output = Result<()>> + Send + 'a {
     async move {
         let backend = session.backend();
-        // The token of the predecessor last seen gone (0: none; tokens start at 1). A read
-        // that shows it again (a backend whose wait cannot see that entry, a lagging replica)
-        // backs off instead of spinning.
-        let mut last_gone = 0u64;
+        // The predecessor last seen gone, as a fingerprint of its key and token (`None`:
+        // none). A read that shows it again (a backend whose wait cannot see that entry, a
+        // lagging replica) backs off instead of spinning. The key is part of it: a backend may
+        // answer the enqueue with a predecessor known by key only (token 0, ZooKeeper).
+        let mut last_gone: Option<u64> = None;
         // Reads and waits that failed in a row. A failed read or wait says nothing about
         // the queue (the backend contract): go round again, after a pause that grows. An
         // outage that lasts ends the wait through the session, which is lost by then.
@@ -754,7 +765,7 @@ fn wait_for_turn<'a>(
         loop {
             let seen_again = predecessor
                 .as_ref()
-                .is_some_and(|p| p.token().get() == last_gone);
+                .is_some_and(|p| Some(fingerprint(p)) == last_gone);
             if failures > 0 || seen_again {
                 let pause = if failures > 0 {
                     Backoff::after(failures)
@@ -777,7 +788,7 @@ fn wait_for_turn<'a>(
                         reason = &mut *lost => return Err(Error::SessionLost(reason)),
                     };
                     match read {
-                        Ok(Some(p)) if p.token().get() == last_gone => {
+                        Ok(Some(p)) if Some(fingerprint(&p)) == last_gone => {
                             // Shown again after it was seen gone: pause before waiting on it.
                             predecessor = Some(p);
                             continue;
@@ -813,7 +824,7 @@ fn wait_for_turn<'a>(
                 }
             };
             failures = 0;
-            last_gone = waited_for.token().get();
+            last_gone = Some(fingerprint(waited_for));
             predecessor = None;
             if head {
                 return Ok(());

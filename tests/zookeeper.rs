@@ -764,3 +764,182 @@ async fn a_session_whose_fence_is_deleted_ends_and_its_nodes_go() {
     assert!(left.is_empty(), "the session's nodes outlived it: {left:?}");
     drop(guard);
 }
+
+/// A loopback proxy in front of the shared server that counts the requests clients send
+/// through it, by ZooKeeper op code: every frame after a connection's first (the connect
+/// request), pings (xid -2) left out. The same count as the server's `zk_packets_received`,
+/// for this test's connections only (the server is shared by the tests of this binary).
+struct CountingProxy {
+    port: u16,
+    counts: Arc<std::sync::Mutex<std::collections::BTreeMap<i32, u64>>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    async fn start(upstream: std::net::SocketAddr) -> CountingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let accepting = tokio::spawn({
+            let counts = Arc::clone(&counts);
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+                        continue;
+                    };
+                    tokio::spawn(Self::forward(client, server, Arc::clone(&counts)));
+                }
+            }
+        });
+        CountingProxy {
+            port,
+            counts,
+            accepting,
+        }
+    }
+
+    async fn forward(
+        client: tokio::net::TcpStream,
+        server: tokio::net::TcpStream,
+        counts: Arc<std::sync::Mutex<std::collections::BTreeMap<i32, u64>>>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut client_rx, mut client_tx) = client.into_split();
+        let (mut server_rx, mut server_tx) = server.into_split();
+        let answers = tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
+        });
+        let (mut pending, mut buf, mut first) = (Vec::new(), vec![0u8; 64 * 1024], true);
+        loop {
+            let n = match client_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while pending.len() >= 4 {
+                let len = u32::from_be_bytes(pending[..4].try_into().unwrap()) as usize;
+                if pending.len() < 4 + len {
+                    break;
+                }
+                let frame: Vec<u8> = pending.drain(..4 + len).collect();
+                if std::mem::take(&mut first) || len < 8 {
+                    continue;
+                }
+                let xid = i32::from_be_bytes(frame[4..8].try_into().unwrap());
+                let op = i32::from_be_bytes(frame[8..12].try_into().unwrap());
+                if xid != -2 {
+                    *counts.lock().unwrap().entry(op).or_default() += 1;
+                }
+            }
+            if server_tx.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        answers.abort();
+    }
+
+    fn connect_string(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The requests counted since the last call, by op code, and in all.
+    fn take(&self) -> (std::collections::BTreeMap<i32, u64>, u64) {
+        let counts = std::mem::take(&mut *self.counts.lock().unwrap());
+        let total = counts.values().sum();
+        (counts, total)
+    }
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+/// docs/zookeeper.md: a contended lock cycle (enqueue behind the holder, wait, wake, release)
+/// costs at most the 5 requests of Curator's `InterProcessMutex` (create, getChildren,
+/// getData with a watch, getChildren after the wake, delete), and an uncontended one 3
+/// (create, getChildren, delete). Counted on the wire, between the clients and the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_cycle_sends_no_more_requests_than_curators() {
+    const CYCLES: u64 = 50;
+    let name = test_name("requests-per-cycle");
+    let upstream = ([127, 0, 0, 1], ZkNode::shared().port()).into();
+    let proxy = CountingProxy::start(upstream).await;
+    let counted = ZkBackend::connect(&proxy.connect_string(), ZkOptions::new())
+        .await
+        .unwrap();
+    let observer = backend().await;
+    // Long sessions: no renewal falls inside the counted cycles.
+    let a = session_on(&counted, Duration::from_secs(120)).await;
+    let b = session_on(&counted, Duration::from_secs(120)).await;
+    // The first lock makes the queue's node and enters the store epoch: not counted.
+    let first = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    first.release().await.unwrap();
+
+    proxy.take();
+    for _ in 0..CYCLES {
+        let guard = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let (by_op, total) = proxy.take();
+    let uncontended = total as f64 / CYCLES as f64;
+
+    let mut holder = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let sessions = [&b, &a];
+    proxy.take();
+    for i in 0..CYCLES {
+        let next = sessions[(i % 2) as usize];
+        let waiter = support::spawn_queued(&observer, next, &name, 2).await;
+        // Released once the waiter watches the holder's node: a contended cycle, every time.
+        let watched = format!("/{}\n", holder.key());
+        eventually("the waiter watches the holder", || async {
+            let watches = ZkNode::shared().four_letter("wchp").await.unwrap();
+            watches.contains(&watched)
+        })
+        .await;
+        holder.release().await.unwrap();
+        holder = within("the waiter's grant", Duration::from_secs(10), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let (by_op_contended, total_contended) = proxy.take();
+    holder.release().await.unwrap();
+    let contended = total_contended as f64 / CYCLES as f64;
+    println!(
+        "requests per cycle: uncontended {uncontended} {by_op:?}, contended {contended} {by_op_contended:?}"
+    );
+    assert!(
+        uncontended <= 3.0 && contended <= 5.0,
+        "{uncontended} requests per uncontended cycle (by op code: {by_op:?}), \
+         {contended} per contended cycle (by op code: {by_op_contended:?})"
+    );
+}
+
+/// The token an enqueue answers with is the node's czxid (in the store epoch), as a later
+/// read of the node finds it, and its lease the node's owner: also on servers that answer a
+/// create inside a `multi` without its stat (ZOOKEEPER-4026, the fixture's 3.8), where the
+/// enqueue takes them from the fence's setData in the same `multi` rather than reading the
+/// node again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_enqueue_token_is_the_nodes_czxid() {
+    let backend = backend().await;
+    let name = test_name("token-is-czxid");
+    let s = session_on(&backend, Duration::from_secs(20)).await;
+    let operator = raw(&ZkNode::shared().connect_string()).await;
+    for _ in 0..3 {
+        let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+        let stat = operator
+            .check_stat(&format!("/{}", guard.key()))
+            .await
+            .unwrap()
+            .expect("the holder's node");
+        let read = backend.entries(&name).await.unwrap();
+        assert_eq!(read, [guard.entry().clone()], "as a read finds it");
+        assert_eq!(guard.entry().position().get(), stat.czxid as u64);
+        assert_eq!(guard.entry().lease(), Some(s.lease_id()));
+        assert_eq!(stat.ephemeral_owner, s.lease_id().get());
+        guard.release().await.unwrap();
+    }
+}

@@ -205,6 +205,11 @@ impl Enqueued {
 
     /// The newest entry created before mine, if the backend read it in the same round trip;
     /// otherwise ask [`Backend::predecessor`].
+    ///
+    /// It may be known by its key only: the ZooKeeper backend finds it from the names of the
+    /// queue's nodes, as Curator does, and answers with no value, no lease, and position and
+    /// token 0. Such an entry is for [`Backend::wait_gone`] (which waits for its key) and
+    /// nothing else; [`Backend::predecessor`] reads it whole.
     pub fn predecessor(&self) -> Option<&Entry> {
         self.predecessor.as_ref()
     }
@@ -441,7 +446,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Resolves once `entry` (this incarnation) no longer exists; at once if it is already
     /// gone. Never misses a deletion, whatever happens to connections meanwhile. An error
-    /// says nothing about the entry: the caller waits again.
+    /// says nothing about the entry: the caller waits again. `entry` may be one this backend
+    /// returned as an [`Enqueued::predecessor`] known by its key only.
     async fn wait_gone(&self, entry: &Entry) -> Result<()>;
 
     /// [`wait_gone`](Backend::wait_gone) for `predecessor`, then

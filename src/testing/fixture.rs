@@ -900,6 +900,14 @@ mod node {
             matches!(self.running, Running::Container(_))
         }
 
+        /// The container's Docker id, if the server runs in one.
+        pub(crate) fn container_id(&self) -> Option<&str> {
+            match &self.running {
+                Running::Container(c) => Some(c.id()),
+                _ => None,
+            }
+        }
+
         /// Kills the server at once (SIGKILL, no shutdown).
         pub(crate) async fn stop(&self) -> Result<(), FixtureError> {
             match &self.running {

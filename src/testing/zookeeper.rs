@@ -413,6 +413,12 @@ impl ZkNode {
         self.instance.is_container()
     }
 
+    /// The Docker id of the server's container (`None`: the local-`java` fallback, or a
+    /// server named by `BATON_ZOOKEEPER_CONNECT`), e.g. to read its cgroup's CPU time.
+    pub fn container_id(&self) -> Option<&str> {
+        self.instance.container_id()
+    }
+
     /// [`four_letter`] to this server (for `BATON_ZOOKEEPER_CONNECT`, to its first one).
     ///
     /// # Errors

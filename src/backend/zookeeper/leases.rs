@@ -30,8 +30,11 @@ pub(super) struct Held {
     /// The session's fence node ([`names::fence_path`](super::names::fence_path)).
     pub(super) fence: String,
     /// The fence's data version as this process last set or read it: an entry's create
-    /// checks it.
+    /// sets the fence's data expecting it (the answer is the new node's czxid).
     fence_version: AtomicI32,
+    /// Held across one create of an entry: each create moves the fence on from the version
+    /// the last one left, so the creates of one session go one at a time.
+    pub(super) creating: tokio::sync::Mutex<()>,
 }
 
 impl Held {
@@ -83,6 +86,7 @@ pub(super) fn register(client: Client, sent: Instant, fence_version: i32) -> Arc
         deadline: Mutex::new(sent + ttl),
         fence: super::names::fence_path(id),
         fence_version: AtomicI32::new(fence_version),
+        creating: tokio::sync::Mutex::new(()),
     });
     leases().insert(id, Arc::clone(&held));
     tokio::spawn(watchdog(id, Arc::downgrade(&held)));

@@ -285,15 +285,6 @@ fn attempt_failed(e: ZkError) -> Result<Result<Entry, ZkError>> {
     }
 }
 
-/// The node just created was not there when its stat was read.
-fn gone_at_birth(path: &str) -> Error {
-    Error::Backend {
-        op: "enqueue",
-        source: format!("{path} was deleted as soon as it was created").into(),
-        at: Default::default(),
-    }
-}
-
 fn gone(entry: &Entry) -> Error {
     Error::EntryGone {
         key: entry.key().to_owned(),
@@ -311,6 +302,25 @@ pub(super) fn to_entry(key: String, data: Vec<u8>, stat: &Stat, epochs: &StoreEp
         epochs.token(zxid).unwrap_or(FencingToken::new(zxid)),
         (stat.ephemeral_owner != 0).then(|| LeaseId::new(stat.ephemeral_owner)),
     )
+}
+
+/// An entry known by its key only (its node's name, read in a listing): no value, no lease,
+/// position and token 0 (no czxid is 0). Enough to wait for it to go: a node's name is one
+/// incarnation, since every attempt names its node with random bits.
+fn by_name_only(key: String) -> Entry {
+    Entry::new(
+        key,
+        Vec::new(),
+        Position::new(0),
+        FencingToken::new(0),
+        None,
+    )
+}
+
+/// `mine`'s node name and sequence number, if it is an entry of `layout` directly in `queue`.
+fn own_name<'m>(layout: ZkLayout, queue: &str, mine: &'m Entry) -> Option<(&'m str, i64)> {
+    let name = mine.key().strip_prefix(queue)?.strip_prefix('/')?;
+    Some((name, layout.sequence(name)?))
 }
 
 /// Whether `client`'s session is connected (not refused, not waiting for a server).
@@ -927,12 +937,18 @@ impl ZkBackend {
         }
     }
 
-    /// Creates the entry node for one enqueue attempt, in a `multi` that checks the session's
-    /// fence (see [`move_fence`](Self::move_fence)); `Ok(Err(_))` when the answer was lost
-    /// (the node may exist).
+    /// Creates the entry node for one enqueue attempt, in a `multi` that moves the session's
+    /// fence on from the version this process last saw (see [`move_fence`](Self::move_fence));
+    /// `Ok(Err(_))` when the answer was lost (the node may exist).
     /// The `multi` is also conditional on `epoch` (its node exists): a store in another epoch
     /// creates nothing, and the caller's session, from before, is lost
     /// ([`LostReason::StoreReset`]).
+    ///
+    /// The fence's setData answers with its stat whatever the server's version: its mzxid is
+    /// the `multi`'s zxid, which is the new node's czxid. So no second request reads the
+    /// node's stat on servers that answer a create inside a `multi` without it
+    /// (ZOOKEEPER-4026, 3.8.x: the server of the fixtures), and the enqueue costs one request
+    /// as Curator's create does.
     async fn create_entry(
         &self,
         held: &leases::Held,
@@ -947,18 +963,25 @@ impl ZkBackend {
         let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let limit = self.inner.options.request_timeout;
         let in_epoch = epoch::epoch_node(epoch);
+        // One create of this session at a time: each expects the fence version the last left.
+        let _one = held.creating.lock().await;
         for _ in 0..PARENT_RETRIES {
             let mut writer = client.new_multi_writer();
+            let fenced_at = held.fence_version();
             writer
                 .add_check_version(&in_epoch, -1)
-                .and_then(|()| writer.add_check_version(&held.fence, held.fence_version()))
+                .and_then(|()| writer.add_set_data(&held.fence, &[], Some(fenced_at)))
                 .and_then(|()| writer.add_create(&path, value, &options))
                 .map_err(|e| zk_err("enqueue", e))?;
             let sent = Instant::now();
             let created = tokio::time::timeout(limit, writer.commit()).await;
             let failed = match created {
                 Ok(Ok(results)) => {
-                    let Some(MultiWriteResult::Create { path, stat }) = results.into_iter().nth(2)
+                    let mut results = results.into_iter().skip(1);
+                    let (
+                        Some(MultiWriteResult::SetData { stat: fence }),
+                        Some(MultiWriteResult::Create { path, stat }),
+                    ) = (results.next(), results.next())
                     else {
                         return Err(Error::Backend {
                             op: "enqueue",
@@ -966,14 +989,23 @@ impl ZkBackend {
                             at: Default::default(),
                         });
                     };
+                    held.fenced_at(fence.version);
                     // Some servers answer a create in a `multi` without its stat
-                    // (ZOOKEEPER-4026): read it.
+                    // (ZOOKEEPER-4026): the fence's stat tells what it would say. All the
+                    // operations of a `multi` are one transaction with one zxid.
                     let stat = if stat.is_invalid() {
-                        match tokio::time::timeout(limit, client.check_stat(&path)).await {
-                            Ok(Ok(Some(stat))) => stat,
-                            Ok(Ok(None)) => return Err(gone_at_birth(&path)),
-                            Ok(Err(e)) => return Ok(Err(e)),
-                            Err(_) => return Ok(Err(ZkError::Timeout)),
+                        Stat {
+                            czxid: fence.mzxid,
+                            mzxid: fence.mzxid,
+                            pzxid: fence.mzxid,
+                            ctime: fence.mtime,
+                            mtime: fence.mtime,
+                            version: 0,
+                            cversion: 0,
+                            aversion: 0,
+                            ephemeral_owner: client.session_id().0,
+                            data_length: i32::try_from(value.len()).unwrap_or(i32::MAX),
+                            num_children: 0,
                         }
                     } else {
                         stat
@@ -982,7 +1014,7 @@ impl ZkBackend {
                     observe::record(&path, stat.version, value);
                     // The entry's czxid is the store's position: below one seen before the
                     // create was sent, the store went back (the session with it).
-                    self.wrote(&stat, sent)?;
+                    self.wrote(&fence, sent)?;
                     if self.inner.epochs.current() != Some(*epoch) {
                         return Err(Error::SessionLost(LostReason::StoreReset));
                     }
@@ -1121,6 +1153,21 @@ impl ZkBackend {
             };
             let failure = match created {
                 Ok(entry) => {
+                    match self.by_name(&client, queue, &entry, &tag_prefix).await {
+                        Ok(Some(predecessor)) => {
+                            tracing::debug!(key = %entry.key(), token = %entry.token(), head = predecessor.is_none(), "ZooKeeper entry created");
+                            return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
+                        }
+                        // The names do not tell: the entries are read.
+                        Ok(None) => {}
+                        Err(e @ Error::ForeignLayout { .. }) => {
+                            // Not applied: the entry is taken back before saying so.
+                            self.discard(entry.key()).await;
+                            return Err(e);
+                        }
+                        Err(e @ Error::SessionLost(_)) => return Err(e),
+                        Err(e) => return Err(unknown("enqueue", Box::new(e))),
+                    }
                     let known = Some(&entry);
                     let read =
                         self.read_queue_as("enqueue", Some(&client), queue, true, known, false);
@@ -1182,6 +1229,72 @@ impl ZkBackend {
             .map(|(e, _)| e.clone());
         tracing::debug!(key = %mine.key(), token = %mine.token(), head = predecessor.is_none(), "ZooKeeper entry created");
         Ok(Enqueued::new(mine, predecessor.is_none(), predecessor))
+    }
+
+    /// The predecessor of `mine` (just created by `client`'s session) from the names of the
+    /// queue's children alone, as Curator finds it: one `getChildren`, no data read. Within
+    /// one parent node the sequence suffix follows creation order (czxid order), so the
+    /// predecessor is the child with the greatest suffix below mine. `Some(None)`: mine is
+    /// the head. It comes back with its key only (see [`by_name_only`]).
+    ///
+    /// `None` when names do not tell, and the entries must be read: a child that is not an
+    /// entry of this layout (a nested name, whose entries are ordered by czxid with ours),
+    /// another node of this tag (whose session decides whether it is adopted or deleted), or
+    /// mine not listed. A node of the other layout is [`Error::ForeignLayout`].
+    async fn by_name(
+        &self,
+        client: &Client,
+        queue: &str,
+        mine: &Entry,
+        tag_prefix: &str,
+    ) -> Result<Option<Option<Entry>>> {
+        let layout = self.inner.options.layout;
+        let Some((my_name, my_seq)) = own_name(layout, queue, mine) else {
+            return Ok(None);
+        };
+        let dir = format!("/{queue}");
+        let children = self
+            .lease_attempts("enqueue", || async {
+                match client.list_children(&dir).await {
+                    Ok(children) => Ok(Some(children)),
+                    Err(ZkError::NoNode) => Ok(None),
+                    Err(e) => Err(Failure::Zk(e)),
+                }
+            })
+            .await?;
+        let Some(children) = children else {
+            return Ok(None);
+        };
+        let mut listed = false;
+        let mut before: Option<(i64, &str)> = None;
+        for child in &children {
+            if child == my_name {
+                listed = true;
+                continue;
+            }
+            if layout.other().sequence(child).is_some() {
+                return Err(Error::ForeignLayout {
+                    queue: queue.to_owned(),
+                    node: format!("{queue}/{child}"),
+                    layout: layout.other().name(),
+                });
+            }
+            let Some(seq) = layout.sequence(child) else {
+                return Ok(None);
+            };
+            if child.starts_with(tag_prefix) {
+                return Ok(None);
+            }
+            if seq < my_seq && before.is_none_or(|(b, _)| seq > b) {
+                before = Some((seq, child));
+            }
+        }
+        if !listed {
+            return Ok(None);
+        }
+        Ok(Some(
+            before.map(|(_, name)| by_name_only(format!("{queue}/{name}"))),
+        ))
     }
 
     /// The entry a node read as `stat` is, its token in the current store epoch.
@@ -1483,6 +1596,67 @@ impl Backend for ZkBackend {
         self.find_entry(queue, tag).await
     }
 
+    /// After a wake, the check Curator makes (its second `getChildren`), with the epoch
+    /// marker in the same request (`[getChildren, getData(marker)]`), as a read that decides
+    /// a grant must be: `mine` listed and no entry of this layout with a smaller sequence
+    /// suffix. Read through the backend's connection, which delivered the deletion that woke
+    /// us (so it has seen it). Anything the names cannot decide (a nested name, a node of
+    /// another layout) answers `false`: the caller then reads the entries.
+    async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        let queue = queue_of(mine.key());
+        let layout = self.inner.options.layout;
+        let Some((my_name, my_seq)) = own_name(layout, queue, mine) else {
+            return Ok(false);
+        };
+        self.epoch().await?;
+        let dir = format!("/{queue}");
+        let dir = &dir;
+        let ((children, marker), _) = self
+            .attempts("was_head", Kind::Read, |client| async move {
+                let mut reader = client.new_multi_reader();
+                reader.add_get_children(dir)?;
+                reader.add_get_data(epoch::MARKER)?;
+                let mut results = reader.commit().await?.into_iter();
+                let children = match results.next() {
+                    Some(MultiReadResult::Children { children }) => Some(children),
+                    Some(MultiReadResult::Error {
+                        err: ZkError::NoNode,
+                    }) => None,
+                    Some(MultiReadResult::Error { err }) => return Err(err.into()),
+                    _ => {
+                        return Err(ZkError::UnexpectedError(
+                            "a multi-read answered out of order".into(),
+                        )
+                        .into());
+                    }
+                };
+                Ok((children, marker_of(results.next())?))
+            })
+            .await?;
+        let Some(children) = children else {
+            return Ok(false);
+        };
+        let mut listed = false;
+        for child in &children {
+            if child == my_name {
+                listed = true;
+                continue;
+            }
+            match layout.sequence(child) {
+                Some(seq) if seq > my_seq => {}
+                _ => return Ok(false),
+            }
+        }
+        if !listed {
+            return Ok(false);
+        }
+        // This client's epoch must still be the store's (read again in sync with the leader
+        // if the marker looks otherwise).
+        self.check_marker("was_head", marker.as_deref(), false)
+            .await?;
+        Ok(true)
+    }
+
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
         Ok(self
             .ahead_here(queue_of(mine.key()), mine, 1)
@@ -1506,7 +1680,9 @@ impl Backend for ZkBackend {
             )
             .await;
             let watcher = match read {
-                Ok(Ok((_, stat, _))) if stat.czxid != czxid => return Ok(()),
+                // Another incarnation of the name (an entry known by name only has no
+                // czxid to compare, and needs none: see `by_name_only`).
+                Ok(Ok((_, stat, _))) if czxid != 0 && stat.czxid != czxid => return Ok(()),
                 Ok(Ok((_, _, watcher))) => watcher,
                 Ok(Err(ZkError::NoNode)) => return Ok(()),
                 Ok(Err(e)) => return Err(zk_err("wait_gone", e).at_endpoint(&self.label())),
