@@ -548,8 +548,13 @@ mod recipes {
         }
 
         async fn settle(&mut self) {
+            self.settle_with(Vec::new()).await;
+        }
+
+        /// Collects the waiters that finished, and checks their grants in queue order
+        /// together with `tokens` (a `Try`'s grant of this step).
+        async fn settle_with(&mut self, mut tokens: Vec<(Kind, u64)>) {
             self.world.settle().await;
-            let mut tokens = Vec::new();
             for i in 0..self.states.len() {
                 if !matches!(&self.states[i], State::Waiting(h) if h.is_finished()) {
                     continue;
@@ -630,8 +635,14 @@ mod recipes {
                 Op::Try(i, kind) if matches!(self.states[i], State::Idle) => {
                     match take(&self.sessions[i], &self.names, kind, true).await {
                         Ok(g) => {
-                            self.granted(vec![(g.kind, g.entry.token().get())]);
+                            let token = (g.kind, g.entry.token().get());
                             self.states[i] = State::Holding(g);
+                            // An earlier waiter admitted at the same moment (readers, or
+                            // free permits) may still be returning from its spawned task:
+                            // grants made together are checked together, in token order.
+                            // One that was not admitted stays waiting and fails the check
+                            // when it is granted later.
+                            self.settle_with(vec![token]).await;
                         }
                         Err(Error::Locked { .. }) => {}
                         Err(e) => panic!("try: {e}"),
