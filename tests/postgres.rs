@@ -259,8 +259,8 @@ async fn rows_read(tx: &baton::tokio_postgres::Transaction<'_>, schema: &str, ta
 /// The reads of a queue cost the same at any depth, whatever the planner's statistics
 /// (schema version 9, issue #39): `baton.entries` analyzed while it held 3 rows, then 2,000
 /// entries queued behind them; each connection's PL/pgSQL caches a generic plan after five
-/// calls. The eighth enqueue into that queue, a waiter's look (`ahead_v9`) and a deletion
-/// (its notice names the new head) each read a handful of rows of `entries` (the
+/// calls. The eighth enqueue into that queue, a waiter's look (`ahead_v9`), the head
+/// (`head_token`) and a deletion (its notice names the new head) each read a handful of rows of `entries` (the
 /// transaction's own counts, `pg_stat_xact_user_tables`). Seen failing on version 8, whose
 /// key-range reads, planned on the stale statistics, read the whole queue each time.
 #[tokio::test]
@@ -317,6 +317,15 @@ async fn reading_a_queue_costs_the_same_at_any_depth() {
     assert!(ahead.iter().all(|r| r.get::<_, bool>(0)));
     let rows = rows_read(&tx, schema, "entries").await - before;
     assert!(rows < 50, "a waiter's look read {rows} rows of entries");
+    let before = rows_read(&tx, schema, "entries").await;
+    let head: i64 = tx
+        .query_one(&format!("SELECT {schema}.head_token('deep')"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(head, 1);
+    let rows = rows_read(&tx, schema, "entries").await - before;
+    assert!(rows < 50, "reading the head read {rows} rows of entries");
     let before = rows_read(&tx, schema, "entries").await;
     tx.execute(
         &format!("DELETE FROM {schema}.entries WHERE key = 'deep/1'"),

@@ -333,10 +333,10 @@ impl Sql {
             // queue length, whatever the planner's statistics.
             ahead: r("SELECT * FROM {s}.ahead_v9($1, $2, $3, $4)"),
             alive: r("SELECT {s}.alive($1, $2)"),
-            head: r(
-                "SELECT e.key::text, e.token, e.lease, e.value FROM {s}.entries e \
-                 WHERE e.token = {s}.head_token($1)",
-            ),
+            // The head's token computed once (a volatile function in WHERE would be called
+            // for every row), then its row through the token's index.
+            head: r("SELECT e.key::text, e.token, e.lease, e.value \
+                 FROM (SELECT {s}.head_token($1) AS t) h JOIN {s}.entries e ON e.token = h.t"),
             entries: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE {range} ORDER BY e.token"
