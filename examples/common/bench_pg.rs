@@ -78,13 +78,20 @@ struct PgRun {
     /// Waiters woken per release: NOTIFYs heard on the entries' channels (baton), refused
     /// tries (polling); `None` where the server wakes waiters itself (`pg_advisory_lock`).
     wakeups_per_release: Option<f64>,
+    /// The server's connections of the run (baton's counted in `pg_stat_activity` by their
+    /// `application_name` halfway through the run), and how many processes they stand for.
     connections: usize,
+    processes: usize,
 }
 
 /// Waiters queued on one lock through one backend, then drained, each releasing once granted.
 struct PgScale {
     waiters: usize,
+    /// Opening the waiters' sessions (a lease each), before any of them queued.
+    sessions_time: Duration,
     queue_time: Duration,
+    /// Server CPU per waiter while they queued, in ms.
+    queue_cpu_ms_per_waiter: Option<f64>,
     drain_time: Duration,
     /// Deletion waits a notification woke, per grant, over the drain.
     wakeups_per_release: f64,
@@ -133,6 +140,26 @@ async fn client(node: &PgNode) -> Res<Client> {
     Ok(client)
 }
 
+/// baton's connections on the server, `after` from now (halfway through a run): counted in
+/// `pg_stat_activity` by the `application_name` `PgBackend` sets (`baton`).
+fn count_baton_connections(node: &PgNode, after: Duration) -> tokio::task::JoinHandle<Res<usize>> {
+    let conninfo = conninfo(node);
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let (c, connection) = tokio_postgres::connect(&conninfo, NoTls).await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let row = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'baton'",
+                &[],
+            )
+            .await?;
+        Ok(usize::try_from(row.get::<_, i64>(0))?)
+    })
+}
+
 /// What a run counted besides its grants.
 struct Measured {
     per_contender: Vec<u64>,
@@ -140,6 +167,7 @@ struct Measured {
     cpu: Option<f64>,
     wakeups: Option<u64>,
     connections: usize,
+    processes: usize,
 }
 
 fn finish(
@@ -154,6 +182,7 @@ fn finish(
         cpu,
         wakeups,
         connections,
+        processes,
     } = measured;
     let mut g = std::mem::take(&mut *grants.lock().unwrap());
     g.handoff.sort();
@@ -173,6 +202,7 @@ fn finish(
         server_cpu_ms_per_cycle: cpu.map(|s| s * 1000.0 / g.grants.max(1) as f64),
         wakeups_per_release: wakeups.map(|w| w as f64 / g.grants.max(1) as f64),
         connections,
+        processes,
     }
 }
 
@@ -205,6 +235,7 @@ async fn baton_contended(
     let grants = Arc::new(StdMutex::new(Grants::default()));
     let cpu_before = server_cpu_seconds(node);
     let woken_before = wakeups();
+    let connections = count_baton_connections(node, secs / 2);
     let deadline = Instant::now() + secs;
     let tasks: Vec<_> = sessions
         .iter()
@@ -237,7 +268,8 @@ async fn baton_contended(
         per_contender,
         cpu,
         wakeups: Some(woken),
-        connections: 2 * backends.len(),
+        connections: connections.await??,
+        processes: backends.len(),
     };
     let impl_name = if apart {
         "baton, a backend per contender"
@@ -315,6 +347,7 @@ async fn advisory_contended(
         cpu,
         wakeups,
         connections: n,
+        processes: n,
     };
     Ok(finish(name, n, secs, &grants, measured))
 }
@@ -494,8 +527,120 @@ async fn floor(node: &PgNode, n: usize, secs: Duration, sql: &FloorSql) -> Res<P
         cpu,
         wakeups: None,
         connections: 2,
+        processes: 1,
     };
     Ok(finish(sql.name, n, secs, &grants, measured))
+}
+
+/// The doorbell floor's name in the table.
+const DOORBELL: &str = "floor: leased rows, doorbells, a backend per contender";
+
+/// A floor for issue #39's wake-up path, as N processes would run it: each contender has a
+/// request connection and a wait connection of its own. Its enqueue is the last floor's (one
+/// transaction under the queue's advisory lock, a leased row) and also takes a session-level
+/// advisory lock keyed by the new token, the row's *doorbell*, held by the request
+/// connection; the waiter blocks on its predecessor's doorbell (shared, on its wait
+/// connection: the server's lock manager wakes exactly it) and reads that the row is gone
+/// in the same statement; the release deletes the row (no NOTIFY), then, in the next
+/// message, unlocks the doorbell: a waiter wakes only once the deletion committed. Durable
+/// commits: two per cycle. What a waiter woken by its predecessor only costs, before the rest
+/// of baton's guarantees.
+async fn doorbell_floor(node: &PgNode, n: usize, secs: Duration) -> Res<PgRun> {
+    let admin = client(node).await?;
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS baton_floor CASCADE; CREATE SCHEMA baton_floor;
+             CREATE SEQUENCE baton_floor.tokens AS bigint; {LEASED_TABLES}
+             CREATE FUNCTION baton_floor.enqueue(w integer, OUT t bigint, OUT p bigint)
+             LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_advisory_xact_lock(42);
+                 INSERT INTO baton_floor.q (who) SELECT id FROM baton_floor.leases
+                     WHERE id = w AND deadline > clock_timestamp() RETURNING token INTO t;
+                 IF t IS NULL THEN
+                     RAISE EXCEPTION 'lease % lost', w;
+                 END IF;
+                 PERFORM pg_advisory_lock(43, t::integer);
+                 SELECT q.token INTO p FROM baton_floor.q q
+                     JOIN baton_floor.leases ls ON ls.id = q.who
+                     WHERE q.token < t AND ls.deadline > clock_timestamp()
+                     ORDER BY q.token DESC LIMIT 1;
+             END $$;
+             CREATE FUNCTION baton_floor.release(t bigint) RETURNS void LANGUAGE plpgsql AS $$
+             BEGIN
+                 DELETE FROM baton_floor.q USING baton_floor.leases ls
+                     WHERE token = t AND ls.id = who AND ls.deadline > clock_timestamp();
+             END $$;
+             CREATE FUNCTION baton_floor.wait(p bigint) RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN
+                 PERFORM pg_advisory_xact_lock_shared(43, p::integer);
+                 RETURN NOT EXISTS (SELECT 1 FROM baton_floor.q WHERE token = p);
+             END $$;"
+        ))
+        .await?;
+    let mut pairs = Vec::with_capacity(n);
+    for _ in 0..n {
+        pairs.push((client(node).await?, client(node).await?));
+    }
+    let grants = Arc::new(StdMutex::new(Grants::default()));
+    let cpu_before = server_cpu_seconds(node);
+    let deadline = Instant::now() + secs;
+    let tasks: Vec<_> = pairs
+        .into_iter()
+        .enumerate()
+        .map(|(who, (c, w))| {
+            let grants = Arc::clone(&grants);
+            tokio::spawn(async move {
+                let enqueue = c
+                    .prepare("SELECT t, p FROM baton_floor.enqueue($1)")
+                    .await?;
+                let release = c.prepare("SELECT baton_floor.release($1)").await?;
+                let unlock = c
+                    .prepare("SELECT pg_advisory_unlock(43, $1::bigint::integer)")
+                    .await?;
+                let wait = w.prepare("SELECT baton_floor.wait($1)").await?;
+                let who_sql = i32::try_from(who)?;
+                let mut cycles = 0u64;
+                loop {
+                    let asked = Instant::now();
+                    let row = c.query_one(&enqueue, &[&who_sql]).await?;
+                    let (token, predecessor): (i64, Option<i64>) = (row.get(0), row.get(1));
+                    if let Some(p) = predecessor {
+                        while !w.query_one(&wait, &[&p]).await?.get::<_, bool>(0) {}
+                    }
+                    let end = Instant::now() >= deadline;
+                    if !end {
+                        held(&grants, who, asked);
+                        cycles += 1;
+                    }
+                    // Pipelined: the unlock runs once the deletion committed.
+                    let (released, unlocked) = futures::future::join(
+                        c.query(&release, &[&token]),
+                        c.query(&unlock, &[&token]),
+                    )
+                    .await;
+                    released?;
+                    unlocked?;
+                    if end {
+                        return Res::Ok(cycles);
+                    }
+                }
+            })
+        })
+        .collect();
+    let per_contender = counts(tasks).await?;
+    let cpu = server_cpu_seconds(node).zip(cpu_before).map(|(a, b)| a - b);
+    admin
+        .batch_execute("DROP SCHEMA baton_floor CASCADE")
+        .await?;
+    let measured = Measured {
+        per_contender,
+        cpu,
+        wakeups: None,
+        connections: 2 * n,
+        processes: n,
+    };
+    Ok(finish(DOORBELL, n, secs, &grants, measured))
 }
 
 /// `waiters` sessions of one backend queue on one lock behind a holder (in session order),
@@ -507,6 +652,9 @@ async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
     let guard = Mutex::new(&holder, name)?.lock().await?;
     let started = Instant::now();
     let sessions = super::open_sessions(&backend, waiters).await?;
+    let sessions_time = started.elapsed();
+    let queue_cpu = server_cpu_seconds(node);
+    let started = Instant::now();
     let admin = client(node).await?;
     let admin = &admin;
     let mut rx = super::queue_in_order(&sessions, name, || async move {
@@ -522,6 +670,9 @@ async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
     .await?;
     let queue_time = started.elapsed();
     let (woken, cpu) = (backend.wakeups(), server_cpu_seconds(node));
+    let queue_cpu_ms_per_waiter = queue_cpu
+        .zip(cpu)
+        .map(|(a, b)| (b - a) * 1000.0 / waiters as f64);
     let drain_start = Instant::now();
     guard.release().await?;
     let tokens = super::drain(&mut rx, waiters).await?;
@@ -534,7 +685,9 @@ async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
     holder.close().await?;
     Ok(PgScale {
         waiters,
+        sessions_time,
         queue_time,
+        queue_cpu_ms_per_waiter,
         drain_time,
         wakeups_per_release: wakeups as f64 / waiters as f64,
         cpu_ms_per_grant,
@@ -542,9 +695,19 @@ async fn scale(node: &PgNode, waiters: usize) -> Res<PgScale> {
     })
 }
 
+/// The server's settings for the headline table: durable, as PostgreSQL ships (the image
+/// turns all three off for the test suite's speed; its `"$@"` comes last, so these win).
+const DURABLE: [&str; 6] = [
+    "-c",
+    "fsync=on",
+    "-c",
+    "full_page_writes=on",
+    "-c",
+    "synchronous_commit=on",
+];
+
 pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Report> {
-    // The server's defaults for durability: synchronous_commit on (the image turns it off).
-    let node = PgNode::start_with(&["-c", "synchronous_commit=on"]).await?;
+    let node = PgNode::start_with(&DURABLE).await?;
     let version: String = client(&node)
         .await?
         .query_one("SHOW server_version", &[])
@@ -558,12 +721,16 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
         for sql in FLOORS {
             runs.push(floor(&node, n, secs, sql).await?);
         }
+        runs.push(doorbell_floor(&node, n, secs).await?);
         runs.push(advisory_contended(&node, n, secs, 7_000 + n as i64, false).await?);
         runs.push(advisory_contended(&node, n, secs, 8_000 + n as i64, true).await?);
     }
+    drop(node);
     let scale = if waiters > 0 {
+        // On a server started for it: no statistics of `baton.entries` yet, no ANALYZE.
         eprintln!("bench: PostgreSQL, {waiters} waiters");
-        Some(scale(&node, waiters).await?)
+        let fresh = PgNode::start_with(&DURABLE).await?;
+        Some(scale(&fresh, waiters).await?)
     } else {
         None
     };
@@ -578,14 +745,14 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds; `synchronous_commit = on`, `fsync = off`), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` (two connections) shared by N sessions, as in one process; \"a backend per contender\": N backends (two connections each), as N processes would have, each with a LISTEN connection, and PostgreSQL signals every listening connection of the database at each NOTIFY. \"Floor\" rows are not baton: they measure what a queue lock of this design costs before baton's other guarantees, on the same two connections (one request connection shared by the N contenders, one LISTEN connection; plain statements; a row per waiter, its token from a sequence; the release notifies the next waiter in its own statement): \"a bare queue\" has nothing else (a dead holder blocks it forever); \"a queue of leased rows\" binds each row to a lease with a deadline on the server's clock (the enqueue needs a live lease, the queue skips rows of expired leases, a release deletes only under a live lease), but is correct only because one connection runs its statements one at a time; \"leased rows, safe across processes\" also runs the enqueue and the release each as one transaction (a PL/pgSQL function) holding the queue's advisory lock, the least that keeps tokens committed in token order and loses no wake-up when processes share the queue. baton adds to that last floor: a retried request that may have been applied is recognised (the entry's key, the caller's stamp), the WAL timeline in every token and the restart grace after a failover, expired leases ended by whoever meets them, observers, and a wait that needs no lock in the release (the waiter listens on its predecessor's channel and checks once after subscribing). `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+            "## PostgreSQL\n\nOne PostgreSQL {} server in a container (the image `scripts/build-postgres-image.sh` builds), durable as PostgreSQL ships: `fsync = on`, `full_page_writes = on`, `synchronous_commit = on`, so that every commit waits for its WAL flush (about 0.2 ms on this machine's disk), on the same machine. N contenders lock -> unlock (no hold) for {:.0} s each. baton: one `PgBackend` shared by N sessions, as in one process; \"a backend per contender\": N backends, as N processes would have. \"Floor\" rows are not baton: they measure what a queue lock of this design costs before baton's other guarantees, on the same two connections (one request connection shared by the N contenders, one LISTEN connection; plain statements; a row per waiter, its token from a sequence; the release notifies the next waiter in its own statement): \"a bare queue\" has nothing else (a dead holder blocks it forever); \"a queue of leased rows\" binds each row to a lease with a deadline on the server's clock (the enqueue needs a live lease, the queue skips rows of expired leases, a release deletes only under a live lease), but is correct only because one connection runs its statements one at a time; \"leased rows, safe across processes\" also runs the enqueue and the release each as one transaction (a PL/pgSQL function) holding the queue's advisory lock, the least that keeps tokens committed in token order and loses no wake-up when processes share the queue. baton adds to that last floor: a retried request that may have been applied is recognised (the entry's key, the caller's stamp), the WAL timeline in every token and the restart grace after a failover, expired leases ended by whoever meets them, observers, and a wait that needs no lock in the release (the waiter listens on its predecessor's channel and checks once after subscribing). \"Leased rows, doorbells, a backend per contender\" is the wake-up issue #39 proposes, as N processes would run it (a request and a wait connection each): the last floor's enqueue also takes a session-level advisory lock keyed by the new token (the row's doorbell); the waiter blocks on its predecessor's doorbell and reads the row gone in the same statement; the release deletes the row without a NOTIFY, then unlocks the doorbell in the next message (two durable commits a cycle, one server process woken a release). `pg_advisory_lock`: a connection per contender, blocking in the server's lock queue. Polling: `pg_try_advisory_lock`, {} ms sleep after a refusal. \"Same holder\" is the share of grants that went to the contender that held just before (strict FIFO with N > 1 gives 0 %). Server CPU is the container's cgroup time over the run. Connections: baton's counted on the server (`pg_stat_activity`, `application_name = 'baton'`) halfway through the run, and per process (per backend). Wake-ups per release: baton, the deletion waits a notification woke (`PgBackend::wakeups`) per grant; polling, the refused tries per grant; `pg_advisory_lock` wakes its next waiter inside the server (\"-\": not countable from outside).\n\n| impl | N | cycles/s | handoff p50 ms | handoff p99 ms | same holder | grants per contender (min-max) | wake-ups per release | server CPU ms/cycle | connections (per process) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
             self.version,
             self.secs.as_secs_f64(),
             RETRY_SLEEP.as_millis()
         );
         for r in &self.runs {
             md.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {:.1} % | {}-{} | {} | {} | {} |\n",
+                "| {} | {} | {:.0} | {} | {} | {:.1} % | {}-{} | {} | {} | {} ({:.1}) |\n",
                 r.impl_name,
                 r.n,
                 r.cycles_per_s,
@@ -598,7 +765,8 @@ impl Report {
                     .map_or("-".to_owned(), |w| format!("{w:.2}")),
                 r.server_cpu_ms_per_cycle
                     .map_or("?".to_owned(), |c| format!("{c:.2}")),
-                r.connections
+                r.connections,
+                r.connections as f64 / r.processes.max(1) as f64
             ));
         }
         let n = 8;
@@ -621,9 +789,11 @@ impl Report {
             }
             let floors: Vec<String> = FLOORS
                 .iter()
-                .filter_map(|sql| {
-                    let short = sql.name.trim_start_matches("floor: ");
-                    of(sql.name).map(|f| format!("{short} {:.0} %", f * 100.0 / a.max(1.0)))
+                .map(|sql| sql.name)
+                .chain([DOORBELL])
+                .filter_map(|name| {
+                    let short = name.trim_start_matches("floor: ");
+                    of(name).map(|f| format!("{short} {:.0} %", f * 100.0 / a.max(1.0)))
                 })
                 .collect();
             if !floors.is_empty() {
@@ -631,12 +801,40 @@ impl Report {
             }
             md.push_str(".\n");
         }
+        // Issue #39's targets, for processes that each run a backend.
+        let apart = |n: usize| {
+            self.runs
+                .iter()
+                .find(|r| r.n == n && r.impl_name == "baton, a backend per contender")
+        };
+        let advisory = |n: usize| {
+            self.runs
+                .iter()
+                .find(|r| r.n == n && r.impl_name == "pg_advisory_lock")
+        };
+        let met = |ok: bool| if ok { "met" } else { "**not met**" };
+        if let (Some(b), Some(a)) = (apart(8), advisory(8)) {
+            let ratio = b.cycles_per_s / a.cycles_per_s.max(1.0);
+            md.push_str(&format!(
+                "\nTarget (issue #39), a backend per contender at N = 8: at least 0.30x `pg_advisory_lock`'s cycles/s: {ratio:.2}x, {}.\n",
+                met(ratio >= 0.3)
+            ));
+        }
+        if let Some(cpu) = apart(64).and_then(|b| b.server_cpu_ms_per_cycle) {
+            md.push_str(&format!(
+                "\nTarget (issue #39), a backend per contender at N = 64: at most 0.30 ms of server CPU per cycle: {cpu:.2} ms, {}.\n",
+                met(cpu <= 0.3)
+            ));
+        }
         if let Some(sc) = &self.scale {
             md.push_str(&format!(
-                "\n### {} waiters on one lock\n\nOne backend, {} sessions queued in order behind a holder ({:.1} s to queue), then drained: each waiter releases once granted. {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release** (the deletion waits a notification woke), FIFO: {}, server CPU {} ms per grant. Every waiter listens on its predecessor's channel: {} channels on the backend's one LISTEN connection. The time to queue depends on the planner's statistics of `baton.entries`: while autovacuum's ANALYZE lags behind a queue that grows this fast, the read of an entry's predecessor scans and sorts the queue, and queueing 10,000 took 52-56 s in such runs (docs/design.md, 2026-11-26).\n",
+                "\n### {} waiters on one lock\n\nOne backend on a server started for this run (no statistics of baton's tables yet, no ANALYZE): {} sessions opened ({:.1} s, a lease each), then queued in order behind a holder: **{:.1} s to queue** (target: at most 5 s), {} ms of server CPU per waiter (each enqueue a durable commit, in series on the backend's one request connection). Then drained, each waiter releasing once granted: {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release**, FIFO: {}, server CPU {} ms per grant.\n",
                 sc.waiters,
                 sc.waiters,
+                sc.sessions_time.as_secs_f64(),
                 sc.queue_time.as_secs_f64(),
+                sc.queue_cpu_ms_per_waiter
+                    .map_or("?".to_owned(), |c| format!("{c:.2}")),
                 sc.waiters,
                 sc.drain_time.as_secs_f64(),
                 sc.waiters as f64 / sc.drain_time.as_secs_f64().max(1e-9),
@@ -644,7 +842,6 @@ impl Report {
                 if sc.fifo { "yes" } else { "**no**" },
                 sc.cpu_ms_per_grant
                     .map_or("?".to_owned(), |c| format!("{c:.2}")),
-                sc.waiters,
             ));
         }
         md

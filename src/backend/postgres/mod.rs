@@ -329,21 +329,14 @@ impl Sql {
                  WHERE e.key = $1"
             )),
             abandon: r("SELECT * FROM {s}.abandon($1, $2, $3)"),
-            ahead: r(&format!(
-                "SELECT me.ok, x.key, x.token, x.lease, x.value, \
-                 a.marker, a.age_ms, a.incarnation, a.tl, a.lsn, a.started FROM \
-                 (SELECT EXISTS (SELECT 1 FROM {{s}}.entries e {live} \
-                  WHERE e.key = $3 AND e.token = $4) AS ok) me \
-                 CROSS JOIN {{s}}.epoch_state() a \
-                 LEFT JOIN LATERAL (SELECT e.key::text, e.token, e.lease, e.value \
-                  FROM {{s}}.entries e {live} WHERE {range} AND e.token < $4 \
-                  ORDER BY e.token DESC LIMIT $5) x ON me.ok"
-            )),
+            // Through the (parent, token) index (schema version 9): the same answer at any
+            // queue length, whatever the planner's statistics.
+            ahead: r("SELECT * FROM {s}.ahead_v9($1, $2, $3, $4)"),
             alive: r("SELECT {s}.alive($1, $2)"),
-            head: r(&format!(
-                "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
-                 WHERE {range} ORDER BY e.token LIMIT 1"
-            )),
+            // The head's token computed once (a volatile function in WHERE would be called
+            // for every row), then its row through the token's index.
+            head: r("SELECT e.key::text, e.token, e.lease, e.value \
+                 FROM (SELECT {s}.head_token($1) AS t) h JOIN {s}.entries e ON e.token = h.t"),
             entries: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE {range} ORDER BY e.token"
@@ -1469,8 +1462,6 @@ impl Backend for PgBackend {
 
     async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
         let sql = &self.inner.sql.ahead;
-        let (lo, hi) = range(queue);
-        let (lo, hi) = (&lo, &hi);
         let key = mine.key();
         let token = token_of(mine);
         let most = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -1481,8 +1472,7 @@ impl Backend for PgBackend {
                     .query(
                         sql,
                         &[
-                            (lo, Type::TEXT),
-                            (hi, Type::TEXT),
+                            (&queue, Type::TEXT),
                             (&key, Type::TEXT),
                             (&token, Type::INT8),
                             (&most, Type::INT8),
@@ -1542,10 +1532,8 @@ impl Backend for PgBackend {
 
     async fn head(&self, queue: &str) -> Result<Option<Entry>> {
         let sql = &self.inner.sql.head;
-        let (lo, hi) = range(queue);
-        let (lo, hi) = (&lo, &hi);
         self.read_request("head", |c| async move {
-            let rows = c.query(sql, &[(lo, Type::TEXT), (hi, Type::TEXT)]).await?;
+            let rows = c.query(sql, &[(&queue, Type::TEXT)]).await?;
             Ok(rows.first().map(|r| entry_from(r, 0)))
         })
         .await

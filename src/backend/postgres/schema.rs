@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 8;
+pub(super) const MIGRATIONS: usize = 9;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -57,6 +57,17 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
             enqueue("enqueue_v4", NEXT_TOKEN, Tail::Timeline, Sweep::AsTheHead),
             enqueue("enqueue_v8", NEXT_TOKEN, Tail::Epoch, Sweep::AsTheHead)
         ),
+        9 => format!(
+            "{V9}{}{}{}{}",
+            ENTRIES_CHANGED.replace("{head_suffix}", NOTICE_POSITION),
+            enqueue("enqueue", NEXT_TOKEN, Tail::Nothing, Sweep::TheQueue),
+            enqueue("enqueue_v4", NEXT_TOKEN, Tail::Timeline, Sweep::AsTheHead),
+            enqueue("enqueue_v8", NEXT_TOKEN, Tail::Epoch, Sweep::AsTheHead)
+        )
+        .replace(KEY_RANGE_PREDECESSOR, PARENT_PREDECESSOR)
+        .replace(KEY_RANGE_HEAD_SWEEP, PARENT_HEAD_SWEEP)
+        .replace(KEY_RANGE_HEAD, PARENT_HEAD)
+        .replace(PLAIN_PLPGSQL, INDEXED_PLPGSQL),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -878,6 +889,139 @@ BEGIN
 END $$;
 "#;
 
+/// Version 9: queues read through an index on each entry's queue (issue #39; docs/design.md,
+/// 2026-11-28). The reads of "the newest live entry before mine" (every enqueue, every
+/// waiter's look) and of "the head" (every deletion's notice) selected a key range ordered
+/// by token: no index serves both, so the plan depended on the planner's statistics, and a
+/// plan cached while the table was small (PL/pgSQL caches one per connection) scanned and
+/// sorted the whole queue at every call: 10,000 waiters took 56 s to queue on a fresh server.
+/// Now an entry carries its queue (`parent`: its key up to the last `/`, a stored generated
+/// column) and `(parent, token)` is indexed: "newest before mine" is a backward scan of that
+/// index that stops at the first live row, whatever the statistics; the functions that read
+/// it turn sequential and bitmap scans off (`SET`, in force at every planning of their
+/// statements), so that no estimate picks a scan of the table. Names nested under a queue's
+/// share it (as on etcd); their entries are found by a second probe, a range of `parent`
+/// that holds only nested entries (usually none), sorted on an expression (`token + 0`) so
+/// that the token's own index is never walked instead.
+///
+/// The enqueue functions keep their signatures (clients of earlier versions keep their
+/// prepared statements and get the new body); `ahead_v9` is the waiter's look, which clients
+/// of this version call instead of their own statement.
+const V9: &str = r#"
+ALTER TABLE {s}.entries ADD COLUMN parent text COLLATE "C"
+    GENERATED ALWAYS AS (left(key, length(key) - strpos(reverse(key), '/'))) STORED;
+CREATE INDEX entries_parent_token ON {s}.entries (parent, token);
+
+-- The token of the head of queue `q` (its oldest live entry), or NULL.
+CREATE FUNCTION {s}.head_token(q text) RETURNS bigint LANGUAGE plpgsql
+SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+DECLARE
+    own bigint;
+    nested bigint;
+BEGIN
+    SELECT e.token INTO own FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.parent = q COLLATE "C" AND ls.deadline > clock_timestamp()
+        ORDER BY e.parent, e.token LIMIT 1;
+    SELECT e.token INTO nested FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.parent >= (q || '/') COLLATE "C" AND e.parent < (q || '0') COLLATE "C"
+          AND ls.deadline > clock_timestamp()
+        ORDER BY e.token + 0 LIMIT 1;
+    RETURN least(own, nested);
+END $$;
+
+-- A waiter's look: whether entry (k, t) is live, the `n` newest live entries of queue `q`
+-- before it (newest first; one row of NULLs if none, none at all if (k, t) is not live), and
+-- the store's epoch and position on every row.
+CREATE FUNCTION {s}.ahead_v9(q text, k text, t bigint, n bigint)
+RETURNS TABLE (ok boolean, key text, token bigint, lease bigint, value bytea, marker text,
+    age_ms bigint, incarnation text, tl integer, lsn bigint, started bigint)
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off AS $$
+#variable_conflict use_column
+DECLARE
+    a record;
+    live boolean;
+BEGIN
+    live := EXISTS (SELECT 1 FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key = k AND e.token = t AND ls.deadline > clock_timestamp());
+    SELECT * INTO a FROM {s}.epoch_state();
+    IF live THEN
+        RETURN QUERY SELECT true, x.key::text, x.token, x.lease, x.value, a.marker, a.age_ms,
+                a.incarnation, a.tl, a.lsn, a.started
+            FROM ((SELECT e.key, e.token, e.lease, e.value
+                   FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+                   WHERE e.parent = q COLLATE "C" AND e.token < t
+                     AND ls.deadline > clock_timestamp()
+                   ORDER BY e.parent DESC, e.token DESC LIMIT n)
+                  UNION ALL
+                  (SELECT e.key, e.token, e.lease, e.value
+                   FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+                   WHERE e.parent >= (q || '/') COLLATE "C" AND e.parent < (q || '0') COLLATE "C"
+                     AND e.token < t AND ls.deadline > clock_timestamp()
+                   ORDER BY e.token + 0 DESC LIMIT n)) x
+            ORDER BY x.token DESC LIMIT n;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT live, NULL::text, NULL::bigint, NULL::bigint, NULL::bytea, a.marker,
+        a.age_ms, a.incarnation, a.tl, a.lsn, a.started;
+END $$;
+"#;
+
+/// The enqueue's read of its predecessor up to version 8: a key range ordered by token.
+const KEY_RANGE_PREDECESSOR: &str = r#"    SELECT e.key, e.token, e.lease, e.value INTO p_key, p_token, p_lease, p_value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C" AND e.token < e_token
+          AND ls.deadline > clock_timestamp()
+        ORDER BY e.token DESC LIMIT 1;
+"#;
+
+/// The same from version 9: the `(parent, token)` index backwards, then nested names.
+const PARENT_PREDECESSOR: &str = r#"    SELECT e.key, e.token, e.lease, e.value INTO p_key, p_token, p_lease, p_value
+        FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.parent = q COLLATE "C" AND e.token < e_token AND ls.deadline > clock_timestamp()
+        ORDER BY e.parent DESC, e.token DESC LIMIT 1;
+    -- Names nested under `q` share its queue (rare): their newest, if newer.
+    SELECT e.token INTO nested FROM {s}.entries e JOIN {s}.leases ls ON ls.id = e.lease
+        WHERE e.parent >= (q || '/') COLLATE "C" AND e.parent < (q || '0') COLLATE "C"
+          AND e.token < e_token AND ls.deadline > clock_timestamp()
+        ORDER BY e.token + 0 DESC LIMIT 1;
+    IF nested > coalesce(p_token, 0) THEN
+        SELECT e.key, e.token, e.lease, e.value INTO p_key, p_token, p_lease, p_value
+            FROM {s}.entries e WHERE e.token = nested;
+    END IF;
+"#;
+
+/// Version 5's sweep of what is before the head, up to version 8: a key range.
+const KEY_RANGE_HEAD_SWEEP: &str = r#"            SELECT e.lease FROM {s}.entries e
+            WHERE e.key >= (q || '/') COLLATE "C" AND e.key < (q || '0') COLLATE "C"
+              AND e.token < e_token)"#;
+
+/// The same from version 9: the queue's own entries, then the nested names'.
+const PARENT_HEAD_SWEEP: &str = r#"            SELECT e.lease FROM {s}.entries e
+            WHERE e.parent = q COLLATE "C" AND e.token < e_token
+            UNION ALL
+            SELECT e.lease FROM {s}.entries e
+            WHERE e.parent >= (q || '/') COLLATE "C" AND e.parent < (q || '0') COLLATE "C"
+              AND e.token < e_token)"#;
+
+/// The deletion notice's head up to version 8: a key range ordered by token.
+const KEY_RANGE_HEAD: &str = r#"(
+                SELECT n.token FROM {s}.entries n JOIN {s}.leases ls ON ls.id = n.lease
+                WHERE n.key >= (g.q || '/') COLLATE "C" AND n.key < (g.q || '0') COLLATE "C"
+                  AND ls.deadline > clock_timestamp()
+                ORDER BY n.token LIMIT 1)"#;
+
+/// The same from version 9.
+const PARENT_HEAD: &str = "{s}.head_token(g.q)";
+
+/// How the enqueue functions begin, up to version 8.
+const PLAIN_PLPGSQL: &str = "LANGUAGE plpgsql AS $$\nDECLARE\n    k text := q || '/' || t;\n";
+
+/// The same from version 9: no plan of theirs scans the table, and a variable for the probe of
+/// nested names.
+const INDEXED_PLPGSQL: &str = "LANGUAGE plpgsql\nSET enable_seqscan = off SET enable_bitmapscan = off AS $$\nDECLARE\n    nested bigint;\n    k text := q || '/' || t;\n";
+
 /// The SQL of migration `sql` for schema `schema`.
 pub(crate) fn render(sql: &str, schema: &str) -> String {
     sql.replace("{s}", schema)
@@ -957,6 +1101,28 @@ mod tests {
         assert!(v8.contains("VALUES (baton.next_lease_id(), ttl"), "{v8}");
         assert!(v8.contains("|| ' ' || baton.timeline() || ' ' || baton.started_us()"));
         assert!(!v8.contains("{head_suffix}") && !v8.contains("{grace_outs}"));
+        // Version 9: every read of a queue through the (parent, token) index, in all three
+        // enqueue bodies and the deletion notice.
+        let v9 = migration(9, "baton").unwrap_or_default();
+        assert!(v9.contains("CREATE INDEX entries_parent_token"), "{v9}");
+        assert_eq!(
+            v9.matches(&render(PARENT_PREDECESSOR, "baton")).count(),
+            3,
+            "{v9}"
+        );
+        assert!(
+            !v9.contains(&render(KEY_RANGE_PREDECESSOR, "baton")),
+            "{v9}"
+        );
+        assert_eq!(
+            v9.matches(&render(PARENT_HEAD_SWEEP, "baton")).count(),
+            2,
+            "{v9}"
+        );
+        assert!(!v9.contains(&render(KEY_RANGE_HEAD_SWEEP, "baton")), "{v9}");
+        assert!(v9.contains("coalesce(' ' || baton.head_token(g.q) || ' ' || baton.timeline()"));
+        assert_eq!(v9.matches("SET enable_seqscan = off").count(), 5, "{v9}");
+        assert!(v8.contains(&render(KEY_RANGE_PREDECESSOR, "baton")), "{v8}");
         assert_eq!(migration(MIGRATIONS + 1, "baton"), None);
         assert!((1..=MIGRATIONS).all(|v| migration(v, "baton").is_some()));
     }
