@@ -54,9 +54,12 @@ enum Failover {
     Killed,
 }
 
+/// One thing that happened: when, to whom, and the token of a grant (`None`: told it lost).
+type Happened = (Instant, String, Option<u64>);
+
 /// What happened after the failover began, on one clock.
 #[derive(Default, Clone)]
-struct Timeline(Arc<StdMutex<Vec<(Instant, String, Option<u64>)>>>);
+struct Timeline(Arc<StdMutex<Vec<Happened>>>);
 
 impl Timeline {
     fn told(&self, who: &str) {
