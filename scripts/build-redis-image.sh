@@ -11,6 +11,11 @@
 # arguments, and use host networking only, e.g.
 #   docker run --rm --network host local/redis:debian --bind 127.0.0.1 --port 16399 --save ''
 # Once it is up the log says "Ready to accept connections".
+#
+# The same image runs Redis Sentinel: Debian's redis-sentinel package installs a symlink to this
+# very binary (its mode follows its name, or --sentinel), so nothing more is copied. Run it with a
+# configuration file it can rewrite, e.g. `... local/redis:debian /data/sentinel.conf --sentinel`
+# (baton::testing::RedisSentinel copies one in); its log says "+monitor master" once it watches.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=image-lib.sh

@@ -8,14 +8,16 @@ use crate::error::{Error, Result};
 
 /// Where a backend lives, as parsed from an endpoint list by [`Endpoints::parse`]: bare
 /// `host:port` or `http(s)://host:port` (comma-separated) is etcd, `redis://` (or
-/// `rediss://`) is Redis, `zk://` is ZooKeeper, `postgres://` (or `postgresql://`) is
+/// `rediss://`) is Redis, `redis+sentinel://` (or `rediss+sentinel://`) is Redis under
+/// Sentinel, `zk://` is ZooKeeper, `postgres://` (or `postgresql://`) is
 /// PostgreSQL, `memory://` a new in-process store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Endpoints {
     /// etcd endpoints, `host:port` or `http(s)://host:port`.
     Etcd(Vec<String>),
-    /// One Redis URL, `redis://[user:password@]host:port[/db]`.
+    /// One Redis URL, `redis://[user:password@]host:port[/db]`, or the Sentinels of one,
+    /// `redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/db]`.
     Redis(String),
     /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`.
     ZooKeeper(String),
@@ -60,6 +62,10 @@ impl Endpoints {
         }
         if spec.starts_with("zk://") {
             return Ok(Endpoints::ZooKeeper(spec.to_owned()));
+        }
+        if spec.starts_with("redis+sentinel://") || spec.starts_with("rediss+sentinel://") {
+            // One URL: its Sentinels' list is inside it.
+            return Ok(Endpoints::Redis(spec.to_owned()));
         }
         if spec.starts_with("postgres://") || spec.starts_with("postgresql://") {
             // One URL: libpq's own multi-host form (`host1:5432,host2:5432`) is inside it.
@@ -111,6 +117,9 @@ fn scheme_typo(endpoint: &str) -> Option<&'static str> {
     Some(match scheme.to_ascii_lowercase().as_str() {
         "redis" | "rediss" => {
             "a scheme is followed by `//`: a Redis URL is redis://host:port (rediss:// over TLS), not redis:/host"
+        }
+        "redis+sentinel" | "rediss+sentinel" => {
+            "a scheme is followed by `//`: a Sentinel URL is redis+sentinel://host:port[,host:port...]/<service>"
         }
         "zk" => {
             "a scheme is followed by `//`: a ZooKeeper connect string is zk://host:port[,host:port...], not zk:/host"
@@ -640,6 +649,15 @@ mod tests {
             Endpoints::parse("rediss://u:p@h:6380/2").unwrap(),
             Endpoints::Redis("rediss://u:p@h:6380/2".into())
         );
+        // A Sentinel URL is one URL, its Sentinels' list inside it.
+        assert_eq!(
+            Endpoints::parse("redis+sentinel://h1:26379,h2:26379/mymaster/1").unwrap(),
+            Endpoints::Redis("redis+sentinel://h1:26379,h2:26379/mymaster/1".into())
+        );
+        assert_eq!(
+            Endpoints::parse("rediss+sentinel://u:p@h1:26379/svc").unwrap(),
+            Endpoints::Redis("rediss+sentinel://u:p@h1:26379/svc".into())
+        );
         assert_eq!(
             Endpoints::parse("postgresql://u:p@h/db").unwrap(),
             Endpoints::Postgres("postgresql://u:p@h/db".into())
@@ -672,6 +690,7 @@ mod tests {
         for (typo, says) in [
             ("redis:/h:6379", "redis://"),
             ("rediss:h:6380", "redis://"),
+            ("redis+sentinel:/h:26379/svc", "redis+sentinel://"),
             ("zk:/a:2181", "zk://"),
             ("postgres:/h/db", "postgres://"),
             ("a:1,http:/b:2379", "http(s)://"),

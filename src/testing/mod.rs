@@ -234,7 +234,10 @@ pub use hooks::{reset_wall_clock, starve_keep_alive, step_wall_clock};
 pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};
 pub use proxy::Proxy;
 #[cfg(feature = "redis")]
-pub use redis::{DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisTls};
+pub use redis::{
+    DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisSentinel, RedisTls, SENTINEL_DOWN_AFTER,
+    SENTINEL_FAILOVER_TIMEOUT,
+};
 #[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
 pub use tls::{CertPem, ServerTls, TestCa};
 #[cfg(feature = "zookeeper")]

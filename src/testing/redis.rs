@@ -535,3 +535,447 @@ impl RedisNodes {
         })
     }
 }
+
+/// How a Sentinel runs in a container: Debian's `redis-sentinel` is `redis-server` under
+/// another name (one binary, whose mode follows its name or `--sentinel`), so the Redis image
+/// runs it, with its configuration file copied in (Sentinel rewrites it as it learns).
+const SENTINEL: Server = Server {
+    ready: "+monitor master",
+    ..REDIS
+};
+
+/// Where a Sentinel's configuration file is, in its container.
+const SENTINEL_CONF: &str = "/data/sentinel.conf";
+
+/// How long a Sentinel waits without an answer from the primary before it calls it down (the
+/// fixture's `down-after-milliseconds`): small, so that a test's failover is quick.
+pub const SENTINEL_DOWN_AFTER: Duration = Duration::from_millis(1000);
+
+/// The fixture's `failover-timeout`: a failover that does not finish in this is abandoned, and
+/// Sentinel fails the same primary over again no sooner than twice this after the last
+/// attempt.
+pub const SENTINEL_FAILOVER_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// A Redis primary, one replica and three Sentinels (quorum 2) that watch them, all on
+/// 127.0.0.1 (containers with host networking, or local processes under the same rules as
+/// [`RedisNode::start`]), for tests of failovers: [`url`](Self::url) is the
+/// `redis+sentinel://` URL of the three, for the service [`SERVICE`](Self::SERVICE).
+///
+/// Sentinel's timeouts are small ([`SENTINEL_DOWN_AFTER`], [`SENTINEL_FAILOVER_TIMEOUT`]):
+/// a primary that is killed or paused is failed over within a few seconds. The nodes have no
+/// persistence. `BATON_REDIS_URL` does not apply.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::testing::RedisSentinel;
+/// let redis = RedisSentinel::start().await?;
+/// let backend = baton::connect(&redis.url()).await?; // redis+sentinel://127.0.0.1:<p>,.../baton
+/// let old = redis.primary().await?.port();
+/// redis.failover().await?; // SENTINEL FAILOVER baton
+/// let new = redis.await_new_primary(old).await?;
+/// # let _ = (backend, new); Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct RedisSentinel {
+    nodes: Vec<RedisNode>,
+    sentinels: Vec<Instance>,
+    password: Option<String>,
+}
+
+impl RedisSentinel {
+    /// The name the Sentinels monitor the primary under (the URL's service).
+    pub const SERVICE: &'static str = "baton";
+
+    /// Starts the primary, its replica (in sync when this returns) and three Sentinels, each
+    /// on a free port; returns once every Sentinel has found the replica and the other
+    /// Sentinels (so that a failover can be agreed at once).
+    ///
+    /// # Errors
+    /// [`FixtureError`] if a server does not start or the Sentinels do not find each other
+    /// within 30 s.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: what started so far is removed by the
+    /// fixture's watchdog when this test process exits.
+    pub async fn start() -> Result<RedisSentinel, FixtureError> {
+        RedisSentinel::start_with_password(None).await
+    }
+
+    /// [`start`](Self::start), with Sentinels that ask their clients (and each other) for
+    /// `password` (`requirepass`, `sentinel sentinel-pass`): the Sentinels' own password, not
+    /// the primary's (which has none).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn start_with_password(
+        password: Option<&str>,
+    ) -> Result<RedisSentinel, FixtureError> {
+        let primary = RedisNode::start_on(free_port()?, &[]).await?;
+        let replica_args = ["--replicaof", "127.0.0.1", &primary.port().to_string()]
+            .map(str::to_owned)
+            .to_vec();
+        let replica = RedisNode::start_on(
+            free_port()?,
+            &replica_args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await?;
+        let ports = free_ports(3)?;
+        let started = futures::future::join_all(
+            ports
+                .iter()
+                .map(|port| start_sentinel(*port, primary.port(), password)),
+        )
+        .await;
+        let sentinels = started.into_iter().collect::<Result<Vec<_>, _>>()?;
+        let fixture = RedisSentinel {
+            nodes: vec![primary, replica],
+            sentinels,
+            password: password.map(str::to_owned),
+        };
+        fixture.await_ready(Duration::from_secs(30)).await?;
+        Ok(fixture)
+    }
+
+    /// The Sentinels' URL, `redis+sentinel://127.0.0.1:<p1>,127.0.0.1:<p2>,127.0.0.1:<p3>/baton`
+    /// (with `?sentinel_password=` for Sentinels started with a password).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let auth = match &self.password {
+            Some(password) => format!("?sentinel_password={password}"),
+            None => String::new(),
+        };
+        format!(
+            "redis+sentinel://{}/{}{auth}",
+            hosts.join(","),
+            RedisSentinel::SERVICE
+        )
+    }
+
+    /// The Sentinels' ports.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(Instance::port).collect()
+    }
+
+    /// The two Redis nodes (the first started as the primary, the second as its replica; a
+    /// failover swaps their roles).
+    pub fn nodes(&self) -> &[RedisNode] {
+        &self.nodes
+    }
+
+    /// The node the first Sentinel that answers names as the primary now.
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if no Sentinel answers, or one names a node not of this
+    /// fixture.
+    pub async fn primary(&self) -> Result<&RedisNode, FixtureError> {
+        let mut last = None;
+        for i in 0..self.sentinels.len() {
+            match self.named_primary(i).await {
+                Ok(port) => return self.node_on(port),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| command_error("SENTINEL", "no Sentinel".into())))
+    }
+
+    /// The node that is not [`primary`](Self::primary).
+    ///
+    /// # Errors
+    /// As [`primary`](Self::primary).
+    pub async fn replica(&self) -> Result<&RedisNode, FixtureError> {
+        let primary = self.primary().await?.port();
+        self.nodes
+            .iter()
+            .find(|n| n.port() != primary)
+            .ok_or_else(|| command_error("SENTINEL", "no replica".into()))
+    }
+
+    /// Asks a Sentinel for a failover at once (`SENTINEL FAILOVER baton`): the replica is
+    /// promoted, the primary made its replica. [`await_new_primary`](Self::await_new_primary)
+    /// tells when it is done.
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if the Sentinel refuses (no replica fit to promote, a
+    /// failover already under way).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the failover may or may not have been asked for.
+    pub async fn failover(&self) -> Result<(), FixtureError> {
+        self.sentinel_command::<()>(0, "SENTINEL", &["FAILOVER", RedisSentinel::SERVICE])
+            .await
+    }
+
+    /// Waits (up to 30 s) until every Sentinel names a primary other than the node on port
+    /// `old`, and that node says it is a primary (`ROLE`); returns it.
+    ///
+    /// # Errors
+    /// [`FixtureError::NotReady`] if that does not happen within 30 s.
+    pub async fn await_new_primary(&self, old: u16) -> Result<&RedisNode, FixtureError> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(port) = self.agreed_primary().await
+                && port != old
+                && let Ok(node) = self.node_on(port)
+                && node_role(node).await.as_deref() == Some("master")
+            {
+                return Ok(node);
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: REDIS.name,
+                    address: format!("a primary other than 127.0.0.1:{old}, named by Sentinel"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits (up to 30 s) until the node that is not the primary replicates it (link up) and
+    /// every Sentinel counts it as a replica fit for a failover: after a failover, before the
+    /// next one.
+    ///
+    /// # Errors
+    /// [`FixtureError::NotReady`] if that does not happen within 30 s.
+    pub async fn await_replica_in_sync(&self) -> Result<(), FixtureError> {
+        self.await_ready(Duration::from_secs(30)).await
+    }
+
+    /// Sends one command to Sentinel `i` (with its password, if it has one).
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if it cannot be reached or refuses; [`FixtureError::NoSuchMember`]
+    /// for an index out of range.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call may or may not have reached the Sentinel.
+    pub async fn sentinel_command<T: redis::FromRedisValue>(
+        &self,
+        i: usize,
+        command: &'static str,
+        args: &[&str],
+    ) -> Result<T, FixtureError> {
+        let sentinel = self.sentinels.get(i).ok_or(FixtureError::NoSuchMember {
+            index: i,
+            members: self.sentinels.len(),
+        })?;
+        let failed = |source: redis::RedisError| command_error(command, Box::new(source));
+        let auth = match &self.password {
+            Some(password) => format!(":{password}@"),
+            None => String::new(),
+        };
+        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port()))
+            .map_err(failed)?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(failed)?;
+        let mut cmd = redis::cmd(command);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut conn).await.map_err(failed)
+    }
+
+    /// The port of the primary Sentinel `i` names.
+    async fn named_primary(&self, i: usize) -> Result<u16, FixtureError> {
+        let (_, port): (String, u16) = self
+            .sentinel_command(
+                i,
+                "SENTINEL",
+                &["GET-MASTER-ADDR-BY-NAME", RedisSentinel::SERVICE],
+            )
+            .await?;
+        Ok(port)
+    }
+
+    /// The primary every Sentinel names, if they agree.
+    async fn agreed_primary(&self) -> Option<u16> {
+        let mut agreed = None;
+        for i in 0..self.sentinels.len() {
+            let port = self.named_primary(i).await.ok()?;
+            if agreed.is_some_and(|a| a != port) {
+                return None;
+            }
+            agreed = Some(port);
+        }
+        agreed
+    }
+
+    fn node_on(&self, port: u16) -> Result<&RedisNode, FixtureError> {
+        self.nodes.iter().find(|n| n.port() == port).ok_or_else(|| {
+            command_error(
+                "SENTINEL",
+                format!("a Sentinel names 127.0.0.1:{port}, not a node of this fixture").into(),
+            )
+        })
+    }
+
+    /// Until the Sentinels agree on the primary, the other node replicates it, and every
+    /// Sentinel knows that replica and the two other Sentinels.
+    async fn await_ready(&self, within: Duration) -> Result<(), FixtureError> {
+        let deadline = Instant::now() + within;
+        loop {
+            if self.ready().await {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FixtureError::NotReady {
+                    server: REDIS.name,
+                    address: format!(
+                        "Sentinels on 127.0.0.1:{:?} (knowing the replica and each other)",
+                        self.sentinel_ports()
+                    ),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        let Some(primary) = self.agreed_primary().await else {
+            return false;
+        };
+        let Some(replica) = self.nodes.iter().find(|n| n.port() != primary) else {
+            return false;
+        };
+        let info: Result<String, _> = replica.command("INFO", &["replication"]).await;
+        let linked = info.is_ok_and(|i| {
+            i.contains("master_link_status:up") && i.contains(&format!("master_port:{primary}"))
+        });
+        if !linked {
+            return false;
+        }
+        for i in 0..self.sentinels.len() {
+            let master: Result<Vec<String>, _> = self
+                .sentinel_command(i, "SENTINEL", &["MASTER", RedisSentinel::SERVICE])
+                .await;
+            let Ok(master) = master else {
+                return false;
+            };
+            let field = |name: &str| {
+                master
+                    .chunks(2)
+                    .find(|kv| kv[0] == name)
+                    .and_then(|kv| kv.get(1))
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if field("num-slaves") != "1"
+                || field("num-other-sentinels") != "2"
+                || field("flags") != "master"
+            {
+                return false;
+            }
+            let replicas: Result<Vec<Vec<String>>, _> = self
+                .sentinel_command(i, "SENTINEL", &["REPLICAS", RedisSentinel::SERVICE])
+                .await;
+            let fit = replicas.is_ok_and(|rs| {
+                rs.iter().any(|r| {
+                    let get = |name: &str| {
+                        r.chunks(2)
+                            .find(|kv| kv[0] == name)
+                            .and_then(|kv| kv.get(1))
+                            .cloned()
+                            .unwrap_or_default()
+                    };
+                    get("port") == replica.port().to_string()
+                        && get("flags") == "slave"
+                        && get("master-link-status") == "ok"
+                })
+            });
+            if !fit {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A backend connected through the Sentinels, with `options` (a test of failovers sets
+    /// its restart grace and timeouts).
+    ///
+    /// # Errors
+    /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
+    pub async fn backend(
+        &self,
+        options: crate::RedisOptions,
+    ) -> crate::Result<crate::RedisBackend> {
+        crate::RedisBackend::connect(&self.url(), options).await
+    }
+}
+
+fn command_error(
+    command: &'static str,
+    source: Box<dyn std::error::Error + Send + Sync>,
+) -> FixtureError {
+    FixtureError::Command {
+        server: REDIS.name,
+        command,
+        source,
+    }
+}
+
+/// What a node says it is (`ROLE`: `master`, `slave`), if it answers.
+async fn node_role(node: &RedisNode) -> Option<String> {
+    let role: redis::Value = node.command("ROLE", &[]).await.ok()?;
+    match role {
+        redis::Value::Array(items) => match items.first()? {
+            redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+            redis::Value::SimpleString(s) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The configuration of a Sentinel on `port` watching the primary on `primary`.
+fn sentinel_conf(port: u16, primary: u16, password: Option<&str>) -> String {
+    let service = RedisSentinel::SERVICE;
+    let mut conf = format!(
+        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir /tmp\n\
+         sentinel monitor {service} 127.0.0.1 {primary} 2\n\
+         sentinel down-after-milliseconds {service} {}\n\
+         sentinel failover-timeout {service} {}\n\
+         sentinel parallel-syncs {service} 1\n",
+        SENTINEL_DOWN_AFTER.as_millis(),
+        SENTINEL_FAILOVER_TIMEOUT.as_millis(),
+    );
+    if let Some(password) = password {
+        conf.push_str(&format!(
+            "requirepass {password}\nsentinel sentinel-pass {password}\n"
+        ));
+    }
+    conf
+}
+
+/// Starts one Sentinel on `port`.
+async fn start_sentinel(
+    port: u16,
+    primary: u16,
+    password: Option<&str>,
+) -> Result<Instance, FixtureError> {
+    let conf = sentinel_conf(port, primary, password);
+    let files = vec![(SENTINEL_CONF.to_owned(), conf.clone().into_bytes())];
+    let args = vec![SENTINEL_CONF.to_owned(), "--sentinel".to_owned()];
+    let fallback = || {
+        let process = ServerProcess::new(
+            SENTINEL,
+            port,
+            sentinel_ping,
+            "redis-server",
+            vec!["sentinel.conf".to_owned(), "--sentinel".to_owned()],
+        )?;
+        std::fs::write(SENTINEL.work_dir(port).join("sentinel.conf"), conf)?;
+        Ok(process)
+    };
+    Instance::start_with_files(SENTINEL, port, sentinel_ping, args, files, fallback).await
+}
+
+/// Whether a Sentinel listens on 127.0.0.1:`port` (one with a password answers `PING` with
+/// `-NOAUTH`: listening is enough, the container's log said it monitors).
+fn sentinel_ping(port: u16) -> BoxFuture<'static, bool> {
+    listening(port)
+}

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::RedisOptions;
+use super::primary::Primary;
 use super::scripts::SCRIPTS;
 use crate::error::{Error, Result};
 use crate::retry::Backoff;
@@ -154,12 +155,11 @@ pub(super) struct Mailbox {
 impl Mailbox {
     /// Creates a mailbox on the server and starts its reader.
     pub(super) async fn open(
-        client: &redis::Client,
-        conn: ConnectionManager,
+        primary: Arc<Primary>,
         options: &RedisOptions,
         floor: Arc<AtomicU64>,
     ) -> Result<Mailbox> {
-        let mut probe = conn.clone();
+        let mut probe = primary.current().conn;
         let (id, epoch): (String, u64) = tokio::time::timeout(
             options.connect_timeout,
             SCRIPTS
@@ -184,8 +184,7 @@ impl Mailbox {
         floor.fetch_max(epoch, Ordering::Relaxed);
         let waits = Arc::new(Waits::default());
         let reader = Reader {
-            client: client.clone(),
-            conn,
+            primary,
             prefix: options.prefix.clone(),
             id: id.clone(),
             waits: Arc::clone(&waits),
@@ -218,8 +217,8 @@ impl Drop for Mailbox {
 }
 
 struct Reader {
-    client: redis::Client,
-    conn: ConnectionManager,
+    /// Where the mailbox is: the backend's primary, wherever it moves.
+    primary: Arc<Primary>,
     prefix: String,
     id: String,
     waits: Arc<Waits>,
@@ -233,7 +232,8 @@ struct Reader {
 
 impl Reader {
     async fn run(mut self) {
-        let mut blocking: Option<MultiplexedConnection> = None;
+        // With the generation of the primary it was made to.
+        let mut blocking: Option<(MultiplexedConnection, u64)> = None;
         // When the last mark that the server confirmed was sent (the mark lasts ALIVE from
         // the server's receipt, so from no earlier than this).
         let mut marked: Option<Instant> = None;
@@ -252,10 +252,12 @@ impl Reader {
             };
             if marked.is_none_or(|at| at.elapsed() >= due) {
                 let sent = Instant::now();
+                let generation = self.primary.generation();
                 let epoch = match self.mark_alive().await {
                     Ok(epoch) => epoch,
                     Err(e) => {
                         tracing::debug!(error = %e, "redis mailbox: cannot renew; retrying");
+                        self.primary.follow(generation).await;
                         fail(&mut backoff).await;
                         continue;
                     }
@@ -278,7 +280,13 @@ impl Reader {
                 wake_after = None;
                 self.waits.wake_all();
             }
-            let conn = match blocking.as_mut() {
+            let generation = self.primary.generation();
+            if blocking.as_ref().is_some_and(|(_, g)| *g != generation) {
+                // Made to a primary the backend has left (a failover): it would block on a
+                // list no wake-up reaches any more.
+                blocking = None;
+            }
+            let (conn, _) = match blocking.as_mut() {
                 Some(conn) => conn,
                 None => match self.connect().await {
                     Ok(conn) => {
@@ -291,6 +299,7 @@ impl Reader {
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "redis mailbox: cannot connect; retrying");
+                        self.primary.follow(generation).await;
                         fail(&mut backoff).await;
                         continue;
                     }
@@ -313,10 +322,12 @@ impl Reader {
                     tracing::debug!(error = %e, "redis mailbox: read failed; reconnecting");
                     // Never reused: a blocking read may still be pending on the server.
                     blocking = None;
+                    self.primary.follow(generation).await;
                     fail(&mut backoff).await;
                 }
                 Err(_) => {
                     blocking = None;
+                    self.primary.follow(generation).await;
                     fail(&mut backoff).await;
                 }
             }
@@ -325,7 +336,7 @@ impl Reader {
 
     /// Marks the mailbox alive; answers the epoch of the server's state.
     async fn mark_alive(&self) -> Result<u64, redis::RedisError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.primary.current().conn;
         let marked = tokio::time::timeout(
             self.request_timeout,
             SCRIPTS
@@ -348,12 +359,16 @@ impl Reader {
         }
     }
 
-    async fn connect(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+    /// A blocking connection to the current primary, with its generation.
+    async fn connect(&self) -> Result<(MultiplexedConnection, u64), redis::RedisError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None);
-        self.client
+        let primary = self.primary.current();
+        let conn = primary
+            .client
             .get_multiplexed_async_connection_with_config(&config)
-            .await
+            .await?;
+        Ok((conn, primary.generation))
     }
 }

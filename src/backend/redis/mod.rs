@@ -3,6 +3,7 @@
 //! promises and what it needs from the server.
 
 mod mailbox;
+mod primary;
 mod scripts;
 pub(crate) mod tls;
 
@@ -20,6 +21,7 @@ use redis::{AsyncConnectionConfig, ErrorKind, RedisError, Script, ServerErrorKin
 use tokio::time::Instant;
 
 use self::mailbox::Mailbox;
+use self::primary::{Primary, SentinelUrl, is_sentinel_url};
 use self::scripts::SCRIPTS;
 use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, WriteOp,
@@ -72,6 +74,8 @@ pub struct RedisOptions {
     recheck: Duration,
     restart_grace: Duration,
     tls: tls::TlsFiles,
+    /// The Sentinels' own credentials (user, password), for `redis+sentinel://`.
+    sentinel_auth: Option<primary::SentinelAuth>,
 }
 
 impl Default for RedisOptions {
@@ -93,7 +97,22 @@ impl RedisOptions {
             recheck: Duration::from_secs(30),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
             tls: tls::TlsFiles::default(),
+            sentinel_auth: None,
         }
+    }
+
+    /// The Sentinels' own credentials, for a `redis+sentinel://` URL whose Sentinels ask for
+    /// a password (`requirepass` in sentinel.conf; with `user`, an ACL user of theirs). The
+    /// URL's `user:password@` is the primary's; the URL's `?sentinel_username=` and
+    /// `?sentinel_password=`, when given, take precedence over these.
+    ///
+    /// Checked at connect: Sentinels that refuse them are [`Error::Auth`].
+    pub fn with_sentinel_auth(mut self, user: Option<String>, password: impl Into<String>) -> Self {
+        self.sentinel_auth = Some(primary::SentinelAuth {
+            user,
+            password: password.into(),
+        });
+        self
     }
 
     /// Trusts the CA certificates in `pem` (one or more, PEM-encoded: redis-cli's `--cacert`
@@ -219,8 +238,8 @@ pub struct RedisBackend {
 }
 
 struct Shared {
-    conn: ConnectionManager,
-    client: redis::Client,
+    /// The primary requests go to (for `redis+sentinel://`, the one the Sentinels name now).
+    primary: Arc<Primary>,
     options: RedisOptions,
     /// The server's address, without credentials (for errors and `Debug`).
     endpoint: String,
@@ -354,6 +373,17 @@ fn redis_err(op: &'static str, e: RedisError) -> Error {
             at: Default::default(),
         },
     }
+}
+
+/// The request connection's configuration.
+fn manager_config(options: &RedisOptions) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        // Each attempt is bounded by our own timeout (see `attempts`), so that a slow answer
+        // is a retry, not a broken connection.
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(250))
 }
 
 /// Waits for `connecting`. For a `rediss://` URL whose TLS greeting is not answered within
@@ -599,22 +629,18 @@ impl RedisBackend {
     /// Cancel safe: nothing is created on the server before it returns (the mailbox is a key
     /// with a TTL that expires by itself).
     pub async fn connect(url: &str, options: RedisOptions) -> Result<RedisBackend> {
+        if is_sentinel_url(url) {
+            return RedisBackend::connect_sentinel(url, options).await;
+        }
         let endpoint = redact(url);
         let failed = |source: BoxError| Error::Connect {
             endpoints: vec![endpoint.clone()],
             source,
         };
         let (client, probe) = tls::client(url, &options.tls)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            // Each attempt is bounded by our own timeout (see `attempts`), so that a slow answer
-            // is a retry, not a broken connection.
-            .set_response_timeout(None)
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(250));
         let connecting = tokio::time::timeout(
             options.connect_timeout,
-            client.get_connection_manager_with_config(config),
+            client.get_connection_manager_with_config(manager_config(&options)),
         );
         let conn = match first_answer(&probe, connecting).await {
             Err(refused) => return Err(refused.misconfigured(vec![endpoint.clone()])),
@@ -632,6 +658,62 @@ impl RedisBackend {
             }
             Ok(Ok(Err(e))) => return Err(explain(&probe, &endpoint, e, failed).await),
         };
+        let primary = Arc::new(Primary::fixed(client, conn));
+        RedisBackend::start(primary, endpoint, &probe, options).await
+    }
+
+    /// [`connect`](Self::connect) for a `redis+sentinel://` URL: the primary the Sentinels
+    /// name.
+    async fn connect_sentinel(url: &str, options: RedisOptions) -> Result<RedisBackend> {
+        let parsed = SentinelUrl::parse(url)?;
+        let endpoint = parsed.redacted();
+        let sentinel = parsed.client(&options.tls, options.sentinel_auth.as_ref())?;
+        let primary = Primary::following(
+            sentinel,
+            parsed.service.clone(),
+            manager_config(&options),
+            options.connect_timeout,
+        )
+        .await
+        .map_err(|e| match e {
+            primary::Lookup::Failed(e) if e.kind() == ErrorKind::AuthenticationFailed => {
+                Error::Auth {
+                    source: Box::new(e),
+                }
+            }
+            primary::Lookup::Failed(e) if e.code() == Some("NOAUTH") => Error::Auth {
+                source: Box::new(e),
+            },
+            primary::Lookup::Failed(e) => match tls::refused(&e) {
+                Some(refused) => refused.misconfigured(vec![endpoint.clone()]),
+                None => Error::Connect {
+                    endpoints: vec![endpoint.clone()],
+                    source: Box::new(e),
+                },
+            },
+            timed_out @ primary::Lookup::TimedOut => Error::Connect {
+                endpoints: vec![endpoint.clone()],
+                source: Box::new(timed_out),
+            },
+        })?;
+        let primary = Arc::new(primary);
+        primary.watch();
+        let probe = tls::Probe::none();
+        RedisBackend::start(primary, endpoint, &probe, options).await
+    }
+
+    /// Checks the server behind `primary` and starts the backend on it.
+    async fn start(
+        primary: Arc<Primary>,
+        endpoint: String,
+        probe: &tls::Probe,
+        options: RedisOptions,
+    ) -> Result<RedisBackend> {
+        let failed = |source: BoxError| Error::Connect {
+            endpoints: vec![endpoint.clone()],
+            source,
+        };
+        let conn = primary.current().conn;
         let mut server = conn.clone();
         let info = tokio::time::timeout(
             options.connect_timeout,
@@ -645,7 +727,7 @@ impl RedisBackend {
             Ok(info) => info,
             // A TLS 1.3 server judges the client certificate after the connection is made.
             Err(e) if probe.is_tls() && e.is_io_error() => {
-                return Err(explain(&probe, &endpoint, e, failed).await);
+                return Err(explain(probe, &endpoint, e, failed).await);
             }
             Err(e) => return Err(redis_err("connect", e)),
         };
@@ -660,7 +742,7 @@ impl RedisBackend {
         .map_err(|e| redis_err("connect", e))?;
         let clock = ServerClock::new(secs * 1000 + micros / 1000);
         let floor = Arc::new(AtomicU64::new(0));
-        let mailbox = Mailbox::open(&client, conn.clone(), &options, Arc::clone(&floor))
+        let mailbox = Mailbox::open(Arc::clone(&primary), &options, Arc::clone(&floor))
             .await
             .map_err(|e| match e {
                 Error::Backend { source, .. } => failed(source),
@@ -669,8 +751,7 @@ impl RedisBackend {
         let epochs = StoreEpochs::new(format!("Redis at {endpoint}"), options.restart_grace);
         Ok(RedisBackend {
             inner: Arc::new(Shared {
-                conn,
-                client,
+                primary,
                 options,
                 endpoint,
                 mailbox,
@@ -776,9 +857,10 @@ impl RedisBackend {
         let mut retry = Retry::new(op, self.inner.options.retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
+            let primary = self.inner.primary.current();
             let attempt = Box::pin(tokio::time::timeout(
                 self.inner.options.request_timeout,
-                f(self.inner.conn.clone()),
+                f(primary.conn),
             ));
             let error: BoxError = match attempt.await {
                 Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
@@ -802,6 +884,8 @@ impl RedisBackend {
                     NoAnswer::request(self.inner.options.request_timeout)
                 }
             };
+            // A dead, frozen or demoted primary: ask the Sentinels (if any) where it is now.
+            self.inner.primary.follow(primary.generation).await;
             retry.pause(error, &self.inner.endpoint).await?;
         }
     }
@@ -1344,8 +1428,9 @@ struct Observer {
     queue: String,
     stream_key: String,
     /// The blocking connection of this observer (never shared: a blocking read dropped
-    /// half-way would leave its connection unusable).
-    conn: Option<MultiplexedConnection>,
+    /// half-way would leave its connection unusable), with the generation of the primary it
+    /// was made to.
+    conn: Option<(MultiplexedConnection, u64)>,
     /// The id of the last head read: `None` means start over.
     last_id: Option<String>,
     /// The head last reported (token and value), to report each change once.
@@ -1414,20 +1499,27 @@ impl Observer {
         let Some(last_id) = self.last_id.clone() else {
             return self.start().await;
         };
-        let conn = match self.conn.as_mut() {
+        let primary = self.backend.inner.primary.current();
+        if self
+            .conn
+            .as_ref()
+            .is_some_and(|(_, generation)| *generation != primary.generation)
+        {
+            // Made to a primary the backend has left (a failover).
+            self.conn = None;
+        }
+        let (conn, _) = match self.conn.as_mut() {
             Some(conn) => conn,
             None => {
                 let config = AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.backend.inner.options.connect_timeout))
                     .set_response_timeout(None);
-                let conn = self
-                    .backend
-                    .inner
+                let conn = primary
                     .client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
                     .map_err(|e| redis_err("observe", e))?;
-                self.conn.insert(conn)
+                self.conn.insert((conn, primary.generation))
             }
         };
         let mut cmd = redis::cmd("XREAD");

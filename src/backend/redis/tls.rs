@@ -87,6 +87,23 @@ pub(crate) fn client(url: &str, tls: &TlsFiles) -> Result<(redis::Client, Probe)
     Ok((client, probe))
 }
 
+/// Checks what can be checked of `tls` without a server (the PEMs parse, the key is the
+/// certificate's), for a Sentinel URL, whose connections the `redis` crate makes itself; and
+/// installs the TLS provider those connections need.
+pub(crate) fn check(tls: &TlsFiles) -> Result<()> {
+    if let Some(pem) = &tls.ca {
+        certificates(
+            pem,
+            "the CA certificate (with_ca_cert) holds no PEM certificate",
+        )?;
+    }
+    if let Some((cert, key)) = &tls.identity {
+        client_identity(cert, key)?;
+    }
+    ensure_provider();
+    Ok(())
+}
+
 /// A URL the `redis` crate does not take: [`Error::Connect`], as before TLS.
 fn malformed(url: &str, e: RedisError) -> Error {
     Error::Connect {
@@ -164,6 +181,12 @@ impl std::fmt::Debug for Handshake {
 impl Probe {
     fn plain(address: Option<(String, u16)>) -> Probe {
         Probe { address, tls: None }
+    }
+
+    /// A probe that finds nothing: for connections the `redis` crate makes to addresses we
+    /// learn from Sentinels.
+    pub(crate) fn none() -> Probe {
+        Probe::plain(None)
     }
 
     /// Whether the URL is `rediss://`.

@@ -73,7 +73,9 @@ const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 )]
 pub(crate) struct Cli {
     /// Where the locks live: etcd endpoints, comma-separated (host:port or http(s)://host:port),
-    /// one Redis URL (redis://[user:password@]host:port[/db]), a ZooKeeper connect string
+    /// one Redis URL (redis://[user:password@]host:port[/db]) or the Sentinels of one
+    /// (redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/db]; rediss+sentinel://
+    /// over TLS; the Sentinels' password as ?sentinel_password=), a ZooKeeper connect string
     /// (zk://host:port[,host:port...][/chroot]), or one PostgreSQL URL
     /// (postgres://[user:password@]host[:port]/db).
     #[arg(

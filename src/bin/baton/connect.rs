@@ -48,10 +48,14 @@ fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
              ZooKeeper backend does not take them",
         ));
     }
-    if any && matches!(endpoints, Endpoints::Redis(url) if !url.starts_with("rediss://")) {
+    if any
+        && matches!(endpoints, Endpoints::Redis(url)
+            if !url.starts_with("rediss://") && !url.starts_with("rediss+sentinel://"))
+    {
         return Err(Failure::new(
             exit::USAGE,
-            "--cacert, --cert and --key need a rediss:// URL; redis:// is plain text",
+            "--cacert, --cert and --key need a rediss:// (or rediss+sentinel://) URL; redis:// \
+             is plain text",
         ));
     }
     let client = match (&cli.cert, &cli.key) {

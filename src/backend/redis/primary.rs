@@ -1,0 +1,601 @@
+//! Which Redis the backend talks to: one primary named by its URL, or the primary a set of
+//! Sentinels names (`redis+sentinel://`), followed across failovers. Every connection of the
+//! backend (requests, the mailbox's blocking reads, observers) takes the current primary from
+//! here; a request that fails as a dead or demoted primary fails asks the Sentinels again.
+//!
+//! Following a failover is only half of it: the promoted replica may have missed writes. That
+//! half is the store epoch's (lib.lua compares the server's run_id with the one its state was
+//! written under, so the first script on the new primary starts a new epoch, and the restart
+//! grace holds grants back until every holder from before has been told).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionAddr, TlsMode};
+
+use super::tls::TlsFiles;
+use crate::error::{Error, Result};
+
+/// The primary the backend talks to now: a client (for connections of its own) and the shared
+/// request connection, with the generation that names them.
+#[derive(Clone)]
+pub(super) struct Current {
+    pub(super) client: redis::Client,
+    pub(super) conn: ConnectionManager,
+    /// Bumped each time the backend moves to another primary: a connection made under an
+    /// older generation is dropped.
+    pub(super) generation: u64,
+    /// `host:port`, for logs.
+    pub(super) address: String,
+}
+
+/// Where requests go.
+pub(super) struct Primary {
+    current: RwLock<Current>,
+    /// How to find the primary again (`redis+sentinel://` only).
+    sentinels: Option<Sentinels>,
+    generation: AtomicU64,
+    /// The task that hears the Sentinels announce a failover (`+switch-master`).
+    watcher: StdMutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        if let Some(watcher) = self
+            .watcher
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            watcher.abort();
+        }
+    }
+}
+
+/// The channel on which Sentinels announce a new primary: `<service> <old ip> <old port>
+/// <new ip> <new port>`.
+const SWITCH_MASTER: &str = "+switch-master";
+
+struct Sentinels {
+    /// One lookup at a time: the others wait for its outcome instead of asking too.
+    client: tokio::sync::Mutex<SentinelClient>,
+    config: ConnectionManagerConfig,
+    /// The bound of one lookup (the Sentinels' answer and the named primary's `ROLE`).
+    timeout: Duration,
+    service: String,
+}
+
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary")
+            .field("address", &self.current().address)
+            .field("sentinel", &self.sentinels.as_ref().map(|s| &s.service))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Primary {
+    /// The one primary a `redis://` URL names: never moves.
+    pub(super) fn fixed(client: redis::Client, conn: ConnectionManager) -> Primary {
+        let address = client.get_connection_info().addr().to_string();
+        Primary {
+            current: RwLock::new(Current {
+                client,
+                conn,
+                generation: 0,
+                address,
+            }),
+            sentinels: None,
+            generation: AtomicU64::new(0),
+            watcher: StdMutex::new(None),
+        }
+    }
+
+    /// The primary `sentinel` names, asked now (within `timeout`), and followed from then on.
+    /// Errors are the `redis` crate's, for the caller to classify.
+    pub(super) async fn following(
+        mut sentinel: SentinelClient,
+        service: String,
+        config: ConnectionManagerConfig,
+        timeout: Duration,
+    ) -> std::result::Result<Primary, Lookup> {
+        let (client, address) = lookup(&mut sentinel, timeout).await?;
+        let conn = tokio::time::timeout(
+            timeout,
+            client.get_connection_manager_with_config(config.clone()),
+        )
+        .await
+        .map_err(|_| Lookup::TimedOut)?
+        .map_err(Lookup::Failed)?;
+        Ok(Primary {
+            current: RwLock::new(Current {
+                client,
+                conn,
+                generation: 0,
+                address,
+            }),
+            sentinels: Some(Sentinels {
+                client: tokio::sync::Mutex::new(sentinel),
+                config,
+                timeout,
+                service,
+            }),
+            generation: AtomicU64::new(0),
+            watcher: StdMutex::new(None),
+        })
+    }
+
+    /// For a primary found through Sentinels: starts listening to them for failovers, so
+    /// that the backend moves to a new primary as soon as they announce it, not only when a
+    /// request to the old one fails. A primary demoted by a manual `SENTINEL FAILOVER` or
+    /// back from a pause goes on answering as a primary until Sentinel reconfigures it
+    /// (seconds later): a client that stayed there meanwhile would renew leases the new
+    /// primary knows nothing of. The listener stops when the primary is dropped.
+    pub(super) fn watch(self: &Arc<Self>) {
+        if self.sentinels.is_none() {
+            return;
+        }
+        let task = tokio::spawn(listen(Arc::downgrade(self)));
+        *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+
+    /// The primary as it is now.
+    pub(super) fn current(&self) -> Current {
+        // A panic elsewhere while holding the lock leaves a whole `Current` behind.
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The generation of the current primary.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// A request to the primary of `generation` failed as a dead or demoted primary would
+    /// make it fail: asks the Sentinels which primary to use now, and moves there if it is
+    /// another. Does nothing for a fixed primary, nor if another caller has moved since
+    /// `generation` (its lookup is as fresh as ours would be). Never fails: a lookup that
+    /// fails leaves the primary as it was, for the retry to find out.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the primary is replaced whole or not at all.
+    pub(super) async fn follow(&self, generation: u64) {
+        let Some(sentinels) = &self.sentinels else {
+            return;
+        };
+        let mut sentinel = sentinels.client.lock().await;
+        if self.generation() != generation {
+            return;
+        }
+        let (client, address) = match lookup(&mut sentinel, sentinels.timeout).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::debug!(service = %sentinels.service, error = %e, "Sentinel lookup failed; the primary stays as it was");
+                return;
+            }
+        };
+        let old = self.current().address;
+        if address == old {
+            return;
+        }
+        let conn = tokio::time::timeout(
+            sentinels.timeout,
+            client.get_connection_manager_with_config(sentinels.config.clone()),
+        )
+        .await;
+        let conn = match conn {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
+                tracing::debug!(%address, error = %e, "cannot connect to the primary Sentinel names");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%address, "no answer from the primary Sentinel names");
+                return;
+            }
+        };
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        tracing::warn!(
+            service = %sentinels.service,
+            from = %old,
+            to = %address,
+            "Sentinel names a new Redis primary: following it (a failover; its state starts a new epoch if it missed writes)"
+        );
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Current {
+            client,
+            conn,
+            generation,
+            address,
+        };
+    }
+}
+
+/// Listens to one Sentinel after another for `+switch-master` about our service, and follows
+/// each announcement; after each (re)subscription, looks the primary up once (an
+/// announcement may have been missed meanwhile).
+async fn listen(primary: Weak<Primary>) {
+    let mut backoff = crate::retry::Backoff::new();
+    loop {
+        let subscribed = {
+            let Some(primary) = primary.upgrade() else {
+                return;
+            };
+            let Some(sentinels) = &primary.sentinels else {
+                return;
+            };
+            let found = {
+                let mut sentinel = sentinels.client.lock().await;
+                tokio::time::timeout(sentinels.timeout, sentinel.async_get_sentinel_client()).await
+            };
+            let subscribed = match found {
+                Ok(Ok(client)) => {
+                    tokio::time::timeout(sentinels.timeout, async {
+                        let mut pubsub = client.get_async_pubsub().await?;
+                        pubsub.subscribe(SWITCH_MASTER).await?;
+                        Ok::<_, redis::RedisError>(pubsub)
+                    })
+                    .await
+                }
+                Ok(Err(e)) => Ok(Err(e)),
+                Err(elapsed) => Err(elapsed),
+            };
+            match subscribed {
+                Ok(Ok(pubsub)) => {
+                    primary.follow(primary.generation()).await;
+                    Some((pubsub, sentinels.service.clone()))
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot subscribe to Sentinel's announcements; retrying");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!("no Sentinel answered a subscription; retrying");
+                    None
+                }
+            }
+        };
+        if let Some((pubsub, service)) = subscribed {
+            backoff.reset();
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let payload = String::from_utf8_lossy(message.get_payload_bytes()).into_owned();
+                if payload.split(' ').next() != Some(service.as_str()) {
+                    continue;
+                }
+                let Some(primary) = primary.upgrade() else {
+                    return;
+                };
+                tracing::debug!(%payload, "Sentinel announced a failover");
+                primary.follow(primary.generation()).await;
+            }
+        }
+        // The Sentinel went away: another one.
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Why a lookup found no primary.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Lookup {
+    /// No Sentinel answered, or the primary one named did not, within the connect timeout.
+    #[error("no Sentinel named a primary that answers within the connect timeout")]
+    TimedOut,
+    /// The `redis` crate's error: every Sentinel refused or named no valid primary.
+    #[error(transparent)]
+    Failed(redis::RedisError),
+}
+
+/// Asks the Sentinels for the primary (the `redis` crate checks its `ROLE`).
+async fn lookup(
+    sentinel: &mut SentinelClient,
+    timeout: Duration,
+) -> std::result::Result<(redis::Client, String), Lookup> {
+    let client = tokio::time::timeout(timeout, sentinel.async_get_client())
+        .await
+        .map_err(|_| Lookup::TimedOut)?
+        .map_err(Lookup::Failed)?;
+    let address = client.get_connection_info().addr().to_string();
+    Ok((client, address))
+}
+
+/// The Sentinels' own credentials (`RedisOptions::with_sentinel_auth`). Its `Debug` never
+/// shows the password.
+#[derive(Clone)]
+pub(super) struct SentinelAuth {
+    pub(super) user: Option<String>,
+    pub(super) password: String,
+}
+
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelAuth")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A parsed `redis+sentinel://` (or `rediss+sentinel://`) URL.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct SentinelUrl {
+    pub(super) tls: bool,
+    /// The primary's (and replicas') credentials.
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) sentinels: Vec<(String, u16)>,
+    pub(super) service: String,
+    pub(super) db: i64,
+    /// The Sentinels' own credentials (query `sentinel_username`, `sentinel_password`).
+    pub(super) sentinel_username: Option<String>,
+    pub(super) sentinel_password: Option<String>,
+}
+
+/// Whether `url` names Sentinels.
+pub(super) fn is_sentinel_url(url: &str) -> bool {
+    url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://")
+}
+
+const SHAPE: &str = "a Sentinel URL is redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/db] (rediss+sentinel:// over TLS)";
+
+impl SentinelUrl {
+    /// Parses `url`; [`Error::InvalidArgument`] for anything but the documented shape.
+    pub(super) fn parse(url: &str) -> Result<SentinelUrl> {
+        let bad = || Error::InvalidArgument(SHAPE);
+        let (tls, rest) = if let Some(rest) = url.strip_prefix("rediss+sentinel://") {
+            (true, rest)
+        } else if let Some(rest) = url.strip_prefix("redis+sentinel://") {
+            (false, rest)
+        } else {
+            return Err(bad());
+        };
+        if rest.contains('#') {
+            return Err(Error::InvalidArgument(
+                "Sentinel URLs take no #fragment: #insecure (no certificate check) is not supported",
+            ));
+        }
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        let (authority, path) = rest.split_once('/').ok_or_else(bad)?;
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+        let (username, password) = match userinfo {
+            None => (None, None),
+            Some(userinfo) => {
+                let (user, password) = match userinfo.split_once(':') {
+                    Some((user, password)) => (user, Some(password)),
+                    None => (userinfo, None),
+                };
+                let user = (!user.is_empty()).then(|| decode(user)).transpose()?;
+                let password = password.map(decode).transpose()?;
+                (user, password)
+            }
+        };
+        let sentinels = hosts
+            .split(',')
+            .map(|h| {
+                let (host, port) = h.rsplit_once(':').ok_or_else(bad)?;
+                let port: u16 = port.parse().map_err(|_| bad())?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                if host.is_empty() {
+                    return Err(bad());
+                }
+                Ok((host.to_owned(), port))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut segments = path.split('/');
+        let service = segments.next().filter(|s| !s.is_empty()).ok_or_else(bad)?;
+        let db = match segments.next() {
+            None | Some("") => 0,
+            Some(db) => db.parse().map_err(|_| bad())?,
+        };
+        if segments.next().is_some_and(|s| !s.is_empty()) {
+            return Err(bad());
+        }
+        let (mut sentinel_username, mut sentinel_password) = (None, None);
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("sentinel_username", v)) => sentinel_username = Some(decode(v)?),
+                Some(("sentinel_password", v)) => sentinel_password = Some(decode(v)?),
+                _ => {
+                    return Err(Error::InvalidArgument(
+                        "a Sentinel URL takes only sentinel_username= and sentinel_password= after `?`",
+                    ));
+                }
+            }
+        }
+        Ok(SentinelUrl {
+            tls,
+            username,
+            password,
+            sentinels,
+            service: decode(service)?,
+            db,
+            sentinel_username,
+            sentinel_password,
+        })
+    }
+
+    /// The URL without any password, for messages.
+    pub(super) fn redacted(&self) -> String {
+        let scheme = if self.tls {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|(h, p)| format!("{h}:{p}"))
+            .collect();
+        let auth = if self.username.is_some() || self.password.is_some() {
+            "***@"
+        } else {
+            ""
+        };
+        format!(
+            "{scheme}://{auth}{}/{}/{}",
+            hosts.join(","),
+            self.service,
+            self.db
+        )
+    }
+
+    /// The `redis` crate's Sentinel client for this URL, with `tls` for both the Sentinels
+    /// and the primary (`rediss+sentinel://`), and the Sentinels' credentials from
+    /// `sentinel_auth` where the URL gives none.
+    pub(super) fn client(
+        &self,
+        tls: &TlsFiles,
+        sentinel_auth: Option<&SentinelAuth>,
+    ) -> Result<SentinelClient> {
+        if !self.tls && tls.is_set() {
+            return Err(Error::InvalidArgument(
+                "TLS options (a CA, a client certificate) need a rediss+sentinel:// URL; \
+                 redis+sentinel:// is plain text",
+            ));
+        }
+        let addresses = self.sentinels.iter().map(|(host, port)| {
+            if self.tls {
+                ConnectionAddr::TcpTls {
+                    host: host.clone(),
+                    port: *port,
+                    insecure: false,
+                    tls_params: None,
+                }
+            } else {
+                ConnectionAddr::Tcp(host.clone(), *port)
+            }
+        });
+        let invalid = |e: redis::RedisError| Error::Connect {
+            endpoints: vec![self.redacted()],
+            source: Box::new(e),
+        };
+        let mut builder =
+            SentinelClientBuilder::new(addresses, &self.service, SentinelServerType::Master)
+                .map_err(invalid)?
+                .set_client_to_redis_db(self.db);
+        if let Some(user) = &self.username {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &self.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        let (user, password) = match (&self.sentinel_username, &self.sentinel_password) {
+            (None, None) => match sentinel_auth {
+                Some(auth) => (auth.user.clone(), Some(auth.password.clone())),
+                None => (None, None),
+            },
+            (user, password) => (user.clone(), password.clone()),
+        };
+        if let Some(user) = user {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        if self.tls {
+            super::tls::check(tls)?;
+            builder = builder
+                .set_client_to_redis_tls_mode(TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(TlsMode::Secure);
+            if tls.is_set() {
+                let certificates = || redis::TlsCertificates {
+                    client_tls: tls
+                        .identity
+                        .as_ref()
+                        .map(|(cert, key)| redis::ClientTlsConfig {
+                            client_cert: cert.clone(),
+                            client_key: key.clone(),
+                        }),
+                    root_cert: tls.ca.clone(),
+                };
+                builder = builder
+                    .set_client_to_redis_certificates(certificates())
+                    .set_client_to_sentinel_certificates(certificates());
+            }
+        }
+        builder.build().map_err(invalid)
+    }
+}
+
+/// `text` with its `%XX` escapes decoded (a password may hold `@`, `:` or `/`).
+fn decode(text: &str) -> Result<String> {
+    let bad = || Error::InvalidArgument("a Sentinel URL holds a malformed %-escape");
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_parse() {
+        let url = SentinelUrl::parse(
+            "redis+sentinel://app:p%40ss@127.0.0.1:26379,localhost:26380/mymaster/2?sentinel_password=s3",
+        )
+        .unwrap();
+        assert_eq!(
+            url,
+            SentinelUrl {
+                tls: false,
+                username: Some("app".to_owned()),
+                password: Some("p@ss".to_owned()),
+                sentinels: vec![
+                    ("127.0.0.1".to_owned(), 26379),
+                    ("localhost".to_owned(), 26380)
+                ],
+                service: "mymaster".to_owned(),
+                db: 2,
+                sentinel_username: None,
+                sentinel_password: Some("s3".to_owned()),
+            }
+        );
+        assert_eq!(
+            url.redacted(),
+            "redis+sentinel://***@127.0.0.1:26379,localhost:26380/mymaster/2"
+        );
+        let tls = SentinelUrl::parse("rediss+sentinel://h:1/svc").unwrap();
+        assert!(tls.tls);
+        assert_eq!(tls.db, 0);
+        for bad in [
+            "redis+sentinel://h:1",
+            "redis+sentinel://h:1/",
+            "redis+sentinel://h/svc",
+            "redis+sentinel://h:x/svc",
+            "redis+sentinel://h:1/svc/notadb",
+            "redis+sentinel://h:1/svc?other=1",
+            "redis+sentinel://h:1/svc#insecure",
+            "redis://h:1/svc",
+        ] {
+            assert!(
+                matches!(SentinelUrl::parse(bad), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Redis under Sentinel, on real processes (issue #40): a primary, a replica and three
+//! Sentinels (`baton::testing::RedisSentinel`), failed over while a lock is held and while
+//! waiters wait, three ways in turn on one fixture: a manual `SENTINEL FAILOVER`, the primary
+//! paused (`docker pause`) past `down-after-milliseconds`, the primary killed.
+//!
+//! In each: the holder and the waiters from before are told (their sessions end with the
+//! epoch the failover starts), nobody is granted before the restart grace has passed since
+//! the failover began, the waiters queued after it are granted in their order with tokens
+//! above every earlier one, and a fenced resource sees no overlap.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use baton::testing::RedisSentinel;
+use baton::{Backend, Mutex, RedisBackend, RedisOptions, Session, SessionOptions};
+use support::{FencedRegister, assert_lost, within};
+use tokio::time::Instant;
+
+/// Session TTL of every session here.
+const TTL: Duration = Duration::from_secs(3);
+/// The restart grace: at least the TTL, and well above how long a failover takes here (a few
+/// seconds), so that a grant that did not wait it would be seen.
+const GRACE: Duration = Duration::from_secs(8);
+
+fn options() -> RedisOptions {
+    RedisOptions::new()
+        .with_restart_grace(GRACE)
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_request_timeout(Duration::from_millis(500))
+        .with_retry_for(Duration::from_secs(10))
+        .with_prefix(format!("sentinel-{}:", std::process::id()))
+}
+
+async fn backend(redis: &RedisSentinel) -> RedisBackend {
+    redis.backend(options()).await.unwrap()
+}
+
+async fn session(backend: &RedisBackend) -> Session {
+    Session::with_options(backend.clone(), SessionOptions::new().with_ttl(TTL))
+        .await
+        .unwrap()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Failover {
+    /// `SENTINEL FAILOVER`: the primary stays up and is demoted.
+    Manual,
+    /// `docker pause` until the Sentinels have promoted the replica, then unpaused.
+    Paused,
+    /// SIGKILL.
+    Killed,
+}
+
+/// One thing that happened: when, to whom, and the token of a grant (`None`: told it lost).
+type Happened = (Instant, String, Option<u64>);
+
+/// What happened after the failover began, on one clock.
+#[derive(Default, Clone)]
+struct Timeline(Arc<StdMutex<Vec<Happened>>>);
+
+impl Timeline {
+    fn told(&self, who: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((Instant::now(), who.to_owned(), None));
+    }
+
+    fn granted(&self, who: &str, token: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((Instant::now(), who.to_owned(), Some(token)));
+    }
+}
+
+/// One failover while H holds `name` (inside the fenced register) and W1, W2 wait; then N1,
+/// N2, N3 queue (new sessions, as restarted clients would) and must be granted in order.
+async fn fail_over_under_a_lock(redis: &RedisSentinel, how: Failover) {
+    let scenario = format!("Redis Sentinel: {how:?} failover under a held lock");
+    let name = format!("sentinel-{how:?}");
+    // Three processes' worth of clients, each following the Sentinels on its own.
+    let (holders, waiters, newcomers) = (
+        backend(redis).await,
+        backend(redis).await,
+        backend(redis).await,
+    );
+    let register = Arc::new(FencedRegister::default());
+    let timeline = Timeline::default();
+
+    let h = session(&holders).await;
+    let held = Mutex::new(&h, &name).unwrap().lock().await.unwrap();
+    let held_token = held.fencing_token().get();
+    assert!(register.enter(held_token));
+    let told = tokio::spawn({
+        let (lost, register, timeline) = (held.lost(), Arc::clone(&register), timeline.clone());
+        async move {
+            lost.await;
+            timeline.told("H");
+            register.exit(held_token);
+        }
+    });
+    let (w1, w2) = (session(&waiters).await, session(&waiters).await);
+    let q1 = support::spawn_queued(&waiters, &w1, &name, 2).await;
+    let q2 = support::spawn_queued(&waiters, &w2, &name, 3).await;
+    let highest_before = waiters
+        .entries(&name)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.token().get())
+        .max()
+        .unwrap();
+
+    let old = redis.primary().await.unwrap();
+    let old_port = old.port();
+    let began = Instant::now();
+    match how {
+        Failover::Manual => redis.failover().await.unwrap(),
+        Failover::Paused => old.pause().await.unwrap(),
+        Failover::Killed => old.stop().await.unwrap(),
+    }
+    let new = redis.await_new_primary(old_port).await.unwrap();
+    println!(
+        "{scenario}: 127.0.0.1:{} promoted {:?} after the failover began",
+        new.port(),
+        began.elapsed()
+    );
+    if let Failover::Paused = how {
+        old.unpause().await.unwrap();
+    }
+
+    // Everyone from before is told: the holder, and the waiters (their sessions end too).
+    within("H is told", GRACE, told).await.unwrap();
+    for (who, queued) in [("W1", q1), ("W2", q2)] {
+        let result = within(who, GRACE * 2, queued).await.unwrap();
+        assert_lost(&result);
+        timeline.told(who);
+    }
+    // The holder's fenced write is refused by the store.
+    let late = held
+        .write(&[baton::WriteOp::put(format!("{name}-data"), "late")])
+        .await;
+    assert!(
+        late.is_err(),
+        "H's guarded write after the failover: {late:?}"
+    );
+    assert!(register.late_write(held_token));
+
+    // Newcomers queue in order, during the grace, and are granted in that order after it.
+    let mut sessions = Vec::new();
+    let mut grants = Vec::new();
+    for (i, who) in ["N1", "N2", "N3"].into_iter().enumerate() {
+        let s = session(&newcomers).await;
+        let (register, timeline) = (Arc::clone(&register), timeline.clone());
+        let mutex = Mutex::new(&s, &name).unwrap();
+        let task = tokio::spawn(async move {
+            let guard = mutex.lock().await?;
+            let token = guard.fencing_token().get();
+            timeline.granted(who, token);
+            assert!(register.enter(token), "{who}'s token {token} was refused");
+            register.exit(token);
+            guard.release().await?;
+            Ok::<u64, baton::Error>(token)
+        });
+        support::eventually(&format!("{who} is queued"), || async {
+            newcomers.entries(&name).await.unwrap().len() == i + 1
+        })
+        .await;
+        grants.push(task);
+        sessions.push(s);
+    }
+    let mut tokens = Vec::new();
+    for task in grants {
+        tokens.push(
+            within("a newcomer's grant", GRACE * 3, task)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+
+    let happened = timeline.0.lock().unwrap().clone();
+    let last_told = happened
+        .iter()
+        .filter(|(_, _, t)| t.is_none())
+        .map(|(at, _, _)| *at)
+        .max()
+        .unwrap();
+    for (at, who, token) in &happened {
+        let Some(token) = token else { continue };
+        assert!(
+            *token > highest_before,
+            "{who}'s token {token} is not above {highest_before}: {happened:?}"
+        );
+        assert!(
+            at.duration_since(began) >= GRACE,
+            "{who} was granted {:?} after the failover began, within the grace {GRACE:?}",
+            at.duration_since(began)
+        );
+        assert!(
+            *at >= last_told,
+            "{who} was granted before everyone from before was told: {happened:?}"
+        );
+    }
+    register.assert_safe(
+        &scenario,
+        "no overlap at the fence; holders and waiters from before told; grants after the grace, in queue order, tokens above all before",
+        Some(&[held_token].into_iter().chain(tokens.iter().copied()).collect::<Vec<_>>()),
+    );
+    drop((h, w1, w2, sessions));
+}
+
+/// The three failovers in turn, on one fixture (a Sentinel fails a primary over again only
+/// after twice its failover timeout; the fixture's is small).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failovers_never_grant_twice_and_keep_order() {
+    let redis = RedisSentinel::start().await.unwrap();
+    // A fixture started for this test: nothing predates its state.
+    let first = backend(&redis).await;
+    first.init_store().await.unwrap();
+    drop(first);
+
+    fail_over_under_a_lock(&redis, Failover::Manual).await;
+    redis.await_replica_in_sync().await.unwrap();
+    fail_over_under_a_lock(&redis, Failover::Paused).await;
+    redis.await_replica_in_sync().await.unwrap();
+    fail_over_under_a_lock(&redis, Failover::Killed).await;
+}
+
+/// A Sentinel URL with the Sentinels' password, and the refusals: a wrong Sentinel password is
+/// an authentication error, a service the Sentinels do not know a connect error, both at
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_passwords_and_unknown_services() {
+    let redis = RedisSentinel::start_with_password(Some("s3cret"))
+        .await
+        .unwrap();
+    let url = redis.url();
+    let backend = baton::connect(&url).await.unwrap();
+    let s = Session::new(backend).await.unwrap();
+    drop(s);
+    let wrong = url.replace("s3cret", "wrong");
+    let started = Instant::now();
+    let refused = baton::connect(&wrong).await.map(drop);
+    assert!(
+        matches!(refused, Err(baton::Error::Auth { .. })),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let unknown = url.replace("/baton?", "/nosuch?");
+    let refused = baton::connect(&unknown).await.map(drop);
+    assert!(
+        matches!(refused, Err(baton::Error::Connect { .. })),
+        "{refused:?}"
+    );
+}
