@@ -656,7 +656,7 @@ mod cli {
                 "TLS over redis://",
                 "redis://127.0.0.1:1",
                 vec!["--cacert".into(), path(&ca)],
-                "need a rediss:// URL",
+                "need a rediss:// (or rediss+sentinel://) URL",
             ),
         ];
         for (case, endpoints, mut args, says) in cases {
