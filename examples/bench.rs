@@ -135,6 +135,22 @@ async fn metric(endpoint: &str, name: &str) -> Res<f64> {
         .unwrap_or(0.0))
 }
 
+/// The CPU time a server's container (Docker id `id`) has used so far, in seconds: its
+/// cgroup's, v1 `cpuacct.usage` or v2 `cpu.stat`. `None` when the cgroup cannot be read.
+#[cfg(any(feature = "postgres", feature = "zookeeper"))]
+fn container_cpu_seconds(id: &str) -> Option<f64> {
+    let v1 = format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage");
+    if let Ok(ns) = std::fs::read_to_string(v1) {
+        return ns.trim().parse::<f64>().ok().map(|ns| ns / 1e9);
+    }
+    let v2 = format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat");
+    let stat = std::fs::read_to_string(v2).ok()?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|us| us / 1e6)
+}
+
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -108,19 +108,9 @@ pub(super) struct Report {
     scale: Option<PgScale>,
 }
 
-/// The server's CPU time so far (its container's cgroup, cgroup v1 or v2), in seconds.
+/// The server's CPU time so far (its container's cgroup), in seconds.
 fn server_cpu_seconds(node: &PgNode) -> Option<f64> {
-    let id = node.container_id();
-    let v1 = format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage");
-    if let Ok(ns) = std::fs::read_to_string(v1) {
-        return ns.trim().parse::<f64>().ok().map(|ns| ns / 1e9);
-    }
-    let v2 = format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat");
-    let stat = std::fs::read_to_string(v2).ok()?;
-    stat.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|us| us / 1e6)
+    crate::container_cpu_seconds(node.container_id())
 }
 
 /// The benchmark's connection string for `node` (the server itself runs with

@@ -97,21 +97,10 @@ async fn server(node: &ZkNode) -> Res<Server> {
     })
 }
 
-/// The CPU time the server's container has used so far, in seconds: its cgroup's (v1
-/// `cpuacct.usage`, or v2 `cpu.stat`), as for PostgreSQL. `None` when the server is not in a
-/// container or the cgroup cannot be read.
+/// The CPU time the server's container has used so far, in seconds (`None` when the server
+/// is not in a container or its cgroup cannot be read).
 fn server_cpu_seconds(node: &ZkNode) -> Option<f64> {
-    let id = node.container_id()?;
-    let v1 = format!("/sys/fs/cgroup/cpuacct/docker/{id}/cpuacct.usage");
-    if let Ok(ns) = std::fs::read_to_string(v1) {
-        return ns.trim().parse::<f64>().ok().map(|ns| ns / 1e9);
-    }
-    let v2 = format!("/sys/fs/cgroup/system.slice/docker-{id}.scope/cpu.stat");
-    let stat = std::fs::read_to_string(v2).ok()?;
-    stat.lines()
-        .find_map(|l| l.strip_prefix("usage_usec "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|us| us / 1e6)
+    crate::container_cpu_seconds(node.container_id()?)
 }
 
 /// One contended run, of baton or of a peer.
