@@ -410,15 +410,7 @@ impl RedisNode {
             None => redis::Client::open(self.url()),
         }
         .map_err(failed)?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(failed)?;
-        let mut cmd = redis::cmd(command);
-        for a in args {
-            cmd.arg(*a);
-        }
-        cmd.query_async(&mut conn).await.map_err(failed)
+        one_command(&client, command, args).await.map_err(failed)
     }
 
     /// Freezes the server (`docker pause`): connections stay open and requests hang until
@@ -769,15 +761,7 @@ impl RedisSentinel {
         };
         let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port()))
             .map_err(failed)?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(failed)?;
-        let mut cmd = redis::cmd(command);
-        for a in args {
-            cmd.arg(*a);
-        }
-        cmd.query_async(&mut conn).await.map_err(failed)
+        one_command(&client, command, args).await.map_err(failed)
     }
 
     /// The port of the primary Sentinel `i` names.
@@ -978,4 +962,18 @@ async fn start_sentinel(
 /// `-NOAUTH`: listening is enough, the container's log said it monitors).
 fn sentinel_ping(port: u16) -> BoxFuture<'static, bool> {
     listening(port)
+}
+
+/// Sends one command, with `args`, on a connection of its own to `client`'s server.
+async fn one_command<T: redis::FromRedisValue>(
+    client: &redis::Client,
+    command: &str,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut cmd = redis::cmd(command);
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut conn).await
 }
