@@ -510,16 +510,7 @@ impl SentinelUrl {
                 .set_client_to_redis_tls_mode(TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(TlsMode::Secure);
             if tls.is_set() {
-                let certificates = || redis::TlsCertificates {
-                    client_tls: tls
-                        .identity
-                        .as_ref()
-                        .map(|(cert, key)| redis::ClientTlsConfig {
-                            client_cert: cert.clone(),
-                            client_key: key.clone(),
-                        }),
-                    root_cert: tls.ca.clone(),
-                };
+                let certificates = || super::tls::redis_certificates(tls);
                 builder = builder
                     .set_client_to_redis_certificates(certificates())
                     .set_client_to_sentinel_certificates(certificates());

@@ -69,7 +69,18 @@ pub(crate) fn client(url: &str, tls: &TlsFiles) -> Result<(redis::Client, Probe)
         None => None,
     };
     ensure_provider();
-    let certificates = redis::TlsCertificates {
+    let client = redis::Client::build_with_tls(url, redis_certificates(tls))
+        .map_err(|e| malformed(url, e))?;
+    let probe = Probe {
+        address: host_port(&client),
+        tls: Some(Handshake { roots, identity }),
+    };
+    Ok((client, probe))
+}
+
+/// `tls`'s CA and client identity, as the `redis` crate takes them.
+pub(crate) fn redis_certificates(tls: &TlsFiles) -> redis::TlsCertificates {
+    redis::TlsCertificates {
         client_tls: tls
             .identity
             .as_ref()
@@ -78,13 +89,7 @@ pub(crate) fn client(url: &str, tls: &TlsFiles) -> Result<(redis::Client, Probe)
                 client_key: key.clone(),
             }),
         root_cert: tls.ca.clone(),
-    };
-    let client = redis::Client::build_with_tls(url, certificates).map_err(|e| malformed(url, e))?;
-    let probe = Probe {
-        address: host_port(&client),
-        tls: Some(Handshake { roots, identity }),
-    };
-    Ok((client, probe))
+    }
 }
 
 /// Checks what can be checked of `tls` without a server (the PEMs parse, the key is the
