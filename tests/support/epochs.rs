@@ -45,6 +45,7 @@ where
     N: FnOnce() -> Nf,
     Nf: Future<Output = Arc<dyn Backend>>,
 {
+    super::capture_logs();
     let options = SessionOptions::new().with_ttl(ttl);
     let a = Session::with_options(holder, options.clone())
         .await

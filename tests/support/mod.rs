@@ -61,6 +61,18 @@ pub fn refused_port() -> u16 {
         .port()
 }
 
+/// Sends baton's log to the test's captured output (printed only if the test fails), at
+/// `RUST_LOG`'s level or, unset, `baton=debug`: a failure seen once in CI then says what the
+/// client saw. Installed once per test binary; later calls do nothing.
+pub fn capture_logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("baton=debug"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 /// Waits until `cond` holds, re-checking after each short pause; fails the test after 30 s.
 /// This waits for a condition to become true, it does not hope that time made it so.
 pub async fn eventually<F, Fut>(what: &str, mut cond: F)
