@@ -484,3 +484,38 @@ async fn connect_options_carry_the_key_prefix() {
     })
     .await;
 }
+
+/// `baton init` on a store baton has never used (here: a key prefix nobody used) marks it new:
+/// the first lock is granted at once, not after the restart grace. Opening the backend's
+/// mailbox (at connect) used to begin the store's first epoch, with its grace, so `init`
+/// found the store marked and changed nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_marks_a_store_never_used_as_new() {
+    let (prefix, url) = (
+        format!("baton-init-{}:", std::process::id()),
+        RedisNode::shared().url(),
+    );
+    let connect = || {
+        let options = RedisOptions::new()
+            .with_prefix(prefix.clone())
+            .with_restart_grace(Duration::from_secs(60));
+        RedisBackend::connect(&url, options)
+    };
+    let operator = connect().await.unwrap();
+    assert!(
+        operator.init_store().await.unwrap(),
+        "a store never used is marked new"
+    );
+    assert!(
+        !operator.init_store().await.unwrap(),
+        "marked once: nothing changes"
+    );
+    let session = Session::new(connect().await.unwrap()).await.unwrap();
+    assert_eq!(session.restart_grace(), None);
+    let guard = Mutex::new(&session, "first")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once");
+    guard.release().await.unwrap();
+}

@@ -221,7 +221,10 @@ async fn failovers_never_grant_twice_and_keep_order() {
     let redis = RedisSentinel::start().await.unwrap();
     // A fixture started for this test: nothing predates its state.
     let first = backend(&redis).await;
-    first.init_store().await.unwrap();
+    assert!(
+        first.init_store().await.unwrap(),
+        "a fresh fixture is marked new"
+    );
     drop(first);
 
     fail_over_under_a_lock(&redis, Failover::Manual).await;

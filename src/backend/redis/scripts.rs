@@ -275,9 +275,16 @@ return { 0 }
     // ARGV: mailbox id or '' (new), alive ms, floor. -> {mailbox id, epoch}, the mailbox
     // marked alive for that long. A reader that sees the epoch change wakes every waiter:
     // the registrations of the epoch before are gone.
+    // A mailbox is not a grant: on a store without baton's state it begins no epoch (the
+    // answer's epoch is 0), so that `baton init` still finds the store unmarked; the first
+    // grant begins it.
     mailbox: script(
         r"
-epoch(ARGV[4])
+if redis.call('EXISTS', P .. 'gen') == 1 then
+  epoch(ARGV[4])
+else
+  EPOCH = 0
+end
 local id = ARGV[2]
 if id == '' then
   id = num(next_seq(ARGV[4]))
