@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use baton::testing::RedisNode;
-use baton::{Mutex, MutexGuard, Session};
+use baton::testing::{RedisNode, RedisSentinel};
+use baton::{Backend, Mutex, MutexGuard, RedisBackend, RedisOptions, Session};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -35,6 +35,9 @@ const RELEASE: &str =
 /// The commands the polling implementations send (their scripts' own `GET` and `DEL` are
 /// counted by the server too, and left out here).
 const POLLING_REQUESTS: &[&str] = &["set", "incr", "eval", "evalsha", "script|load"];
+
+/// The label of baton's rows through Sentinel.
+const SENTINEL_ROW: &str = "baton (Sentinel, 1 replica)";
 
 /// The sorted set of the scale run's queue (docs/redis.md, "How it works").
 const SCALE_LOCK: &str = "bench/scale";
@@ -394,15 +397,18 @@ async fn contend<C: Contender>(
     })
 }
 
-/// baton: N contenders, each with its own session on one backend.
+/// baton: N contenders, each with its own session on one backend (one process) that
+/// `connect` makes once the server's connections are counted, labelled `label`; `admin`
+/// counts on the server that backend reaches.
 async fn baton_contended(
-    node: &RedisNode,
+    connect: impl std::future::Future<Output = baton::Result<RedisBackend>>,
+    label: &'static str,
     admin: &Admin,
     n: usize,
     secs: Duration,
 ) -> Res<RedisRun> {
     let baseline = admin.settled().await?;
-    let backend = node.backend().await?;
+    let backend = connect.await?;
     let name = format!("bench/n{n}/baton");
     let mut sessions = Vec::with_capacity(n);
     for _ in 0..n {
@@ -425,7 +431,7 @@ async fn baton_contended(
     );
     futures::future::join_all(sessions.iter().map(Session::close)).await;
     let rpush = m.server.calls("rpush");
-    Ok(m.finish("baton", requests, Wake::Woken { wakeups, rpush }))
+    Ok(m.finish(label, requests, Wake::Woken { wakeups, rpush }))
 }
 
 /// The hand-written pattern: N contenders on one multiplexed connection (one process).
@@ -547,12 +553,28 @@ pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Rep
     let mut runs = Vec::new();
     for &n in ns {
         eprintln!("bench: Redis, N = {n}");
-        runs.push(baton_contended(&node, &admin, n, secs).await?);
+        runs.push(baton_contended(node.backend(), "baton", &admin, n, secs).await?);
         runs.push(set_nx_contended(&node, &admin, n, secs).await?);
         runs.push(rslock_contended(&node, &admin, n, secs).await?);
     }
     eprintln!("bench: Redis, {waiters} waiters");
     let scale = scale(&node, &admin, waiters).await?;
+    // As a Sentinel deployment runs: the primary with its replica, found through three
+    // Sentinels (`redis+sentinel://`); baton's rows only, beside the plain primary's above.
+    let sentinel = RedisSentinel::start().await?;
+    let primary = Admin::connect(&sentinel.primary().await?.url()).await?;
+    // Marked new, as an operator does a store baton has not used (`baton init`): otherwise
+    // the first grant waits the restart grace.
+    sentinel
+        .backend(RedisOptions::new())
+        .await?
+        .init_store()
+        .await?;
+    for &n in ns {
+        eprintln!("bench: Redis Sentinel, N = {n}");
+        let backend = sentinel.backend(RedisOptions::new());
+        runs.push(baton_contended(backend, SENTINEL_ROW, &primary, n, secs).await?);
+    }
     let debian_version = std::process::Command::new("dpkg-query")
         .args(["-W", "-f=${Version}", "redis-server"])
         .output()
@@ -582,11 +604,12 @@ fn wake(r: &RedisRun) -> String {
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## Redis\n\nOne Redis in a container on 127.0.0.1, built from Debian's redis-server {} (the server reports {}), persistence off, started for this run, on the same machine as the client. Each configuration ran {:.0} s, hold 0 ms; each implementation had a fresh client. Beside baton (one `RedisBackend`, each contender with its own session): the hand-written pattern (`SET <lock> <owner> NX PX 10000`, on a refusal **a 10 ms sleep** and again; once granted `INCR <lock>:token`; released by the compare-and-delete script; all contenders on one multiplexed connection), and rslock {} on one node (Redlock; `acquire`, which retries with the crate's defaults: up to 3 tries, 0–200 ms apart at random, then again; one lock manager).\n\n",
+            "## Redis\n\nOne Redis in a container on 127.0.0.1, built from Debian's redis-server {} (the server reports {}), persistence off, started for this run, on the same machine as the client. Each configuration ran {:.0} s, hold 0 ms; each implementation had a fresh client. Beside baton (one `RedisBackend`, each contender with its own session): the hand-written pattern (`SET <lock> <owner> NX PX 10000`, on a refusal **a 10 ms sleep** and again; once granted `INCR <lock>:token`; released by the compare-and-delete script; all contenders on one multiplexed connection), and rslock {} on one node (Redlock; `acquire`, which retries with the crate's defaults: up to 3 tries, 0–200 ms apart at random, then again; one lock manager). The rows `{}` are baton through Sentinel, as a Sentinel deployment runs it: a primary with one replica (asynchronous replication, as Sentinel has it) and three Sentinels, each a container of the same image, the backend connected with `redis+sentinel://` (its Redis CPU is the primary's only).\n\n",
             self.debian_version,
             self.server_version,
             self.secs.as_secs_f64(),
             rslock_version(),
+            SENTINEL_ROW,
         );
         md.push_str("| impl | N | cycles/s | acquire p50 / p99 ms | handoff p50 / p99 ms | handoffs > 20 ms | to another contender: share, p50 / p99 ms | requests/cycle | wake-ups/release | connections | grants per contender, min–max | Redis CPU ms/cycle | client CPU ms/cycle |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         for r in &self.runs {
