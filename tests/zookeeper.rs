@@ -943,3 +943,42 @@ async fn the_enqueue_token_is_the_nodes_czxid() {
         guard.release().await.unwrap();
     }
 }
+
+/// `baton init` on a store baton has never used (here: a chroot nobody used) marks it new: the
+/// first lock is granted at once, not after the restart grace; a second `init` changes
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_marks_a_store_never_used_as_new() {
+    let chroot = format!("/baton-init-{}", std::process::id());
+    raw(&ZkNode::shared().connect_string())
+        .await
+        .create(
+            &chroot,
+            b"",
+            &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let url = format!("{}{chroot}", ZkNode::shared().url());
+    let connect = || {
+        let options = ZkOptions::new().with_restart_grace(Duration::from_secs(60));
+        ZkBackend::connect(&url, options)
+    };
+    let operator = connect().await.unwrap();
+    assert!(
+        operator.init_store().await.unwrap(),
+        "a store never used is marked new"
+    );
+    assert!(
+        !operator.init_store().await.unwrap(),
+        "marked once: nothing changes"
+    );
+    let session = Session::new(connect().await.unwrap()).await.unwrap();
+    assert_eq!(session.restart_grace(), None);
+    let guard = Mutex::new(&session, "first")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once");
+    guard.release().await.unwrap();
+}
