@@ -2,6 +2,7 @@
 //! every state change one call of a PL/pgSQL function, waits woken by LISTEN/NOTIFY.
 //! docs/postgres.md says what it promises and what it needs from the server.
 
+mod burst;
 pub(crate) mod conn;
 mod epoch;
 mod listener;
@@ -290,6 +291,7 @@ struct Sql {
     revoke: String,
     lease_ttl: String,
     enqueue: String,
+    enqueue_burst: String,
     find: String,
     abandon: String,
     ahead: String,
@@ -324,6 +326,8 @@ impl Sql {
             // With the store's epoch and position: the grant decision and the epoch it was
             // made in, read in one call.
             enqueue: r("SELECT * FROM {s}.enqueue_v8($1, $2, $3, $4, $5)"),
+            // Enqueues that arrived while one was in flight, in one transaction (burst.rs).
+            enqueue_burst: r("SELECT * FROM {s}.enqueue_burst_v10($1, $2, $3, $4, $5)"),
             find: r(&format!(
                 "SELECT e.key::text, e.token, e.lease, e.value FROM {{s}}.entries e {live} \
                  WHERE e.key = $1"
@@ -384,6 +388,8 @@ struct Inner {
     retry_for: Duration,
     /// Stamps for enqueue and abandon (see `abandon`).
     stamps: AtomicI64,
+    /// Enqueues waiting to be sent together (burst.rs).
+    bursts: burst::Bursts,
     /// What this client remembers of the store's epochs (the core's rules: a new one ends
     /// every session from before, and holds grants back for its grace). See `epoch.rs`.
     epochs: StoreEpochs,
@@ -656,6 +662,7 @@ impl PgBackend {
                 request_timeout: options.request_timeout,
                 retry_for: options.retry_for,
                 stamps: AtomicI64::new(1),
+                bursts: burst::Bursts::default(),
                 epochs,
                 top_token: AtomicU64::new(0),
                 postmaster: AtomicI64::new(0),
@@ -1317,43 +1324,63 @@ impl Backend for PgBackend {
         check_key(queue, &key)?;
         let mut refused = 0;
         let sent_at = Instant::now();
+        // The first attempt goes in a burst with whatever other enqueues wait (burst.rs).
+        let stamp = self.next_stamp();
+        let in_burst = self
+            .enqueue_in_burst(|answer| burst::Pending {
+                queue: queue.to_owned(),
+                tag: tag.to_owned(),
+                lease: id,
+                value: value.to_vec(),
+                stamp,
+                answer,
+            })
+            .await;
+        // Unanswered: the burst may or may not have been applied; the next attempt gives its
+        // stamp up first.
+        let (mut given_up, mut in_burst) = (in_burst.is_none().then_some(stamp), in_burst);
         let row = loop {
             // The stamp of the last attempt sent (0: none yet).
-            let sent = AtomicI64::new(0);
-            let (row, _) = self
-                .request("enqueue", |c| {
-                    let stamp = self.next_stamp();
-                    let earlier = sent.swap(stamp, Ordering::SeqCst);
-                    let key = &key;
-                    async move {
-                        if earlier != 0 {
-                            // An earlier attempt may be on its way still (held up on the
-                            // connection this one replaced): from now on no enqueue of the
-                            // lease stamped at or below it creates anything. If it was
-                            // applied, this attempt finds its entry.
-                            c.query(
-                                abandon,
-                                &[(key, Type::TEXT), (&id, Type::INT8), (&earlier, Type::INT8)],
-                            )
-                            .await?;
+            let sent = AtomicI64::new(given_up.take().unwrap_or(0));
+            let row = match in_burst.take() {
+                Some(answered) => Some(answered),
+                None => {
+                    self.request("enqueue", |c| {
+                        let stamp = self.next_stamp();
+                        let earlier = sent.swap(stamp, Ordering::SeqCst);
+                        let key = &key;
+                        async move {
+                            if earlier != 0 {
+                                // An earlier attempt may be on its way still (held up on the
+                                // connection this one replaced): from now on no enqueue of the
+                                // lease stamped at or below it creates anything. If it was
+                                // applied, this attempt finds its entry.
+                                c.query(
+                                    abandon,
+                                    &[(key, Type::TEXT), (&id, Type::INT8), (&earlier, Type::INT8)],
+                                )
+                                .await?;
+                            }
+                            let rows = c
+                                .query(
+                                    sql,
+                                    &[
+                                        (&queue, Type::TEXT),
+                                        (&tag, Type::TEXT),
+                                        (&id, Type::INT8),
+                                        (&value, Type::BYTEA),
+                                        (&stamp, Type::INT8),
+                                    ],
+                                )
+                                .await?;
+                            Ok(rows.into_iter().next().map(|r| (r, c.system_id())))
                         }
-                        let rows = c
-                            .query(
-                                sql,
-                                &[
-                                    (&queue, Type::TEXT),
-                                    (&tag, Type::TEXT),
-                                    (&id, Type::INT8),
-                                    (&value, Type::BYTEA),
-                                    (&stamp, Type::INT8),
-                                ],
-                            )
-                            .await?;
-                        Ok(rows.into_iter().next().map(|r| (r, c.system_id())))
-                    }
-                })
-                .await
-                .map_err(|e| e.in_lock(queue))?;
+                    })
+                    .await
+                    .map_err(|e| e.in_lock(queue))?
+                    .0
+                }
+            };
             let (row, system_id) = row.ok_or_else(|| Error::Backend {
                 op: "enqueue",
                 at: self.at(),

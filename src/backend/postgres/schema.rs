@@ -11,7 +11,7 @@
 pub(super) const LOCK_CLASS: i32 = 0x6261_746f;
 
 /// How many migrations there are: the newest schema version.
-pub(super) const MIGRATIONS: usize = 9;
+pub(super) const MIGRATIONS: usize = 10;
 
 /// The SQL of migration `version` (which brings the schema from `version - 1` to `version`)
 /// for `schema`; `None` past the last.
@@ -68,6 +68,7 @@ pub(super) fn migration(version: usize, schema: &str) -> Option<String> {
         .replace(KEY_RANGE_HEAD_SWEEP, PARENT_HEAD_SWEEP)
         .replace(KEY_RANGE_HEAD, PARENT_HEAD)
         .replace(PLAIN_PLPGSQL, INDEXED_PLPGSQL),
+        10 => V10.to_owned(),
         _ => return None,
     };
     Some(render(&sql, schema))
@@ -965,6 +966,40 @@ BEGIN
     END IF;
     RETURN QUERY SELECT live, NULL::text, NULL::bigint, NULL::bigint, NULL::bytea, a.marker,
         a.age_ms, a.incarnation, a.tl, a.lsn, a.started;
+END $$;
+"#;
+
+/// Version 10: a burst of enqueues in one call (issue #39; docs/design.md, 2026-11-28). Every
+/// enqueue is a transaction of its own, and with durable commits each waits for its WAL flush:
+/// one backend queueing 10,000 waiters spent most of its time in those flushes, one after
+/// another on its one request connection. Enqueues that arrive while one is in flight are sent
+/// together, as one call: each is `enqueue_v8`'s, in the order given, and the burst commits
+/// once. Tokens are still drawn under every queue's advisory lock, held to the commit, so
+/// token order within a queue is still commit order. The locks of every queue the burst
+/// names are taken first, in increasing (C collation) order: so does a single enqueue (a
+/// queue's prefixes come before it), and two bursts never wait on each other in a cycle.
+/// Rows come in the order given, each with its index last (`enqueue_v8`'s columns first).
+const V10: &str = r#"
+CREATE FUNCTION {s}.enqueue_burst_v10(qs text[], ts text[], ls bigint[], vs bytea[],
+    stamps bigint[])
+RETURNS TABLE (status text, e_token bigint, e_lease bigint, e_value bytea, p_key text,
+    p_token bigint, p_lease bigint, p_value bytea, marker text, age_ms bigint,
+    incarnation text, tl integer, lsn bigint, started bigint, i integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    qn text;
+BEGIN
+    FOR qn IN SELECT DISTINCT array_to_string(p.parts[1:j], '/') COLLATE "C" AS x
+              FROM (SELECT string_to_array(q, '/') AS parts FROM unnest(qs) AS q) p,
+                   generate_series(1, cardinality(p.parts)) AS j
+              ORDER BY 1 LOOP
+        IF qn <> '' THEN
+            PERFORM pg_advisory_xact_lock({class}, hashtext('{s}|' || qn));
+        END IF;
+    END LOOP;
+    FOR n IN 1 .. coalesce(cardinality(qs), 0) LOOP
+        RETURN QUERY SELECT a.*, n FROM {s}.enqueue_v8(qs[n], ts[n], ls[n], vs[n], stamps[n]) a;
+    END LOOP;
 END $$;
 "#;
 
