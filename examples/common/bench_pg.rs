@@ -818,7 +818,7 @@ impl Report {
         }
         if let Some(sc) = &self.scale {
             md.push_str(&format!(
-                "\n### {} waiters on one lock\n\nOne backend on a server started for this run (no statistics of baton's tables yet, no ANALYZE): {} sessions opened ({:.1} s, a lease each), then queued in order behind a holder: **{:.1} s to queue** (target: at most 5 s), {} ms of server CPU per waiter (each enqueue a durable commit, in series on the backend's one request connection). Then drained, each waiter releasing once granted: {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release**, FIFO: {}, server CPU {} ms per grant.\n",
+                "\n### {} waiters on one lock\n\nOne backend on a server started for this run (no statistics of baton's tables yet, no ANALYZE): {} sessions opened ({:.1} s, a lease each), then queued in order behind a holder: **{:.1} s to queue** (target: at most 5 s), {} ms of server CPU per waiter (the enqueues that arrive while one is in flight commit together: schema version 10). Then drained, each waiter releasing once granted: {} grants in {:.1} s ({:.0} a second), **{:.2} wake-ups per release**, FIFO: {}, server CPU {} ms per grant.\n",
                 sc.waiters,
                 sc.waiters,
                 sc.sessions_time.as_secs_f64(),
