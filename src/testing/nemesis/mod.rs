@@ -72,6 +72,7 @@ mod cluster;
 mod history;
 mod resource;
 mod schedule;
+mod sentinel;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -199,9 +200,24 @@ pub enum Server {
     /// taken earlier in the run; not once a standby was promoted (the standby's data is its
     /// container's): such a fault is left out of the run.
     Postgres(crate::testing::PgNode),
+    /// Redis under Sentinel ([`RedisSentinel`](crate::testing::RedisSentinel): a primary, a
+    /// replica, three Sentinels), the clients connected with its `redis+sentinel://` URL (each
+    /// through a proxy per Sentinel) and following the Sentinels on their own: failed over
+    /// three ways, one at a time, each ending with a replica in sync again: a manual `SENTINEL
+    /// FAILOVER`; the primary killed (the Sentinels promote the replica past
+    /// `down-after-milliseconds`; what it had not replicated is lost), then started again as a
+    /// replica of the new one; the primary frozen (`docker pause`, containers only) until the
+    /// Sentinels promoted the replica behind its back, then unfrozen and demoted by Sentinel.
+    /// The client faults are pauses and kills only: a proxy can stand only in front of the
+    /// Sentinels (a client reaches the primary at the address they announce), so a cut would
+    /// leave a client reaching the old primary without hearing of the new one, the split
+    /// brain docs/redis.md does not promise.
+    RedisSentinel(crate::testing::RedisSentinel),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
-    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
-    /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
+    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`,
+    /// `redis+sentinel://127.0.0.1:26379,.../service`): only the clients are faulted (paused, killed, cut off; on
+    /// ZooKeeper, their sessions expired; under Sentinel, paused and killed only, each client
+    /// reaching every Sentinel through a proxy of its own). The proxies run on 127.0.0.1, so the server must be
     /// reachable from here; a ZooKeeper connect string's first server is the one used.
     External(String),
 }
@@ -215,7 +231,9 @@ impl Server {
             Server::EtcdCluster(_) => "etcd-cluster",
             Server::ZkEnsemble(_) => "zookeeper-ensemble",
             Server::Postgres(_) => "postgres",
+            Server::RedisSentinel(_) => "redis-sentinel",
             Server::External(url) if url.starts_with("postgres") => "postgres",
+            Server::External(url) if url.contains("+sentinel://") => "redis-sentinel",
             Server::External(url) if url.starts_with("redis") => "redis",
             Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
@@ -231,6 +249,7 @@ impl Server {
             Server::EtcdCluster(c) => c.endpoints().join(","),
             Server::ZkEnsemble(e) => e.url(),
             Server::Postgres(n) => n.url(),
+            Server::RedisSentinel(s) => s.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -245,6 +264,12 @@ impl Server {
             Server::EtcdCluster(_) => (false, true),
             Server::ZkEnsemble(e) => (false, e.member(0).is_container()),
             Server::Postgres(n) => (n.has_host_data(), true),
+            Server::RedisSentinel(s) => (
+                false,
+                s.nodes()
+                    .first()
+                    .is_some_and(crate::testing::RedisNode::is_container),
+            ),
             Server::External(url) if url.starts_with("zk://") => return vec![FaultKind::Expire(0)],
             Server::External(_) => return Vec::new(),
         };
@@ -495,6 +520,7 @@ impl Schedule {
         let slots = schedule::plan(
             options.seed,
             options.clients_per_recipe * Recipe::ALL.len(),
+            schedule::client_kinds(backend).len(),
             server_faults,
             options.ttl,
             Duration::from_secs(options.seconds),
@@ -526,7 +552,7 @@ impl Schedule {
             backend: backend.to_owned(),
             seed: options.seed,
             faults,
-            offered: schedule::offered_kinds(server_faults),
+            offered: schedule::offered_kinds(schedule::client_kinds(backend), server_faults),
             planned: at,
             slots,
             skipped,
@@ -988,6 +1014,13 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
                     "postgres://{userinfo}{}{path}",
                     addrs(|p| p.addr().to_string())
                 ),
+                // A proxy per Sentinel; the primary is reached at the address they name.
+                "redis-sentinel" => format!(
+                    "{}://{userinfo}{}{path}",
+                    url.split_once("://")
+                        .map_or("redis+sentinel", |(scheme, _)| scheme),
+                    addrs(|p| p.addr().to_string())
+                ),
                 _ => addrs(Proxy::endpoint),
             };
             let mut proxies = proxies.into_iter();
@@ -1377,6 +1410,16 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             start(run);
             server.act(ServerAct::EndConnections).await?;
             end(run);
+        }
+        FaultKind::SentinelFailover | FaultKind::PrimaryKilled | FaultKind::PrimaryPaused => {
+            let Server::RedisSentinel(redis) = server else {
+                return Err(format!(
+                    "fault {} needs Redis under Sentinel, not {}",
+                    fault.id,
+                    server.name()
+                ));
+            };
+            sentinel::inject(run, redis, fault, start, end).await?;
         }
         // Carried out above.
         FaultKind::PromoteReplica(_) => {}
