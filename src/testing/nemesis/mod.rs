@@ -12,8 +12,14 @@
 //! server faults are a member's instead: a follower or the leader paused, a member or the
 //! leader killed and restarted with its data, one member at a time (each fault ends once its
 //! member serves again), so the quorum is kept; each client reaches every member through a
-//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Every
-//! event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Under
+//! Redis Sentinel ([`Server::RedisSentinel`]) the clients follow the Sentinels
+//! (`redis+sentinel://`) and the server faults are the three ways a Sentinel deployment fails
+//! over: a manual `SENTINEL FAILOVER`, the primary killed, the primary frozen past
+//! `down-after-milliseconds` (each ending with a replica in sync again); its clients are
+//! paused and killed, not cut off (they reach the primary where the Sentinels say, past any
+//! proxy). Every event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`]
+//! reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -28,7 +34,8 @@
 //! 5. **leftover**: no entry is left in the backend once every client stopped;
 //! 6. **epoch** (after every fault that loses state, its `loses_state`: a server
 //!    restarted without its data or from an earlier copy, a Redis `FLUSHALL`, a Redis
-//!    replica or a PostgreSQL standby promoted): a grant asked for once the store is back
+//!    replica or a PostgreSQL standby promoted, every failover under Sentinel, whose end is
+//!    the first `+switch-master` a Sentinel announces): a grant asked for once the store is back
 //!    waits the restart grace; a grant after that has a token above every token granted
 //!    before (and holders from before are told first: rule 3).
 //!
@@ -585,7 +592,7 @@ impl Schedule {
 }
 
 /// The schedule a run with `options` would carry out on a server of `backend` (`etcd`,
-/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`) as the CI starts
+/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`, `redis-sentinel`) as the CI starts
 /// it (in containers, the data on the host), seen without starting anything; `None` for
 /// another name. The same seed, options and backend give the same schedule as
 /// [`run`] carries out on such a server.
@@ -602,7 +609,8 @@ pub fn schedule(backend: &str, options: &Options) -> Option<Schedule> {
 pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
-    /// `etcd`, `redis`, `zookeeper`, `etcd-cluster` or `zookeeper-ensemble`.
+    /// `etcd`, `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres` or
+    /// `redis-sentinel`.
     pub backend: String,
     /// The faults injected, in words.
     pub faults: Vec<String>,
