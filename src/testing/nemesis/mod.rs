@@ -35,9 +35,11 @@
 //! 6. **epoch** (after every fault that loses state, its `loses_state`: a server
 //!    restarted without its data or from an earlier copy, a Redis `FLUSHALL`, a Redis
 //!    replica or a PostgreSQL standby promoted, every failover under Sentinel, whose end is
-//!    the first `+switch-master` a Sentinel announces): a grant asked for once the store is back
-//!    waits the restart grace; a grant after that has a token above every token granted
-//!    before (and holders from before are told first: rule 3).
+//!    the first `+switch-master` a Sentinel announces): a grant asked for once the store is
+//!    back waits the restart grace (after a manual `SENTINEL FAILOVER`, whose old primary
+//!    answers until its clients hear the announcement, a grant within 500 ms of it is the old
+//!    store's); a grant after that has a token above every token granted before (and holders
+//!    from before are told first: rule 3).
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -222,10 +224,11 @@ pub enum Server {
     RedisSentinel(crate::testing::RedisSentinel),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
     /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`,
-    /// `redis+sentinel://127.0.0.1:26379,.../service`): only the clients are faulted (paused, killed, cut off; on
-    /// ZooKeeper, their sessions expired; under Sentinel, paused and killed only, each client
-    /// reaching every Sentinel through a proxy of its own). The proxies run on 127.0.0.1, so the server must be
-    /// reachable from here; a ZooKeeper connect string's first server is the one used.
+    /// `redis+sentinel://127.0.0.1:26379,.../service`): only the clients are faulted (paused,
+    /// killed, cut off; on ZooKeeper, their sessions expired; under Sentinel, paused and killed
+    /// only, each client reaching every Sentinel through a proxy of its own). The proxies run
+    /// on 127.0.0.1, so the server must be reachable from here; a ZooKeeper connect string's
+    /// first server is the one used.
     External(String),
 }
 
@@ -592,8 +595,9 @@ impl Schedule {
 }
 
 /// The schedule a run with `options` would carry out on a server of `backend` (`etcd`,
-/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`, `redis-sentinel`) as the CI starts
-/// it (in containers, the data on the host), seen without starting anything; `None` for
+/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`,
+/// `redis-sentinel`) as the CI starts it (in containers, the data on the host), seen without
+/// starting anything; `None` for
 /// another name. The same seed, options and backend give the same schedule as
 /// [`run`] carries out on such a server.
 pub fn schedule(backend: &str, options: &Options) -> Option<Schedule> {
