@@ -141,7 +141,9 @@ mutants seconds="60" seed="1000":
 # ends connections and promotes a standby.
 # BACKEND: etcd, redis, zookeeper or postgres (one server), etcd-cluster or
 # zookeeper-ensemble (three members: a follower or the leader paused, a member or the leader
-# killed and restarted with its data). The schedule is planned to fill SECONDS and carried out
+# killed and restarted with its data), redis-sentinel (a primary, a replica, three Sentinels:
+# failed over by SENTINEL FAILOVER, by killing or freezing the primary; clients paused and
+# killed, not cut off). The schedule is planned to fill SECONDS and carried out
 # whole (a run may take longer: restarts wait for the server), so SEED replays the same faults
 # (default seed: the time). BATON_NEMESIS_BUG=admit-lower, read-before-claim or no-grace
 # injects a defect the checker must catch.

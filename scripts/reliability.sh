@@ -139,7 +139,7 @@ done
 nemesis=$(mktemp)
 trap 'rm -f "$out" "$harness" "$nemesis"' EXIT
 nemesis_seconds=${NEMESIS_SECONDS:-120}
-for run in ${NEMESIS_RUNS:-etcd:21 redis:22 zookeeper:23 etcd-cluster:24 zookeeper-ensemble:25 postgres:26}; do
+for run in ${NEMESIS_RUNS:-etcd:21 redis:22 zookeeper:23 etcd-cluster:24 zookeeper-ensemble:25 postgres:26 redis-sentinel:27}; do
   cargo test --quiet --all-features --test nemesis -- "${run%%:*}" "$nemesis_seconds" "${run##*:}" 2>/dev/null \
     | grep -A1 '^nemesis [a-z-]* seed ' | paste -sd'\0' - | sed 's/violations\(.*\)recovery/violations || recovery/' >>"$nemesis" || true
 done
@@ -300,7 +300,9 @@ each run **required** to carry them all out: the client kinds (`pause`, `kill`, 
 `expire`; the cluster: `follower-pause`, `leader-pause`, `member-restart`, `leader-restart`;
 the ensemble: those and `expire`; PostgreSQL: `server-pause`, `server-restart`,
 `server-crash`, `kill-connections`, `promote-replica`, `server-restart-empty`,
-`server-restart-from-snapshot`). A run that carries out fewer fails, naming the kinds. The
+`server-restart-from-snapshot`; Redis under Sentinel, seed 1 of a 20 s schedule, about 75 s
+with its start: `pause` and `kill` only, then `sentinel-failover`, `primary-killed`,
+`primary-paused`). A run that carries out fewer fails, naming the kinds. The
 state-loss faults (a server restarted without its data or from an earlier copy, a
 `FLUSHALL`, a promotion) are each followed by the epoch rule. Then three runs with a defect,
 which the checker must catch: Redis with `admit-lower` (seed 1, 12 s: two semaphore holders
@@ -354,6 +356,55 @@ same, and so is every rule of the checker; its server faults:
 | re-created without its data (the data directory wiped: a new cluster at the same address, another system identifier, no baton schema; every client cut off from the stop until the server serves again and the fault's end is recorded) | a new store epoch (a schema without baton's marker): holders from before told first, nothing granted for the restart grace, tokens above all before (the sequences start at the clock); checked by the epoch rule. Not injected once a standby was promoted (its data is its container's) |
 | restored from an earlier base backup (`pg_basebackup`, 0.5–3 s and a grant made past it, then the stopped server's data directory replaced by it) | the same, for every client that saw the server past the backup (the flush LSN went back), as every nemesis client has. A client that never saw it past the backup is granted at once, with tokens still above (the undetectable row of [postgres.md](postgres.md)): not injected |
 | a failover: a standby (streaming through a proxy) promoted in sync, or after missing 0.2–3 s of writes (the proxy closed first), the primary crashed for good, the clients redirected | the standby starts a new WAL timeline: its tokens are above every token before (they start with the timeline), every session is told lost at its next renewal (a lease is renewed only on its own timeline), and nothing is granted for the restart grace (the clients': their TTL), so a holder the standby missed is told before anyone else is granted; checked by the epoch rule, as for Redis. With the grace off (`BATON_NEMESIS_BUG=no-grace`, seed 13 with 8 s of schedule since the default became three clients per recipe; seed 7 with two clients, since the state-loss faults joined the schedule; seed 5 before) the checker finds grants within it |
+
+Under Redis Sentinel (`redis-sentinel`: `baton::testing::RedisSentinel`, a primary, a
+replica and three Sentinels, `down-after-milliseconds` 1000, `failover-timeout` 2000) the
+clients connect with the `redis+sentinel://` URL, each through a proxy of its own per
+Sentinel, and follow the Sentinels on their own (the nemesis never redirects them). Their
+faults are pauses and kills only: a client reaches the primary at the address the Sentinels
+announce, past any proxy, so a proxy's cut would cut it off from the Sentinels alone while it
+still reached the old primary: the split brain [redis.md](redis.md) does not promise, not a
+cut. The server faults are the ways a Sentinel deployment fails over, one at a time; each is a
+new store epoch (the promoted replica's `run_id`), whose end, the checker's epoch boundary, is
+the first `+switch-master` any Sentinel announces (no client can reach the new primary before:
+the Sentinels name the old one until then); each lasts until the Sentinels count the other
+node a replica in sync again, ready for the next. After a manual failover the old primary is
+still up and answering, and a client leaves it only once it has heard the announcement (50–90
+ms after it in these runs): a grant it makes within 500 ms of the announcement is the old
+store's, not the new epoch's, and the epoch rule's early-grant check starts after that (its
+holder is told when it reaches the new primary, which `lost-first` checks):
+
+| fault | what the nemesis does | what holds (checked: every rule above) |
+| --- | --- | --- |
+| `sentinel-failover` | `SENTINEL FAILOVER baton` (announced about 1.1 s later); the old primary, still up and answering as a primary, is left to Sentinel to demote (about 20 s here, until the fault ends with the replica in sync) | clients move on the announcement; holders from before told first, grants after the restart grace with tokens above all before; no grant of the old primary after the boundary |
+| `primary-killed` | the primary SIGKILLed (announced about 2.3 s later: down after 1 s, a vote, a promotion; what it had not replicated is lost), kept down 0.1–1.5 s more, started again empty and sent `REPLICAOF` the new primary at once | the same |
+| `primary-paused` | the primary frozen (`docker pause`) until a Sentinel announced the replica promoted behind its back (about 2.5 s), 0.1–1.5 s more, then unfrozen, believing itself the primary, until Sentinel demotes it | the same: the requests that hung on it time out, and every client has moved on the announcement, so the old primary, back, grants nobody |
+
+With the restart grace off (`BATON_NEMESIS_BUG=no-grace`, the CI's seed 1) the checker reports
+12 `epoch` violations, one per lock and failover (grants 60–640 ms after the announcement), and
+no `lost-first` nor fence violation: each client moved on the announcement, found the new epoch
+at its first request there and its sessions from before were told, so in that run no holder
+was left to overlap; the grace is for the holder that is not told in time (a client paused, or
+slow to move), which the epoch rule stands for. With the clients' `+switch-master` listener
+turned off (a one-off build, 2026-11-28: clients moved only when a request failed) the same seed
+gives 61 `lost-first` violations, three holders of the semaphore's two permits at once for
+seconds after the frozen primary came back (c4 and c5 holding there, it seems, while c3, killed
+and restarted beside the freeze, was granted by the new primary), and 8 `epoch`
+violations (the old primary granting after the announcement): the split brain the listener is
+there to prevent, which this run shows the nemesis catches.
+
+What it found (2026-11-28, seed 13 of a 20 s schedule, not fixed): **a client process frozen
+across a manual failover uses the old primary once on waking.** c11 was SIGSTOPped 3 ms before
+a `SENTINEL FAILOVER` and woken 1.9 s after its announcement; its sessions had ended, and its
+new session and grant (`election`, 2 ms later) went to the old primary, still up and
+answering as a primary, before its listener read the announcement waiting in its socket. It
+wrote through the fence with a token taken from the old primary's clock at that moment,
+above the tokens the new epoch's waiters had been given when they queued, so when the grace
+ended the new holder's write was refused (c11 was told, `NotOwner`, 70 ms later). No overlap
+at the fence, but a holder of the old store after the announcement: the `epoch` rule reports
+it (`c11 asked 1948 ms after the store came back ... within the restart grace`). A process
+stall (a GC pause, a frozen VM) would do the same; asking the Sentinels before a session's
+first request after a stall would close it. CI's seed 1 freezes no client across a failover.
 
 Runs (2 cores; the runs below had 2 clients per recipe, 8 processes, the default before
 2026-11-28; "faults" counts injected faults). The short runs made
@@ -458,6 +509,7 @@ just nemesis zookeeper 30 452  # CI's ZooKeeper run: a pause, a restart with and
 just nemesis etcd-cluster 30 107  # CI's etcd cluster run: every member fault
 just nemesis zookeeper-ensemble 30 1969  # CI's ensemble run: every member fault and an expiry
 just nemesis postgres 30 3472  # CI's PostgreSQL run: re-created without its data, restored from a base backup, a crash, a restart, a pause, ended connections, a failover
+just nemesis redis-sentinel 20 1  # CI's Sentinel run: SENTINEL FAILOVER, the primary killed, the primary frozen
 just nemesis redis 60 "" 4  # a minute on Redis with 4 clients per recipe (16 processes; the seed: the time)
 just simulate 60      # a minute of fresh schedules of the deterministic simulation
 just mutants          # each planted bug against the simulation; rewrites docs/mutants.md

@@ -4,12 +4,15 @@
 //! restarts a member or the leader, (ZooKeeper) expires their sessions, (PostgreSQL) crashes
 //! the server, ends their connections or promotes its standby, and (etcd, ZooKeeper,
 //! PostgreSQL) restarts the server without its data or (etcd, PostgreSQL) from an earlier
-//! copy; the checker reads the one history. This file has its own `main` (`harness =
+//! copy, and (Redis under Sentinel) fails its primary over by `SENTINEL FAILOVER`, by killing
+//! it or by freezing it past `down-after-milliseconds` (its clients paused and killed, not
+//! cut: they reach the primary where the Sentinels say); the checker reads the one history. This file has its own `main` (`harness =
 //! false`): the same binary, run again with `BATON_NEMESIS_CLIENT` set, is each client
 //! process. It needs the `nemesis` feature.
 //!
 //! - `cargo test --features nemesis --test nemesis`: the runs CI makes, with fixed seeds (each
-//!   single server, a three-member etcd cluster, a three-server ZooKeeper ensemble), each
+//!   single server, a three-member etcd cluster, a three-server ZooKeeper ensemble, Redis
+//!   under Sentinel), each
 //!   required to carry out every kind of fault its server offers; then runs with a defect
 //!   injected, which the checker must catch.
 //! - `cargo test ... -- BACKEND SECONDS [SEED] [CLIENTS]` (`just nemesis`): one run, its
@@ -28,17 +31,19 @@
 use std::process::ExitCode;
 
 use baton::testing::nemesis::{self, Bug, Options, Report, Server};
-use baton::testing::{EtcdCluster, EtcdNode, PgNode, RedisNode, ZkEnsemble, ZkNode};
+use baton::testing::{EtcdCluster, EtcdNode, PgNode, RedisNode, RedisSentinel, ZkEnsemble, ZkNode};
 
 /// What `BACKEND` may be: one server each (PostgreSQL too), a three-member etcd cluster, a
-/// three-server ZooKeeper ensemble.
-const BACKENDS: [&str; 6] = [
+/// three-server ZooKeeper ensemble, Redis under Sentinel (a primary, a replica, three
+/// Sentinels).
+const BACKENDS: [&str; 7] = [
     "etcd",
     "redis",
     "zookeeper",
     "etcd-cluster",
     "zookeeper-ensemble",
     "postgres",
+    "redis-sentinel",
 ];
 
 /// Clients per recipe: CLIENTS if given, else `BATON_NEMESIS_CLIENTS` if set and not empty,
@@ -250,6 +255,9 @@ async fn one(backend: &str, seconds: u64, seed: u64, clients: usize, bug: Option
         "zookeeper-ensemble" => {
             Server::ZkEnsemble(ZkEnsemble::start().await.expect("zookeeper ensemble"))
         }
+        "redis-sentinel" => {
+            Server::RedisSentinel(RedisSentinel::start().await.expect("redis sentinel"))
+        }
         other => panic!("unknown backend {other}: one of {BACKENDS:?}"),
     };
     nemesis::run(&server, options)
@@ -262,7 +270,7 @@ async fn one(backend: &str, seconds: u64, seed: u64, clients: usize, bug: Option
 /// draws its eleven kinds in 20 s), preferring a short plan and, where a replica is promoted,
 /// one that missed writes: its schedule draws every kind of fault the server offers (`just
 /// nemesis-plan BACKEND SECONDS SEED` shows it). 20 s windows, not 30, for CI's budget (#37).
-const SEEDS: [(&str, u64, u64); 6] = [
+const SEEDS: [(&str, u64, u64); 7] = [
     // Paused, restarted without its data (wiped), with it and from an older snapshot.
     ("etcd", 20, 1603),
     // A FLUSHALL, restarted without its data, paused, restarted from an older snapshot, a
@@ -278,6 +286,10 @@ const SEEDS: [(&str, u64, u64); 6] = [
     // promotion, after which its data is a standby's), crashed, restarted, paused, every
     // connection ended, a standby promoted after missing 2.3 s of writes.
     ("postgres", 30, 3472),
+    // Redis under Sentinel (#40): the primary killed (a client killed beside it), a manual
+    // SENTINEL FAILOVER, the primary frozen (a client killed beside it), a client paused;
+    // every failover lasts until the replica is in sync again, so the run takes about 75 s.
+    ("redis-sentinel", 20, 1),
 ];
 
 /// The runs CI makes, with the default clients per recipe (more than the semaphore's
@@ -292,8 +304,9 @@ async fn suite() -> ExitCode {
     // the state-loss ones included (Redis: restarted without its data and from an older
     // snapshot, FLUSHALL, a replica promoted; etcd: wiped and restored from a snapshot;
     // ZooKeeper: wiped; PostgreSQL: wiped and restored from a base backup before its first
-    // promotion, after which its data is a standby's), each checked by the epoch rule. A run
-    // that carries out fewer kinds fails, naming them.
+    // promotion, after which its data is a standby's; under Sentinel, every failover), each
+    // checked by the epoch rule (under Sentinel no cuts: its clients' kinds are pause and
+    // kill). A run that carries out fewer kinds fails, naming them.
     for (backend, seconds, seed) in SEEDS {
         let report = one(backend, seconds, seed, clients, None).await;
         println!("{}", report.summary());

@@ -236,7 +236,7 @@ pub use proxy::Proxy;
 #[cfg(feature = "redis")]
 pub use redis::{
     DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisSentinel, RedisTls, SENTINEL_DOWN_AFTER,
-    SENTINEL_FAILOVER_TIMEOUT,
+    SENTINEL_FAILOVER_TIMEOUT, SentinelSwitches,
 };
 #[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
 pub use tls::{CertPem, ServerTls, TestCa};

@@ -5,6 +5,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::future::BoxFuture;
 use tokio::time::Instant;
 
@@ -736,6 +737,45 @@ impl RedisSentinel {
         self.await_ready(Duration::from_secs(30)).await
     }
 
+    /// Brings a node that was stopped ([`RedisNode::stop`], e.g. a primary killed to make the
+    /// Sentinels fail it over) back as a replica of the primary the Sentinels name now: starts
+    /// it again (empty) and sends it `REPLICAOF` at once, rather than waiting for Sentinel to
+    /// reconfigure it (which it does only seconds after it sees it back as a primary). Returns
+    /// once it is started; [`await_replica_in_sync`](Self::await_replica_in_sync) tells when
+    /// it has synchronised and the Sentinels count it fit for the next failover. No client
+    /// that follows the Sentinels reaches it meanwhile: they name the other node.
+    ///
+    /// # Errors
+    /// As [`RedisNode::start_again`] and [`primary`](Self::primary);
+    /// [`FixtureError::Command`] if the Sentinels name the node itself as the primary, or it
+    /// refuses `REPLICAOF`, or no node of this fixture is on `port`.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the node may be running as an empty primary that no Sentinel
+    /// names, until Sentinel reconfigures it.
+    pub async fn start_again_as_replica(&self, port: u16) -> Result<(), FixtureError> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port() == port)
+            .ok_or_else(|| {
+                command_error(
+                    "REPLICAOF",
+                    format!("no node of this fixture on port {port}").into(),
+                )
+            })?;
+        let primary = self.primary().await?.port();
+        if primary == port {
+            return Err(command_error(
+                "REPLICAOF",
+                format!("the Sentinels name 127.0.0.1:{port} itself as the primary").into(),
+            ));
+        }
+        node.start_again().await?;
+        node.command::<()>("REPLICAOF", &["127.0.0.1", &primary.to_string()])
+            .await
+    }
+
     /// Sends one command to Sentinel `i` (with its password, if it has one).
     ///
     /// # Errors
@@ -750,18 +790,48 @@ impl RedisSentinel {
         command: &'static str,
         args: &[&str],
     ) -> Result<T, FixtureError> {
+        let client = self.sentinel_client(i)?;
+        let failed = |source: redis::RedisError| command_error(command, Box::new(source));
+        one_command(&client, command, args).await.map_err(failed)
+    }
+
+    /// Listens to every Sentinel for its announcements of a new primary (`+switch-master`
+    /// about [`SERVICE`](Self::SERVICE)), from now on: subscribe before you cause a failover,
+    /// then [`SentinelSwitches::next`] gives the first announcement, as soon as any Sentinel
+    /// makes it (the moment a client that listens, as baton does, can move; a nemesis takes it
+    /// as the failover's end).
+    ///
+    /// # Errors
+    /// [`FixtureError::Command`] if a Sentinel cannot be reached or refuses the subscription.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call leaves no subscription behind.
+    pub async fn switches(&self) -> Result<SentinelSwitches, FixtureError> {
+        let mut streams = Vec::new();
+        for i in 0..self.sentinels.len() {
+            let failed = |source: redis::RedisError| command_error("SUBSCRIBE", Box::new(source));
+            let client = self.sentinel_client(i)?;
+            let mut pubsub = client.get_async_pubsub().await.map_err(failed)?;
+            pubsub.subscribe(SWITCH_MASTER).await.map_err(failed)?;
+            streams.push(pubsub.into_on_message().boxed());
+        }
+        Ok(SentinelSwitches {
+            messages: futures::stream::select_all(streams),
+        })
+    }
+
+    /// A client of Sentinel `i` (with its password, if it has one).
+    fn sentinel_client(&self, i: usize) -> Result<redis::Client, FixtureError> {
         let sentinel = self.sentinels.get(i).ok_or(FixtureError::NoSuchMember {
             index: i,
             members: self.sentinels.len(),
         })?;
-        let failed = |source: redis::RedisError| command_error(command, Box::new(source));
         let auth = match &self.password {
             Some(password) => format!(":{password}@"),
             None => String::new(),
         };
-        let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port()))
-            .map_err(failed)?;
-        one_command(&client, command, args).await.map_err(failed)
+        redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port()))
+            .map_err(|source| command_error("SENTINEL", Box::new(source)))
     }
 
     /// The port of the primary Sentinel `i` names.
@@ -888,6 +958,58 @@ impl RedisSentinel {
         options: crate::RedisOptions,
     ) -> crate::Result<crate::RedisBackend> {
         crate::RedisBackend::connect(&self.url(), options).await
+    }
+}
+
+/// The channel on which Sentinels announce a new primary: `<service> <old ip> <old port>
+/// <new ip> <new port>`.
+const SWITCH_MASTER: &str = "+switch-master";
+
+/// Every Sentinel's announcements of a new primary, from [`RedisSentinel::switches`].
+pub struct SentinelSwitches {
+    messages: futures::stream::SelectAll<futures::stream::BoxStream<'static, redis::Msg>>,
+}
+
+impl std::fmt::Debug for SentinelSwitches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSwitches")
+            .field("sentinels", &self.messages.len())
+            .finish()
+    }
+}
+
+impl SentinelSwitches {
+    /// Waits (up to `within`) for the next announcement that
+    /// [`SERVICE`](RedisSentinel::SERVICE) has a new primary, from any Sentinel; returns the
+    /// new primary's port. Each Sentinel announces each failover once, so a failover is heard
+    /// up to three times: the first is the one that matters.
+    ///
+    /// # Errors
+    /// [`FixtureError::NotReady`] if no Sentinel announces one within `within`, or every
+    /// Sentinel's connection closed.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: an announcement is taken from the stream only when it is returned.
+    pub async fn next(&mut self, within: Duration) -> Result<u16, FixtureError> {
+        let not_ready = || FixtureError::NotReady {
+            server: REDIS.name,
+            address: format!("a Sentinel's {SWITCH_MASTER} within {within:?}"),
+        };
+        let heard = tokio::time::timeout(within, async {
+            while let Some(message) = self.messages.next().await {
+                let payload = String::from_utf8_lossy(message.get_payload_bytes()).into_owned();
+                let words: Vec<&str> = payload.split(' ').collect();
+                if let [service, _, _, _, port] = words.as_slice()
+                    && *service == RedisSentinel::SERVICE
+                    && let Ok(port) = port.parse::<u16>()
+                {
+                    return Some(port);
+                }
+            }
+            None
+        })
+        .await;
+        heard.ok().flatten().ok_or_else(not_ready)
     }
 }
 

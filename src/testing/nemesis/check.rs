@@ -234,6 +234,23 @@ fn client_of_fault(what: &str) -> Option<(&str, &str)> {
 /// nanoseconds of `CLOCK_MONOTONIC`.
 const GRACE_SLACK: Duration = Duration::from_millis(5);
 
+/// How long after a manual `SENTINEL FAILOVER` is announced the old primary may still grant to
+/// a client that asked after the announcement: the old primary stays up and answers as a
+/// primary until Sentinel demotes it (seconds), and a client leaves it once it has heard the
+/// announcement and looked the new primary up (50-90 ms in the nemesis's runs on 2 busy
+/// cores). Such a grant is the old store's, not the new epoch's: the epoch rule's early-grant
+/// check starts after it (its holder is told when it reaches the new primary, which rule 3
+/// checks; a client that stayed behind longer is still caught). Below the restart grace
+/// (the nemesis's is 2 s), or the check would see nothing.
+const SENTINEL_HANDOFF: Duration = Duration::from_millis(500);
+
+/// Whether a fault's words say the old primary stays up, answering, past the fault's end: a
+/// manual `SENTINEL FAILOVER` (`redis-sentinel: SENTINEL FAILOVER ...`, or as read back, with
+/// `_` for spaces).
+fn old_primary_answers_on(what: &str) -> bool {
+    what.replace('_', " ").contains("SENTINEL FAILOVER")
+}
+
 /// Whether a fault's words (`redis replica promoted ...`, or as read back from a line, with
 /// `_` for spaces) say it is a promotion.
 fn is_promotion(what: &str) -> bool {
@@ -257,8 +274,10 @@ fn more(n: usize) -> String {
 /// copy, a Redis `FLUSHALL`; docs/reliability.md): the fault ends once the store is back,
 /// before any client can reach it (the nemesis cuts every client off for a restart, and sends
 /// them to a promoted replica only after), so every grant of the store from before was made
-/// before its end and every grant of the new epoch after. A grant asked for after the end
-/// comes no sooner than [`Plan::restart_grace`] after it; a grant that came later than that,
+/// before its end and every grant of the new epoch after (but after a manual `SENTINEL
+/// FAILOVER`, whose old primary answers until its clients have heard the announcement: its
+/// grants within [`SENTINEL_HANDOFF`] of the end are the old store's). A grant asked for after
+/// the end comes no sooner than [`Plan::restart_grace`] after it; a grant that came later than that,
 /// to a client not paused since the end (so not an answer from before read late), has a
 /// token above every token granted before it. (Holders from before told first: rule 3.)
 pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
@@ -411,13 +430,20 @@ pub fn check(history: &[Event], plan: &Plan) -> Vec<Violation> {
         // broke it.
         for &(back, what) in &epochs {
             let what = what.replace('_', " ");
+            let handoff = if old_primary_answers_on(&what) {
+                SENTINEL_HANDOFF.as_nanos() as u64
+            } else {
+                0
+            };
             let before = list
                 .iter()
                 .filter(|h| h.granted < back)
                 .max_by_key(|h| h.token);
             let after = || list.iter().filter(|h| h.granted >= back);
             let early: Vec<&Hold> = after()
-                .filter(|h| h.invoked > back && h.granted < back + grace)
+                .filter(|h| {
+                    h.invoked > back && h.granted >= back + handoff && h.granted < back + grace
+                })
                 .collect();
             if let Some(h) = early.first() {
                 violations.push(Violation {
@@ -974,6 +1000,51 @@ mod tests {
         early.push(ev(55 * MS, "c0", What::Lost { token: 9 }));
         early.extend(grant(60 * MS, "c1", 20));
         let v = check(&early, &plan());
+        assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
+    }
+
+    #[test]
+    fn after_a_manual_sentinel_failover_the_old_primary_may_grant_until_its_clients_move() {
+        const MS: u64 = 1_000_000;
+        let plan = Plan {
+            restart_grace: Duration::from_secs(2),
+            ..plan()
+        };
+        let failover = |words: &str| server_fault(100 * MS, words, true);
+        let manual = "redis-sentinel:_SENTINEL_FAILOVER_(the_replica_promoted_in_sync)";
+        // c1 asks 1 ms after the announcement and the old primary, still up, grants it 38 ms
+        // after, before c1 moved; c0 was told before.
+        let mut tail = Vec::new();
+        tail.extend(grant(0, "c0", 9));
+        tail.extend(failover(manual));
+        tail.push(ev(100 * MS + MS / 2, "c0", What::Lost { token: 9 }));
+        tail.push(ev(101 * MS, "c1", What::Acquire { mode: 'x' }));
+        tail.push(ev(
+            138 * MS,
+            "c1",
+            What::Granted {
+                token: 12,
+                mode: 'x',
+            },
+        ));
+        assert!(check(&tail, &plan).is_empty(), "{:?}", check(&tail, &plan));
+        // The same grant after a failover whose old primary is gone is the new epoch's, within
+        // the grace.
+        let mut killed: Vec<Event> = tail
+            .iter()
+            .filter(|e| e.who != "nemesis")
+            .cloned()
+            .chain(failover("redis-sentinel:_the_primary_killed"))
+            .collect();
+        killed.sort_by_key(|e| e.at);
+        let v = check(&killed, &plan);
+        assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
+        // A grant 700 ms after the announcement, within the grace, is caught after a manual
+        // failover too: a client that stayed behind, or a new epoch that did not wait.
+        let mut late = tail.clone();
+        late.retain(|e| e.who != "c1");
+        late.extend(grant(700 * MS, "c1", 12));
+        let v = check(&late, &plan);
         assert!(v.iter().any(|v| v.rule == "epoch"), "{v:?}");
     }
 

@@ -23,7 +23,7 @@ enum MemberAct {
 
 impl Server {
     /// Each member's client address (`127.0.0.1:<port>`, in member order) for a cluster or
-    /// an ensemble; `None` for a single server.
+    /// an ensemble, each Sentinel's for Redis under Sentinel; `None` for a single server.
     pub(super) fn members(&self) -> Option<Vec<String>> {
         // `http://127.0.0.1:2379` or `127.0.0.1:2181`: the address the proxies stand for.
         fn address(url: &str) -> String {
@@ -36,6 +36,19 @@ impl Server {
                     .map(|i| address(&e.member_connect_string(i)))
                     .collect(),
             ),
+            // Redis under Sentinel: the Sentinels (the primary is reached where they say).
+            Server::RedisSentinel(s) => Some(
+                s.sentinel_ports()
+                    .iter()
+                    .map(|port| format!("127.0.0.1:{port}"))
+                    .collect(),
+            ),
+            Server::External(url) if url.contains("+sentinel://") => {
+                let rest = address(url);
+                let authority = rest.split(['/', '?']).next().unwrap_or(&rest);
+                let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+                Some(hosts.split(',').map(str::to_owned).collect())
+            }
             _ => None,
         }
     }

@@ -12,8 +12,14 @@
 //! server faults are a member's instead: a follower or the leader paused, a member or the
 //! leader killed and restarted with its data, one member at a time (each fault ends once its
 //! member serves again), so the quorum is kept; each client reaches every member through a
-//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Every
-//! event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`] reads it:
+//! proxy of its own per member, so a client cut off is cut off from the whole cluster. Under
+//! Redis Sentinel ([`Server::RedisSentinel`]) the clients follow the Sentinels
+//! (`redis+sentinel://`) and the server faults are the three ways a Sentinel deployment fails
+//! over: a manual `SENTINEL FAILOVER`, the primary killed, the primary frozen past
+//! `down-after-milliseconds` (each ending with a replica in sync again); its clients are
+//! paused and killed, not cut off (they reach the primary where the Sentinels say, past any
+//! proxy). Every event goes into one history on one clock (`CLOCK_MONOTONIC`), and [`check`]
+//! reads it:
 //!
 //! 1. **fence**, **counter**: the resource never accepts a token lower than one it accepted;
 //!    every accepted write adds one to what the last left; acknowledged increments <= applied
@@ -28,9 +34,12 @@
 //! 5. **leftover**: no entry is left in the backend once every client stopped;
 //! 6. **epoch** (after every fault that loses state, its `loses_state`: a server
 //!    restarted without its data or from an earlier copy, a Redis `FLUSHALL`, a Redis
-//!    replica or a PostgreSQL standby promoted): a grant asked for once the store is back
-//!    waits the restart grace; a grant after that has a token above every token granted
-//!    before (and holders from before are told first: rule 3).
+//!    replica or a PostgreSQL standby promoted, every failover under Sentinel, whose end is
+//!    the first `+switch-master` a Sentinel announces): a grant asked for once the store is
+//!    back waits the restart grace (after a manual `SENTINEL FAILOVER`, whose old primary
+//!    answers until its clients hear the announcement, a grant within 500 ms of it is the old
+//!    store's); a grant after that has a token above every token granted before (and holders
+//!    from before are told first: rule 3).
 //!
 //! A violation prints the seed and the shortest window of events that shows it; the seed
 //! replays the schedule (which faults, on whom, when; the processes' interleaving is the
@@ -72,6 +81,7 @@ mod cluster;
 mod history;
 mod resource;
 mod schedule;
+mod sentinel;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -199,10 +209,26 @@ pub enum Server {
     /// taken earlier in the run; not once a standby was promoted (the standby's data is its
     /// container's): such a fault is left out of the run.
     Postgres(crate::testing::PgNode),
+    /// Redis under Sentinel ([`RedisSentinel`](crate::testing::RedisSentinel): a primary, a
+    /// replica, three Sentinels), the clients connected with its `redis+sentinel://` URL (each
+    /// through a proxy per Sentinel) and following the Sentinels on their own: failed over
+    /// three ways, one at a time, each ending with a replica in sync again: a manual `SENTINEL
+    /// FAILOVER`; the primary killed (the Sentinels promote the replica past
+    /// `down-after-milliseconds`; what it had not replicated is lost), then started again as a
+    /// replica of the new one; the primary frozen (`docker pause`, containers only) until the
+    /// Sentinels promoted the replica behind its back, then unfrozen and demoted by Sentinel.
+    /// The client faults are pauses and kills only: a proxy can stand only in front of the
+    /// Sentinels (a client reaches the primary at the address they announce), so a cut would
+    /// leave a client reaching the old primary without hearing of the new one, the split
+    /// brain docs/redis.md does not promise.
+    RedisSentinel(crate::testing::RedisSentinel),
     /// A server of yours (`http://127.0.0.1:2379`, `redis://127.0.0.1:6379`,
-    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`): only the clients are faulted (paused, killed, cut off; on
-    /// ZooKeeper, their sessions expired). The proxies run on 127.0.0.1, so the server must be
-    /// reachable from here; a ZooKeeper connect string's first server is the one used.
+    /// `zk://127.0.0.1:2181`, `postgres://user@127.0.0.1:5432/db`,
+    /// `redis+sentinel://127.0.0.1:26379,.../service`): only the clients are faulted (paused,
+    /// killed, cut off; on ZooKeeper, their sessions expired; under Sentinel, paused and killed
+    /// only, each client reaching every Sentinel through a proxy of its own). The proxies run
+    /// on 127.0.0.1, so the server must be reachable from here; a ZooKeeper connect string's
+    /// first server is the one used.
     External(String),
 }
 
@@ -215,7 +241,9 @@ impl Server {
             Server::EtcdCluster(_) => "etcd-cluster",
             Server::ZkEnsemble(_) => "zookeeper-ensemble",
             Server::Postgres(_) => "postgres",
+            Server::RedisSentinel(_) => "redis-sentinel",
             Server::External(url) if url.starts_with("postgres") => "postgres",
+            Server::External(url) if url.contains("+sentinel://") => "redis-sentinel",
             Server::External(url) if url.starts_with("redis") => "redis",
             Server::External(url) if url.starts_with("zk://") => "zookeeper",
             Server::External(_) => "etcd",
@@ -231,6 +259,7 @@ impl Server {
             Server::EtcdCluster(c) => c.endpoints().join(","),
             Server::ZkEnsemble(e) => e.url(),
             Server::Postgres(n) => n.url(),
+            Server::RedisSentinel(s) => s.url(),
             Server::External(url) => url.clone(),
         }
     }
@@ -245,6 +274,12 @@ impl Server {
             Server::EtcdCluster(_) => (false, true),
             Server::ZkEnsemble(e) => (false, e.member(0).is_container()),
             Server::Postgres(n) => (n.has_host_data(), true),
+            Server::RedisSentinel(s) => (
+                false,
+                s.nodes()
+                    .first()
+                    .is_some_and(crate::testing::RedisNode::is_container),
+            ),
             Server::External(url) if url.starts_with("zk://") => return vec![FaultKind::Expire(0)],
             Server::External(_) => return Vec::new(),
         };
@@ -495,6 +530,7 @@ impl Schedule {
         let slots = schedule::plan(
             options.seed,
             options.clients_per_recipe * Recipe::ALL.len(),
+            schedule::client_kinds(backend).len(),
             server_faults,
             options.ttl,
             Duration::from_secs(options.seconds),
@@ -526,7 +562,7 @@ impl Schedule {
             backend: backend.to_owned(),
             seed: options.seed,
             faults,
-            offered: schedule::offered_kinds(server_faults),
+            offered: schedule::offered_kinds(schedule::client_kinds(backend), server_faults),
             planned: at,
             slots,
             skipped,
@@ -559,8 +595,9 @@ impl Schedule {
 }
 
 /// The schedule a run with `options` would carry out on a server of `backend` (`etcd`,
-/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`) as the CI starts
-/// it (in containers, the data on the host), seen without starting anything; `None` for
+/// `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres`,
+/// `redis-sentinel`) as the CI starts it (in containers, the data on the host), seen without
+/// starting anything; `None` for
 /// another name. The same seed, options and backend give the same schedule as
 /// [`run`] carries out on such a server.
 pub fn schedule(backend: &str, options: &Options) -> Option<Schedule> {
@@ -576,7 +613,8 @@ pub fn schedule(backend: &str, options: &Options) -> Option<Schedule> {
 pub struct Report {
     /// The seed (replays the schedule).
     pub seed: u64,
-    /// `etcd`, `redis`, `zookeeper`, `etcd-cluster` or `zookeeper-ensemble`.
+    /// `etcd`, `redis`, `zookeeper`, `etcd-cluster`, `zookeeper-ensemble`, `postgres` or
+    /// `redis-sentinel`.
     pub backend: String,
     /// The faults injected, in words.
     pub faults: Vec<String>,
@@ -988,6 +1026,13 @@ pub async fn run(server: &Server, options: Options) -> std::io::Result<Report> {
                     "postgres://{userinfo}{}{path}",
                     addrs(|p| p.addr().to_string())
                 ),
+                // A proxy per Sentinel; the primary is reached at the address they name.
+                "redis-sentinel" => format!(
+                    "{}://{userinfo}{}{path}",
+                    url.split_once("://")
+                        .map_or("redis+sentinel", |(scheme, _)| scheme),
+                    addrs(|p| p.addr().to_string())
+                ),
                 _ => addrs(Proxy::endpoint),
             };
             let mut proxies = proxies.into_iter();
@@ -1377,6 +1422,16 @@ async fn inject(run: &Run, server: &Server, fault: &Fault) -> Result<(), String>
             start(run);
             server.act(ServerAct::EndConnections).await?;
             end(run);
+        }
+        FaultKind::SentinelFailover | FaultKind::PrimaryKilled | FaultKind::PrimaryPaused => {
+            let Server::RedisSentinel(redis) = server else {
+                return Err(format!(
+                    "fault {} needs Redis under Sentinel, not {}",
+                    fault.id,
+                    server.name()
+                ));
+            };
+            sentinel::inject(run, redis, fault, start, end).await?;
         }
         // Carried out above.
         FaultKind::PromoteReplica(_) => {}

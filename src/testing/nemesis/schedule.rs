@@ -87,6 +87,20 @@ pub(crate) enum FaultKind {
     /// Kill the member that leads when the fault strikes, start it again with its data after
     /// `hold`.
     LeaderRestart,
+    /// Redis under Sentinel: a manual `SENTINEL FAILOVER` (the replica, in sync, promoted; the
+    /// old primary, still up, demoted by Sentinel once it has announced the new one). `lead`
+    /// is only the plan's estimate of how long Sentinel takes; the fault lasts until its
+    /// replica is in sync again.
+    SentinelFailover,
+    /// Redis under Sentinel: the primary killed (SIGKILL; what it had not replicated is lost),
+    /// the replica promoted by the Sentinels past `down-after-milliseconds`; the old primary
+    /// stays down `hold` longer, then is started again as a replica of the new one. `lead`:
+    /// as for [`FaultKind::SentinelFailover`].
+    PrimaryKilled,
+    /// Redis under Sentinel: the primary frozen (`docker pause`) until the Sentinels promoted
+    /// the replica behind its back, and `hold` longer; then unfrozen, still believing itself
+    /// the primary, until Sentinel demotes it. `lead`: as for [`FaultKind::SentinelFailover`].
+    PrimaryPaused,
 }
 
 /// The members of a cluster or an ensemble the nemesis starts (`EtcdCluster`, `ZkEnsemble`).
@@ -118,6 +132,10 @@ impl FaultKind {
                 | FaultKind::ServerRestartFromSnapshot
                 | FaultKind::Flush
                 | FaultKind::PromoteReplica(_)
+                // A promoted replica has another `run_id`: a new epoch, missed writes or not.
+                | FaultKind::SentinelFailover
+                | FaultKind::PrimaryKilled
+                | FaultKind::PrimaryPaused
         )
     }
 
@@ -153,6 +171,9 @@ impl FaultKind {
             FaultKind::LeaderPause => "leader-pause",
             FaultKind::MemberRestart(_) => "member-restart",
             FaultKind::LeaderRestart => "leader-restart",
+            FaultKind::SentinelFailover => "sentinel-failover",
+            FaultKind::PrimaryKilled => "primary-killed",
+            FaultKind::PrimaryPaused => "primary-paused",
         }
     }
 
@@ -197,12 +218,36 @@ impl FaultKind {
             FaultKind::LeaderRestart => {
                 format!("{backend}: the leader killed, restarted with its data")
             }
+            FaultKind::SentinelFailover => {
+                format!("{backend}: SENTINEL FAILOVER (the replica promoted in sync)")
+            }
+            FaultKind::PrimaryKilled => format!(
+                "{backend}: the primary killed, its replica promoted by Sentinel, the old one back as a replica"
+            ),
+            FaultKind::PrimaryPaused => format!(
+                "{backend}: the primary frozen until Sentinel promoted its replica, then back and demoted"
+            ),
         }
     }
 }
 
-/// The client faults every server gets, by name ([`FaultKind::name`]).
+/// The client faults every server gets, by name ([`FaultKind::name`]), but Redis under
+/// Sentinel ([`client_kinds`]).
 pub(crate) const CLIENT_KINDS: [&str; 4] = ["pause", "kill", "cut", "cut-answers"];
+
+/// The client faults of a backend, by name: [`CLIENT_KINDS`], but under Sentinel (`redis-
+/// sentinel`) only `pause` and `kill`. A client there reaches the Sentinels (through its
+/// proxies) and then the primary at the address they name, directly: a proxy can stand only
+/// in front of the Sentinels (a Sentinel announces one address per node to every client), so a
+/// "cut" would cut a client off from the Sentinels while it still reaches the old primary,
+/// which is the split brain docs/redis.md does not promise, not a cut.
+pub(crate) fn client_kinds(backend: &str) -> &'static [&'static str] {
+    if backend == "redis-sentinel" {
+        &CLIENT_KINDS[..2]
+    } else {
+        &CLIENT_KINDS
+    }
+}
 
 /// The server faults of a backend, by the backend's name (`etcd`, `redis`, `zookeeper`,
 /// `etcd-cluster`, `zookeeper-ensemble`, `postgres`): a pure function of the name and of
@@ -251,6 +296,13 @@ pub(crate) fn server_faults(backend: &str, host_data: bool, container: bool) -> 
             }
         }
         "zookeeper" => faults.extend([FaultKind::ServerRestart, FaultKind::Expire(0)]),
+        // A manual failover needs only the Sentinels; freezing the primary needs a container.
+        "redis-sentinel" => {
+            faults.extend([FaultKind::SentinelFailover, FaultKind::PrimaryKilled]);
+            if container {
+                faults.push(FaultKind::PrimaryPaused);
+            }
+        }
         "etcd-cluster" => faults.extend([
             FaultKind::FollowerPause(0),
             FaultKind::LeaderPause,
@@ -291,10 +343,13 @@ pub(crate) fn server_faults(backend: &str, host_data: bool, container: bool) -> 
     faults
 }
 
-/// Every kind a run on a server with these server faults can carry out, by name: the client
-/// kinds, then the server's, each once.
-pub(crate) fn offered_kinds(server_faults: &[FaultKind]) -> Vec<&'static str> {
-    let mut kinds: Vec<&'static str> = CLIENT_KINDS.to_vec();
+/// Every kind a run on a server with these client kinds ([`client_kinds`]) and server faults
+/// can carry out, by name: the client kinds, then the server's, each once.
+pub(crate) fn offered_kinds(
+    client_kinds: &[&'static str],
+    server_faults: &[FaultKind],
+) -> Vec<&'static str> {
+    let mut kinds: Vec<&'static str> = client_kinds.to_vec();
     for f in server_faults {
         if !kinds.contains(&f.name()) {
             kinds.push(f.name());
@@ -346,10 +401,13 @@ pub(crate) struct Slot {
 }
 
 /// The schedule of a run: slots of one or two faults (two on different targets: a
-/// combination), with gaps between, planned to fill `window`.
+/// combination), with gaps between, planned to fill `window`. The client faults are the first
+/// `client_kinds` of [`CLIENT_KINDS`] ([`client_kinds`]; with all four, every backend's
+/// schedules are what they were before it could have fewer).
 pub(crate) fn plan(
     seed: u64,
     clients: usize,
+    client_kinds: usize,
     server_faults: &[FaultKind],
     ttl: Duration,
     window: Duration,
@@ -364,14 +422,11 @@ pub(crate) fn plan(
         let mut faults: Vec<Fault> = Vec::new();
         for _ in 0..count {
             let kind = loop {
-                let choice = rng.below(4 + server_faults.len() as u64);
+                let client_kinds = client_kinds.min(CLIENT_KINDS.len()) as u64;
+                let choice = rng.below(client_kinds + server_faults.len() as u64);
                 let client = rng.below(clients as u64) as usize;
                 let kind = match choice {
-                    0 => FaultKind::Pause(client),
-                    1 => FaultKind::Kill(client),
-                    2 => FaultKind::Cut(client),
-                    3 => FaultKind::CutAnswers(client),
-                    n => match server_faults[(n - 4) as usize] {
+                    n if n >= client_kinds => match server_faults[(n - client_kinds) as usize] {
                         FaultKind::Expire(_) => FaultKind::Expire(client),
                         // Drawn only when chosen: other servers' schedules stay as they were.
                         FaultKind::FollowerPause(_) => {
@@ -390,6 +445,10 @@ pub(crate) fn plan(
                         }
                         ref other => other.clone(),
                     },
+                    0 => FaultKind::Pause(client),
+                    1 => FaultKind::Kill(client),
+                    2 => FaultKind::Cut(client),
+                    _ => FaultKind::CutAnswers(client),
                 };
                 // A combination hits two different targets.
                 let clash = faults.iter().any(|f| {
@@ -436,6 +495,16 @@ pub(crate) fn plan(
                     missed,
                     rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
                 ),
+                // How long Sentinel takes, as the plan's estimate (the fault waits for it): a
+                // manual failover about a second (the promoted replica's next `INFO`); a primary
+                // killed or frozen is called down after `down-after-milliseconds` (1 s in the
+                // fixture), then the Sentinels vote and promote. A killed or frozen primary stays
+                // so 0.1-1.5 s past the promotion.
+                FaultKind::SentinelFailover => (Duration::from_secs(1), Duration::ZERO),
+                FaultKind::PrimaryKilled | FaultKind::PrimaryPaused => (
+                    Duration::from_millis(2500),
+                    rng.between(Duration::from_millis(100), Duration::from_millis(1500)),
+                ),
                 // Past the server's expiry: the timeout, then its next expiry tick (ZooKeeper
                 // expires sessions in buckets of one tick, 200 ms in the fixture), with room.
                 FaultKind::Expire(_) => (
@@ -473,9 +542,36 @@ mod tests {
     fn one_seed_one_schedule() {
         let server = [FaultKind::ServerRestart, FaultKind::Flush];
         let ttl = Duration::from_secs(2);
-        let a = plan(7, 6, &server, ttl, Duration::from_secs(60));
-        assert_eq!(a, plan(7, 6, &server, ttl, Duration::from_secs(60)));
-        assert_ne!(a, plan(8, 6, &server, ttl, Duration::from_secs(60)));
+        let a = plan(
+            7,
+            6,
+            CLIENT_KINDS.len(),
+            &server,
+            ttl,
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            a,
+            plan(
+                7,
+                6,
+                CLIENT_KINDS.len(),
+                &server,
+                ttl,
+                Duration::from_secs(60)
+            )
+        );
+        assert_ne!(
+            a,
+            plan(
+                8,
+                6,
+                CLIENT_KINDS.len(),
+                &server,
+                ttl,
+                Duration::from_secs(60)
+            )
+        );
         for slot in &a {
             let on_server = slot.faults.iter().filter(|f| f.kind.on_server()).count();
             assert!(on_server <= 1);
@@ -489,7 +585,8 @@ mod tests {
 
     #[test]
     fn each_backend_offers_its_faults_by_name_alone() {
-        let kinds = |backend| offered_kinds(&server_faults(backend, true, true));
+        let kinds =
+            |backend| offered_kinds(client_kinds(backend), &server_faults(backend, true, true));
         assert_eq!(
             kinds("redis"),
             [
@@ -512,6 +609,7 @@ mod tests {
             ("etcd-cluster", 0),
             ("zookeeper-ensemble", 0),
             ("postgres", 3),
+            ("redis-sentinel", 3),
         ] {
             let faults = server_faults(backend, true, true);
             assert_eq!(
@@ -526,8 +624,24 @@ mod tests {
                     .iter()
                     .all(|f| f.on_server() || matches!(f, FaultKind::Expire(_)))
             );
-            assert_eq!(kinds(backend).len(), CLIENT_KINDS.len() + faults.len());
+            assert_eq!(
+                kinds(backend).len(),
+                client_kinds(backend).len() + faults.len()
+            );
         }
+        // Under Sentinel a proxy stands only in front of the Sentinels: no cuts.
+        assert_eq!(
+            kinds("redis-sentinel"),
+            [
+                "pause",
+                "kill",
+                "sentinel-failover",
+                "primary-killed",
+                "primary-paused"
+            ]
+        );
+        // Without a container, no freeze.
+        assert!(!server_faults("redis-sentinel", true, false).contains(&FaultKind::PrimaryPaused));
         // Without its data on the host, nothing to wipe or restore.
         assert!(
             !server_faults("postgres", false, true)
@@ -545,7 +659,14 @@ mod tests {
         let ttl = Duration::from_secs(2);
         let mut skipped_any = false;
         for seed in 0..40 {
-            let slots = plan(seed, 12, &server, ttl, Duration::from_secs(30));
+            let slots = plan(
+                seed,
+                12,
+                CLIENT_KINDS.len(),
+                &server,
+                ttl,
+                Duration::from_secs(30),
+            );
             let left = skipped(&slots, "postgres");
             assert_eq!(left, skipped(&slots, "postgres"), "a function of the plan");
             assert!(skipped(&slots, "redis").is_empty());
@@ -574,7 +695,16 @@ mod tests {
         ];
         let ttl = Duration::from_secs(2);
         let slots: Vec<Slot> = (0..20)
-            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|seed| {
+                plan(
+                    seed,
+                    8,
+                    CLIENT_KINDS.len(),
+                    &server,
+                    ttl,
+                    Duration::from_secs(60),
+                )
+            })
             .collect();
         let mut followers = [0; MEMBERS - 1];
         let mut members = [0; MEMBERS];
@@ -603,7 +733,16 @@ mod tests {
         ];
         let ttl = Duration::from_secs(2);
         let promotions: Vec<Fault> = (0..20)
-            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|seed| {
+                plan(
+                    seed,
+                    8,
+                    CLIENT_KINDS.len(),
+                    &server,
+                    ttl,
+                    Duration::from_secs(60),
+                )
+            })
             .flat_map(|slot| slot.faults)
             .filter(|f| matches!(f.kind, FaultKind::PromoteReplica(_)))
             .collect();
@@ -626,6 +765,9 @@ mod tests {
             FaultKind::Flush,
             FaultKind::PromoteReplica(Duration::ZERO),
             FaultKind::PromoteReplica(Duration::from_secs(1)),
+            FaultKind::SentinelFailover,
+            FaultKind::PrimaryKilled,
+            FaultKind::PrimaryPaused,
         ];
         let keeping = [
             FaultKind::Pause(0),
@@ -651,7 +793,16 @@ mod tests {
         ];
         let ttl = Duration::from_secs(2);
         let drawn: Vec<Fault> = (0..10)
-            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|seed| {
+                plan(
+                    seed,
+                    8,
+                    CLIENT_KINDS.len(),
+                    &server,
+                    ttl,
+                    Duration::from_secs(60),
+                )
+            })
             .flat_map(|slot| slot.faults)
             .filter(|f| f.kind == FaultKind::ServerRestartFromSnapshot)
             .collect();
@@ -665,11 +816,43 @@ mod tests {
     }
 
     #[test]
+    fn under_sentinel_no_client_is_cut_and_every_failover_is_drawn() {
+        let server = server_faults("redis-sentinel", true, true);
+        let kinds = client_kinds("redis-sentinel");
+        let ttl = Duration::from_secs(2);
+        let faults: Vec<Fault> = (0..20)
+            .flat_map(|seed| plan(seed, 12, kinds.len(), &server, ttl, Duration::from_secs(60)))
+            .flat_map(|slot| slot.faults)
+            .collect();
+        assert!(
+            faults
+                .iter()
+                .all(|f| !matches!(f.kind, FaultKind::Cut(_) | FaultKind::CutAnswers(_)))
+        );
+        for kind in [
+            FaultKind::SentinelFailover,
+            FaultKind::PrimaryKilled,
+            FaultKind::PrimaryPaused,
+        ] {
+            assert!(faults.iter().any(|f| f.kind == kind), "{kind:?}");
+        }
+    }
+
+    #[test]
     fn an_expiry_targets_a_drawn_client_and_outlasts_every_session() {
         let server = [FaultKind::ServerRestart, FaultKind::Expire(0)];
         let ttl = Duration::from_secs(2);
         let expiries: Vec<Fault> = (0..20)
-            .flat_map(|seed| plan(seed, 8, &server, ttl, Duration::from_secs(60)))
+            .flat_map(|seed| {
+                plan(
+                    seed,
+                    8,
+                    CLIENT_KINDS.len(),
+                    &server,
+                    ttl,
+                    Duration::from_secs(60),
+                )
+            })
             .flat_map(|slot| slot.faults)
             .filter(|f| matches!(f.kind, FaultKind::Expire(_)))
             .collect();
