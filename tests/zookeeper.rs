@@ -964,21 +964,5 @@ async fn init_marks_a_store_never_used_as_new() {
         let options = ZkOptions::new().with_restart_grace(Duration::from_secs(60));
         ZkBackend::connect(&url, options)
     };
-    let operator = connect().await.unwrap();
-    assert!(
-        operator.init_store().await.unwrap(),
-        "a store never used is marked new"
-    );
-    assert!(
-        !operator.init_store().await.unwrap(),
-        "marked once: nothing changes"
-    );
-    let session = Session::new(connect().await.unwrap()).await.unwrap();
-    assert_eq!(session.restart_grace(), None);
-    let guard = Mutex::new(&session, "first")
-        .unwrap()
-        .try_lock()
-        .await
-        .expect("granted at once");
-    guard.release().await.unwrap();
+    support::init_marks_a_store_never_used_as_new(connect).await;
 }

@@ -73,6 +73,35 @@ pub fn capture_logs() {
         .try_init();
 }
 
+/// `init_store` on a store baton has never used (`connect` reaches it, with a restart grace)
+/// marks it new: a second `init_store` changes nothing, and a session of a fresh client is
+/// granted at once, not after the grace.
+pub async fn init_marks_a_store_never_used_as_new<B, F, Fut>(connect: F)
+where
+    B: Backend + 'static,
+    F: Fn() -> Fut,
+    Fut: Future<Output = baton::Result<B>>,
+{
+    let operator = connect().await.unwrap();
+    assert!(
+        operator.init_store().await.unwrap(),
+        "a store never used is marked new"
+    );
+    assert!(
+        !operator.init_store().await.unwrap(),
+        "marked once: nothing changes"
+    );
+    let fresh: Arc<dyn Backend> = Arc::new(connect().await.unwrap());
+    let session = Session::new(fresh).await.unwrap();
+    assert_eq!(session.restart_grace(), None);
+    let guard = Mutex::new(&session, "first")
+        .unwrap()
+        .try_lock()
+        .await
+        .expect("granted at once");
+    guard.release().await.unwrap();
+}
+
 /// Waits until `cond` holds, re-checking after each short pause; fails the test after 30 s.
 /// This waits for a condition to become true, it does not hope that time made it so.
 pub async fn eventually<F, Fut>(what: &str, mut cond: F)
