@@ -1995,3 +1995,21 @@ async fn enqueues_that_arrive_together_commit_together() {
         w.await.unwrap();
     }
 }
+
+/// `baton init` on a store baton has never used (here: a schema nobody used) marks it new,
+/// through the `Backend` trait as the CLI calls it (its default, "nothing to mark", answered
+/// before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_marks_a_store_never_used_as_new() {
+    let (schema, url) = (
+        format!("baton_init_{}", std::process::id()),
+        PgNode::shared().url(),
+    );
+    let connect = || {
+        let options = PgOptions::new()
+            .with_schema(schema.clone())
+            .with_restart_grace(Duration::from_secs(60));
+        PgBackend::connect(&url, options)
+    };
+    support::init_marks_a_store_never_used_as_new(connect).await;
+}

@@ -944,9 +944,9 @@ async fn the_enqueue_token_is_the_nodes_czxid() {
     }
 }
 
-/// `baton init` on a store baton has never used (here: a chroot nobody used) marks it new: the
-/// first lock is granted at once, not after the restart grace; a second `init` changes
-/// nothing.
+/// `baton init` on a store baton has never used (here: a chroot nobody used) marks it new,
+/// through the `Backend` trait as the CLI calls it (its default, "nothing to mark", answered
+/// before): the first lock is granted at once, not after the restart grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_marks_a_store_never_used_as_new() {
     let chroot = format!("/baton-init-{}", std::process::id());

@@ -1577,6 +1577,10 @@ impl Backend for PgBackend {
         .await
     }
 
+    async fn init_store(&self) -> Result<bool> {
+        PgBackend::init_store(self).await
+    }
+
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         let sql = &self.inner.sql.delete;
         let key = entry.key();

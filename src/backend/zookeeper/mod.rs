@@ -1727,6 +1727,10 @@ impl Backend for ZkBackend {
             .collect())
     }
 
+    async fn init_store(&self) -> Result<bool> {
+        ZkBackend::init_store(self).await
+    }
+
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
         // A node's name is one incarnation: every attempt names its node with random bits.
         let path = format!("/{}", entry.key());
