@@ -22,6 +22,8 @@
 #              admin.enableServer=false, 4lw.commands.whitelist=*, tickTime=2000,
 #              initLimit=10, syncLimit=5), so it overrides them. A key ZooKeeper does not
 #              know becomes the Java system property zookeeper.<key> (e.g. forceSync=no).
+#              With secureClientPort=N among them, the defaults clientPort and
+#              clientPortAddress are left out: a server with a TLS client port only.
 #   myid=N     for a member of an ensemble (server.N=127.0.0.1:<quorum port>:<election port>
 #              lines): written to the data directory's myid file, not to zoo.cfg.
 #   -...       a JVM option, after the image's (-Xmx512m, -XX:+ExitOnOutOfMemoryError).
@@ -41,7 +43,11 @@ if ! dpkg-query -W -f='${Status}' zookeeper 2>/dev/null | grep -q 'ok installed'
 fi
 version=$(dpkg-query -W -f='${Version}' zookeeper)
 version=$(echo "${version#*:}" | sed 's/[^A-Za-z0-9_.-]/_/g')
-image="local/zookeeper:${version}"
+# The layout's revision: raised when the image gains something (2: the Netty jars and the
+# entrypoint's secure-port-only mode, for TLS). The image carries it as the label
+# baton.layout, which the test fixture checks.
+revision=2
+image="local/zookeeper:${version}-r${revision}"
 mkdir -p target
 reuse_image "$image" zookeeper
 
@@ -82,8 +88,13 @@ while read -r file; do
 done < <(dpkg-query -L "$jre_package" | grep "^$java_home/")
 
 # The jars: the server's, every jar their manifests' Class-Path names (absolute paths in
-# Debian's jars, kept so that the manifests still resolve), and a logging provider.
-mapfile -t jars < <(python3 - /usr/share/java/zookeeper.jar /usr/share/java/slf4j-simple.jar <<'EOF'
+# Debian's jars, kept so that the manifests still resolve), and a logging provider; and the
+# Netty jars the TLS server (NettyServerCnxnFactory) loads that no manifest names: netty-handler's
+# SslHandler is a netty-codec decoder, netty-transport resolves addresses with netty-resolver,
+# and the epoll transport needs netty-transport-native-unix-common.
+mapfile -t jars < <(python3 - /usr/share/java/zookeeper.jar /usr/share/java/slf4j-simple.jar \
+  /usr/share/java/netty-codec.jar /usr/share/java/netty-resolver.jar \
+  /usr/share/java/netty-transport-native-unix-common.jar <<'EOF'
 import os, sys, zipfile
 
 seen, todo = [], list(sys.argv[1:])
@@ -126,7 +137,15 @@ data=$dir/data
 myid=
 mkdir -p "$dir"
 # printf is a dash builtin; the image has no cat.
-printf '%s\n' "dataDir=$data" clientPort=2181 clientPortAddress=127.0.0.1 \
+# With a secureClientPort argument the server has no plain client port: the defaults
+# clientPort and clientPortAddress are left out (zoo.cfg cannot unset them later).
+plain='clientPort=2181 clientPortAddress=127.0.0.1'
+for arg; do
+  case $arg in secureClientPort=*) plain= ;; esac
+done
+# $plain is split on purpose: two lines, or none.
+# shellcheck disable=SC2086
+printf '%s\n' "dataDir=$data" $plain \
   admin.enableServer=false '4lw.commands.whitelist=*' tickTime=2000 initLimit=10 syncLimit=5 \
   >"$dir/zoo.cfg"
 # The arguments are walked once: JVM options are appended to "$@", the originals shifted off.
@@ -154,5 +173,6 @@ tar -C "$root" --numeric-owner --owner=0 --group=0 -c . | docker import \
   -c "ENV PATH=$java_home/bin:/usr/local/bin:/usr/bin:/bin" \
   -c "ENV CLASSPATH=$classpath" \
   -c 'WORKDIR /tmp' \
+  -c "LABEL baton.layout=$revision" \
   - "$image" >/dev/null
 record_image "$image" zookeeper

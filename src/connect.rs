@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 /// Where a backend lives, as parsed from an endpoint list by [`Endpoints::parse`]: bare
 /// `host:port` or `http(s)://host:port` (comma-separated) is etcd, `redis://` (or
 /// `rediss://`) is Redis, `redis+sentinel://` (or `rediss+sentinel://`) is Redis under
-/// Sentinel, `zk://` is ZooKeeper, `postgres://` (or `postgresql://`) is
+/// Sentinel, `zk://` (or `zks://`, over TLS) is ZooKeeper, `postgres://` (or `postgresql://`) is
 /// PostgreSQL, `memory://` a new in-process store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -19,7 +19,8 @@ pub enum Endpoints {
     /// One Redis URL, `redis://[user:password@]host:port[/db]`, or the Sentinels of one,
     /// `redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/db]`.
     Redis(String),
-    /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`.
+    /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`, or `zks://...` for
+    /// TLS to every server.
     ZooKeeper(String),
     /// One PostgreSQL URL, `postgres://[user[:password]@]host[:port][/db][?options]` (or
     /// `postgresql://`), as libpq takes it.
@@ -60,7 +61,7 @@ impl Endpoints {
                 "the in-process store is `memory://`, with nothing after it",
             ));
         }
-        if spec.starts_with("zk://") {
+        if spec.starts_with("zk://") || spec.starts_with("zks://") {
             return Ok(Endpoints::ZooKeeper(spec.to_owned()));
         }
         if spec.starts_with("redis+sentinel://") || spec.starts_with("rediss+sentinel://") {
@@ -121,8 +122,8 @@ fn scheme_typo(endpoint: &str) -> Option<&'static str> {
         "redis+sentinel" | "rediss+sentinel" => {
             "a scheme is followed by `//`: a Sentinel URL is redis+sentinel://host:port[,host:port...]/<service>"
         }
-        "zk" => {
-            "a scheme is followed by `//`: a ZooKeeper connect string is zk://host:port[,host:port...], not zk:/host"
+        "zk" | "zks" => {
+            "a scheme is followed by `//`: a ZooKeeper connect string is zk://host:port[,host:port...] (zks:// over TLS), not zk:/host"
         }
         "postgres" | "postgresql" => {
             "a scheme is followed by `//`: a PostgreSQL URL is postgres://[user@]host[:port]/db, not postgres:/host"
@@ -160,9 +161,10 @@ fn check_etcd(endpoint: &str) -> Result<()> {
 
 /// Options for [`connect_with`], common to every backend.
 ///
-/// TLS (a CA, a client certificate) is for etcd (`https://`), Redis (`rediss://`) and
-/// PostgreSQL (a URL with `sslmode=verify-full`, `verify-ca` or `require`), as `EtcdOptions`,
-/// `RedisOptions` and `PgOptions` take it; a TLS server name is for etcd only.
+/// TLS (a CA, a client certificate) is for etcd (`https://`), Redis (`rediss://`),
+/// ZooKeeper (`zks://`) and PostgreSQL (a URL with `sslmode=verify-full`, `verify-ca` or
+/// `require`), as `EtcdOptions`, `RedisOptions`, `ZkOptions` and `PgOptions` take it; a TLS
+/// server name is for etcd only.
 #[derive(Clone)]
 #[must_use]
 pub struct ConnectOptions {
@@ -368,12 +370,13 @@ impl ConnectOptions {
         if let Some(timeout) = self.zk_session_timeout {
             zk = zk.with_session_timeout(timeout);
         }
+        if let Some(ca) = self.ca_cert {
+            zk = zk.with_ca_cert(ca);
+        }
+        if let Some((cert, key)) = self.client_cert {
+            zk = zk.with_client_cert(cert, key);
+        }
         zk
-    }
-
-    #[cfg(feature = "zookeeper")]
-    fn has_tls(&self) -> bool {
-        self.ca_cert.is_some() || self.client_cert.is_some() || self.tls_server_name.is_some()
     }
 }
 
@@ -402,7 +405,8 @@ pub async fn connect(endpoints: &str) -> Result<Arc<dyn Backend>> {
 /// # Errors
 /// [`Error::InvalidArgument`] for endpoints that do not parse, or that name a backend this
 /// build does not include (each network backend is a cargo feature: `etcd`, `redis`,
-/// `zookeeper`), TLS options with a ZooKeeper URL, or a TLS server name with a Redis URL; then
+/// `zookeeper`), TLS options with a `zk://` string (they need `zks://`), or a TLS server name
+/// with a Redis, ZooKeeper or PostgreSQL URL; then
 /// the errors of that backend's `connect`.
 ///
 /// # Cancel safety
@@ -493,10 +497,16 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
         )),
         #[cfg(feature = "zookeeper")]
         Endpoints::ZooKeeper(connect) => {
-            if options.user.is_some() || options.has_tls() {
+            if options.user.is_some() {
                 return Err(Error::InvalidArgument(
-                    "user, password and TLS options are for etcd; baton's ZooKeeper backend \
-                     does not take them",
+                    "user and password are for etcd; baton's ZooKeeper backend does not take \
+                     them",
+                ));
+            }
+            if options.tls_server_name.is_some() {
+                return Err(Error::InvalidArgument(
+                    "a TLS server name is for etcd; ZooKeeper checks the certificate against \
+                     the connect string's hosts",
                 ));
             }
             Ok(Arc::new(
@@ -563,9 +573,13 @@ mod tests {
             .with_retry_for(Duration::from_secs(4))
             .with_restart_grace(Duration::from_secs(9))
             .with_zk_layout(crate::ZkLayout::Kazoo)
+            .with_ca_cert("ca")
+            .with_client_cert("cert", "key")
             .zk_options();
         let shown = format!("{zk:?}");
         for field in [
+            "ca: true",
+            "client_cert: true",
             "session_timeout: 7s",
             "request_timeout: 1.5s",
             "retry_for: 4s",
@@ -670,6 +684,10 @@ mod tests {
             Endpoints::parse("zk://a:2181,b:2181/app").unwrap(),
             Endpoints::ZooKeeper("zk://a:2181,b:2181/app".into())
         );
+        assert_eq!(
+            Endpoints::parse("zks://a:2281,b:2281/app").unwrap(),
+            Endpoints::ZooKeeper("zks://a:2281,b:2281/app".into())
+        );
         for bad in [
             "",
             "redis://a:1,redis://b:1",
@@ -692,6 +710,7 @@ mod tests {
             ("rediss:h:6380", "redis://"),
             ("redis+sentinel:/h:26379/svc", "redis+sentinel://"),
             ("zk:/a:2181", "zk://"),
+            ("zks:a:2281", "zks://"),
             ("postgres:/h/db", "postgres://"),
             ("a:1,http:/b:2379", "http(s)://"),
         ] {

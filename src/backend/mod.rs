@@ -28,7 +28,12 @@ pub(crate) mod postgres;
 mod reach;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
-#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 mod tls;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;

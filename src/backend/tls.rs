@@ -1,4 +1,4 @@
-//! What the TLS clients of the etcd and Redis backends share: reading the PEM files given,
+//! What the TLS clients of the etcd, Redis, PostgreSQL and ZooKeeper backends share: reading the PEM files given,
 //! telling a TLS failure's meaning from its error, and a session store that says when a
 //! TLS 1.3 server has accepted the client.
 
@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 /// The TLS part of a backend's options, as given (checked at connect): the CA certificates
 /// and the client's certificate with its key, PEM. Its `Debug` never shows the key. (etcd's
 /// options keep their own, with a server name.)
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
 #[derive(Clone, Default)]
 pub(crate) struct TlsFiles {
     /// PEM: one or more CA certificates.
@@ -21,7 +21,7 @@ pub(crate) struct TlsFiles {
     pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
 impl std::fmt::Debug for TlsFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TlsFiles")
@@ -170,7 +170,7 @@ impl std::error::Error for Refused {
 impl Refused {
     /// A refusal that is not the server's verdict on our client certificate: `what`, with
     /// the TLS library's error if there is one (a plain-text server has none).
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "zookeeper"))]
     pub(crate) fn new(what: &'static str, tls: Option<rustls::Error>) -> Refused {
         Refused {
             what,
@@ -214,7 +214,7 @@ impl Refused {
 
     /// [`into_error`](Self::into_error) with [`Error::Misconfigured`] for `endpoints`: a
     /// certificate we do not trust, TLS on one side only; the configuration must change.
-    #[cfg(any(feature = "redis", feature = "postgres"))]
+    #[cfg(any(feature = "redis", feature = "postgres", feature = "zookeeper"))]
     pub(crate) fn misconfigured(self, endpoints: Vec<String>) -> Error {
         self.into_error(|source| Error::Misconfigured { endpoints, source })
     }
@@ -269,11 +269,11 @@ pub(crate) fn describe(tls: &rustls::Error, wording: Wording) -> Option<(&'stati
     })
 }
 
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 pub(crate) use tickets::Tickets;
 
-/// The session store of the etcd and Redis probes.
-#[cfg(any(feature = "etcd", feature = "redis"))]
+/// The session store of the etcd, Redis and ZooKeeper probes.
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod tickets {
     use rustls::NamedGroup;
     use rustls::client::{ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue};

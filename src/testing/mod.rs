@@ -166,7 +166,10 @@
 //! dropped), `minSessionTimeout=1000`, `maxSessionTimeout=60000` (a client gets the session
 //! timeout it asks for between those), `maxClientCnxns=0` (all clients come from 127.0.0.1),
 //! `forceSync=no`, `admin.enableServer=false` and every four-letter word allowed;
-//! [`ZkNode::start_with`] adds lines that override them. For fault tests a server can be
+//! [`ZkNode::start_with`] adds lines that override them. [`ZkNode::start_tls`] starts a server
+//! with a TLS client port only (`secureClientPort`; `zks://127.0.0.1:<port>`) with the
+//! certificates of a [`ZkTls`] (made at test time by [`ZkTls::generate`]), requiring client
+//! certificates or not (in a container only). For fault tests a server can be
 //! stopped and started again on the same port ([`ZkNode::restart`]): unlike Redis it keeps its
 //! data, so znodes and unexpired sessions survive, as they do when a real server crashes. In a
 //! container it can be paused ([`ZkNode::pause`]). An ensemble's members are stopped, started
@@ -214,7 +217,12 @@ mod postgres;
 mod proxy;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 mod tls;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
@@ -238,7 +246,12 @@ pub use redis::{
     DEFAULT_REDIS_IMAGE, RedisNode, RedisNodes, RedisSentinel, RedisTls, SENTINEL_DOWN_AFTER,
     SENTINEL_FAILOVER_TIMEOUT, SentinelSwitches,
 };
-#[cfg(any(feature = "etcd", feature = "redis", feature = "postgres"))]
+#[cfg(any(
+    feature = "etcd",
+    feature = "redis",
+    feature = "postgres",
+    feature = "zookeeper"
+))]
 pub use tls::{CertPem, ServerTls, TestCa};
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, four_letter};
+pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, ZkTls, four_letter};

@@ -324,5 +324,5 @@ pub(super) const TLS_CA: &str = "ca.pem";
 pub(super) const TLS_CERT: &str = "server.pem";
 pub(super) const TLS_KEY: &str = "server-key.pem";
 /// Where a container finds the TLS files.
-#[cfg(any(feature = "etcd", feature = "redis"))]
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 pub(super) const CONTAINER_TLS_DIR: &str = "/baton-tls";

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::fixture::{
     FixtureError, Instance, Server, ServerProcess, exchange, free_port, free_ports, start_shared,
 };
+use super::tls::{CONTAINER_TLS_DIR, ServerTls, TLS_CA};
 
 /// The image used when `BATON_ZOOKEEPER_IMAGE` is not set: the one
 /// `scripts/build-zookeeper-image.sh` builds from Debian's `zookeeper`. A fixture that finds
@@ -29,7 +30,8 @@ const ZOOKEEPER: Server = Server {
     // member of an ensemble) is then asked with `srvr`.
     ready: "binding to port",
     build_script: include_str!("../../scripts/build-zookeeper-image.sh"),
-    layout: None,
+    // 2: the Netty jars a TLS server loads, and a secure client port only.
+    layout: Some("2"),
 };
 
 /// What the fallback runs: `java` from `PATH` on Debian's jars (the `zookeeper` package; the
@@ -75,6 +77,92 @@ fn config(client_port: u16, extra: &[String]) -> Vec<String> {
         "forceSync=no".to_owned(),
     ];
     base.into_iter().chain(extra.iter().cloned()).collect()
+}
+
+/// The certificates of a ZooKeeper that serves TLS on its client port, PEM-encoded, and
+/// whether it asks its clients for a certificate (`ssl.clientAuth=need`, or `none`), for
+/// [`ZkNode::start_tls`]; with the client certificate the fixture's own clients present.
+///
+/// [`generate`](ServerTls::generate) makes the whole set for tests: a CA, a server
+/// certificate for `127.0.0.1` and `localhost`, and a client certificate.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::testing::{ZkNode, ZkTls};
+/// let tls = ZkTls::generate()?.with_client_cert_auth(false);
+/// let zk = ZkNode::start_tls(&tls).await?; // zks://127.0.0.1:<port>, TLS only
+/// // Your client: the node's URL and the CA (and a client certificate, if the server asks).
+/// let options = baton::ZkOptions::new().with_ca_cert(tls.ca_pem());
+/// let backend = baton::ZkBackend::connect(&zk.url(), options).await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+pub type ZkTls = ServerTls;
+
+impl ServerTls {
+    /// `options` with the CA and, if there is one, the client certificate: for a client of
+    /// a node started with these certificates.
+    pub fn zk_options(&self, options: crate::ZkOptions) -> crate::ZkOptions {
+        let options = options.with_ca_cert(self.ca_pem().to_owned());
+        match self.client_cert() {
+            Some(client) => options.with_client_cert(client.cert_pem(), client.key_pem()),
+            None => options,
+        }
+    }
+
+    /// The zoo.cfg lines of a server with a TLS client port only, on 127.0.0.1:`port`, its
+    /// files in the container's TLS directory: Netty (the NIO server has no TLS), PEM key
+    /// and trust stores (ZooKeeper 3.7+), client certificates asked for or not. The server
+    /// does not check a client certificate's names against the client's address
+    /// (`ssl.hostnameVerification=false`): that check is for quorum peers.
+    fn zk_lines(&self, port: u16) -> Vec<String> {
+        let auth = if self.client_cert_auth() {
+            "need"
+        } else {
+            "none"
+        };
+        vec![
+            format!("secureClientPort={port}"),
+            "secureClientPortAddress=127.0.0.1".to_owned(),
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".to_owned(),
+            format!("ssl.keyStore.location={CONTAINER_TLS_DIR}/{ZK_KEY_STORE}"),
+            "ssl.keyStore.type=PEM".to_owned(),
+            format!("ssl.trustStore.location={CONTAINER_TLS_DIR}/{TLS_CA}"),
+            "ssl.trustStore.type=PEM".to_owned(),
+            format!("ssl.clientAuth={auth}"),
+            "ssl.hostnameVerification=false".to_owned(),
+        ]
+    }
+
+    /// The files the server reads, by path in the container: the CA, and the key store (the
+    /// server's private key and certificate in one PEM file, as ZooKeeper's PEM loader
+    /// takes them).
+    fn zk_files(&self) -> Vec<(String, Vec<u8>)> {
+        let server = self.server_cert();
+        let store = format!("{}\n{}", server.key_pem(), server.cert_pem());
+        vec![
+            (
+                format!("{CONTAINER_TLS_DIR}/{TLS_CA}"),
+                self.ca_pem().as_bytes().to_vec(),
+            ),
+            (
+                format!("{CONTAINER_TLS_DIR}/{ZK_KEY_STORE}"),
+                store.into_bytes(),
+            ),
+        ]
+    }
+}
+
+/// The key store of a TLS server: its key and certificate, PEM.
+const ZK_KEY_STORE: &str = "server-store.pem";
+
+/// Whether the server on `port` accepts TCP connections (a TLS-only server answers no
+/// four-letter word in plain text; it is started when it has bound its port).
+fn listening(port: u16) -> BoxFuture<'static, bool> {
+    Box::pin(async move {
+        exchange(format!("127.0.0.1:{port}"), Vec::new(), |_| true)
+            .await
+            .is_ok()
+    })
 }
 
 /// Sends the four-letter word `word` (`"ruok"`, `"srvr"`, `"mntr"`, `"stat"`, `"conf"`,
@@ -185,6 +273,8 @@ pub struct ZkNode {
     /// The host directory bound as the server's data dir, for a server started with
     /// [`start_with_host_data`](Self::start_with_host_data).
     host_data: Option<PathBuf>,
+    /// The certificates of a node started with [`start_tls`](Self::start_tls).
+    tls: Option<ZkTls>,
 }
 
 impl ZkNode {
@@ -228,6 +318,7 @@ impl ZkNode {
                 address,
                 instance: Instance::external(ZOOKEEPER, port, reason),
                 host_data: None,
+                tls: None,
             });
         }
         let extra: Vec<String> = config.iter().map(|s| (*s).to_owned()).collect();
@@ -247,7 +338,58 @@ impl ZkNode {
             address: format!("127.0.0.1:{port}"),
             instance,
             host_data: None,
+            tls: None,
         })
+    }
+
+    /// Starts a server (standalone) that serves TLS only (a `secureClientPort`, no
+    /// `clientPort`), on a free port of 127.0.0.1, with `tls`'s certificates; its URL is
+    /// `zks://127.0.0.1:<port>`. Needs Docker (no local fallback). `BATON_ZOOKEEPER_CONNECT`
+    /// does not apply. [`backend`](Self::backend) connects with the CA and, if there is one,
+    /// `tls`'s client certificate; four-letter words in plain text get no answer.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the container it had started.
+    pub async fn start_tls(tls: &ZkTls) -> Result<ZkNode, FixtureError> {
+        let port = free_port()?;
+        let mut lines = config(port, &tls.zk_lines(port));
+        // The secure port replaces the plain one (the image leaves out its defaults too).
+        lines.retain(|line| !line.starts_with("clientPort"));
+        let fallback = || {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "a ZooKeeper with TLS runs in a container only",
+            ))
+        };
+        let instance =
+            Instance::start_with_files(ZOOKEEPER, port, listening, lines, tls.zk_files(), fallback)
+                .await?;
+        let node = ZkNode {
+            connect: format!("127.0.0.1:{port}"),
+            address: format!("127.0.0.1:{port}"),
+            instance,
+            host_data: None,
+            tls: Some(tls.clone()),
+        };
+        let failed = |e: crate::Error| FixtureError::Process {
+            server: ZOOKEEPER.name,
+            reason: format!("marking the new ZooKeeper as baton's: {e}"),
+        };
+        node.backend()
+            .await
+            .map_err(failed)?
+            .init_store()
+            .await
+            .map_err(failed)?;
+        Ok(node)
+    }
+
+    /// The certificates of a node started with [`start_tls`](Self::start_tls).
+    pub fn tls(&self) -> Option<&ZkTls> {
+        self.tls.as_ref()
     }
 
     /// Starts a server (standalone) in a container whose data dir is a directory of the host,
@@ -286,6 +428,7 @@ impl ZkNode {
                 address: format!("127.0.0.1:{port}"),
                 instance,
                 host_data: Some(dir),
+                tls: None,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -371,14 +514,31 @@ impl ZkNode {
         SHARED.get_or_init(|| start_shared(ZOOKEEPER.name, ZkNode::start))
     }
 
+    /// As [`shared`](Self::shared), a server that serves TLS only
+    /// ([`start_tls`](Self::start_tls)) with [generated](ServerTls::generate) certificates and
+    /// requires client certificates: [`tls`](Self::tls) has them, and its CA issues more.
+    ///
+    /// # Panics
+    /// If the certificates cannot be made or the server cannot be started.
+    pub fn shared_tls() -> &'static ZkNode {
+        static SHARED: OnceLock<ZkNode> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            start_shared("TLS zookeeper", || async {
+                ZkNode::start_tls(&ZkTls::generate()?).await
+            })
+        })
+    }
+
     /// The connect string, `127.0.0.1:<port>` (or `BATON_ZOOKEEPER_CONNECT` as given).
     pub fn connect_string(&self) -> String {
         self.connect.clone()
     }
 
-    /// The URL baton's `connect` takes, `zk://` and the [connect string](Self::connect_string).
+    /// The URL baton's `connect` takes, `zk://` and the [connect string](Self::connect_string)
+    /// (`zks://` for a node started with [`start_tls`](Self::start_tls)).
     pub fn url(&self) -> String {
-        format!("zk://{}", self.connect)
+        let scheme = if self.tls.is_some() { "zks" } else { "zk" };
+        format!("{scheme}://{}", self.connect)
     }
 
     /// A backend connected to this server, with the default options (Curator's node layout;
@@ -398,7 +558,11 @@ impl ZkNode {
     /// # Cancel safety
     /// Cancel safe: nothing is created on the server before it returns.
     pub async fn backend(&self) -> crate::Result<crate::ZkBackend> {
-        crate::ZkBackend::connect(&self.connect, crate::ZkOptions::new()).await
+        let options = match &self.tls {
+            Some(tls) => tls.zk_options(crate::ZkOptions::new()),
+            None => crate::ZkOptions::new(),
+        };
+        crate::ZkBackend::connect(&self.url(), options).await
     }
 
     /// The client port (for `BATON_ZOOKEEPER_CONNECT`, its first server's; 2181 if it names

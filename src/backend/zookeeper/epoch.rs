@@ -580,7 +580,14 @@ impl ZkBackend {
         drop(current);
         let options = &self.inner.options;
         let limit = options.connect_timeout.min(PROBE_CONNECT);
-        match open(&self.inner.connect, options.session_timeout, limit).await {
+        match open(
+            &self.inner.connect,
+            self.inner.tls.as_ref(),
+            options.session_timeout,
+            limit,
+        )
+        .await
+        {
             Ok(fresh) => Some((fresh, true)),
             Err(e) => {
                 tracing::debug!(error = %e, "no ZooKeeper session connects to look at the epoch marker");

@@ -7,6 +7,7 @@ mod epoch;
 mod leases;
 mod names;
 mod observe;
+mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -56,6 +57,7 @@ pub struct ZkOptions {
     retry_for: Duration,
     session_timeout: Duration,
     restart_grace: Duration,
+    tls: tls::TlsFiles,
 }
 
 impl Default for ZkOptions {
@@ -76,7 +78,28 @@ impl ZkOptions {
             retry_for: Duration::from_secs(10),
             session_timeout: Duration::from_secs(10),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
+            tls: tls::TlsFiles::default(),
         }
+    }
+
+    /// The CA certificate(s), PEM, that signed the servers' certificates: what a `zks://`
+    /// connect string (TLS to every server, ZooKeeper's `secureClientPort`) trusts, and all
+    /// it trusts. `zks://` needs it; `zk://` refuses it. Checked at connect.
+    pub fn with_ca_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// The client certificate (chain) and its private key, PEM, presented to servers that
+    /// ask for one (`ssl.clientAuth=need` or `want`), with `zks://` only. Checked at
+    /// connect: the key must be the certificate's.
+    pub fn with_client_cert(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
+        self
     }
 
     /// Whose node names the entries take: [`ZkLayout::Curator`] (the default) or
@@ -164,6 +187,8 @@ pub struct ZkBackend {
 struct Shared {
     /// The connect string the client takes: `host:port[,host:port][/chroot]`.
     connect: String,
+    /// `zks` (TLS, with these options) or `zk`.
+    tls: Option<zookeeper_client::TlsOptions>,
     options: ZkOptions,
     base: std::sync::Mutex<Client>,
     /// Held while the backend's own session is replaced.
@@ -469,16 +494,31 @@ pub(super) async fn collect(
 /// reached at all (a healthy connect is done by then, and the check costs nothing).
 const UNREACHABLE_CHECK_AFTER: Duration = Duration::from_millis(100);
 
-async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Client, BoxError> {
+async fn open(
+    connect: &str,
+    tls: Option<&zookeeper_client::TlsOptions>,
+    timeout: Duration,
+    limit: Duration,
+) -> Result<Client, BoxError> {
     // The client's default idle limit is 2/5 of the session timeout, and after a lost
     // connection it may pick the same frozen member again: two such tries cost 0.8 x the
     // TTL, past what baton's Session tolerates before it calls the lease lost (measured in
     // the ensemble pause scenario). A fifth of the timeout leaves room for four tries; pings
     // go out every 3/8 of it.
-    let connecting = Client::connector()
+    let connector = Client::connector()
         .with_session_timeout(timeout)
-        .with_connection_timeout(timeout / 5)
-        .connect(connect);
+        .with_connection_timeout(timeout / 5);
+    let connecting = async {
+        match tls {
+            Some(tls) => {
+                connector
+                    .with_tls(tls.clone())
+                    .secure_connect(connect)
+                    .await
+            }
+            None => connector.connect(connect).await,
+        }
+    };
     match tokio::time::timeout(limit, connecting).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(Box::new(e)),
@@ -489,7 +529,7 @@ async fn open(connect: &str, timeout: Duration, limit: Duration) -> Result<Clien
 /// With a chroot in `connect`, whether its node exists: a missing one is a configuration
 /// error, named, not the "node not exists" of the first create under it (every path baton
 /// uses is under it, and baton does not create it: that would hide a mistyped chroot).
-async fn check_chroot(client: &Client, connect: &str) -> Result<()> {
+async fn check_chroot(client: &Client, scheme: &str, connect: &str) -> Result<()> {
     let Some(chroot) = connect
         .split_once('/')
         .map(|(_, path)| format!("/{}", path.trim_end_matches('/')))
@@ -500,14 +540,14 @@ async fn check_chroot(client: &Client, connect: &str) -> Result<()> {
     match client.check_stat("/").await {
         Ok(Some(_)) => Ok(()),
         Ok(None) => Err(Error::Misconfigured {
-            endpoints: vec![format!("zk://{connect}")],
+            endpoints: vec![format!("{scheme}://{connect}")],
             source: format!(
                 "the chroot `{chroot}` does not exist on this ZooKeeper: create it (`zkCli.sh create {chroot} \"\"`) or correct the connect string"
             )
             .into(),
         }),
         Err(e) => Err(Error::Connect {
-            endpoints: vec![format!("zk://{connect}")],
+            endpoints: vec![format!("{scheme}://{connect}")],
             source: Box::new(e),
         }),
     }
@@ -554,21 +594,41 @@ async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Sta
 
 impl ZkBackend {
     /// Connects to the ZooKeeper ensemble `connect`: `zk://host:port[,host:port][/chroot]`,
-    /// or the same without `zk://` (a ZooKeeper connect string). With a chroot, every path
-    /// baton uses is under it; the chroot node must exist.
+    /// or the same without `zk://` (a ZooKeeper connect string), or `zks://...` for TLS to
+    /// every server (their `secureClientPort`), with the CA of
+    /// [`ZkOptions::with_ca_cert`] (and the client certificate of
+    /// [`ZkOptions::with_client_cert`] if the servers ask for one). The certificate must name
+    /// the host connected to (an IP address too). With a chroot, every path baton uses is
+    /// under it; the chroot node must exist.
     ///
     /// # Errors
+    /// [`Error::InvalidArgument`] for TLS options with `zk://`, `zks://` without a CA, or
+    /// PEMs that do not parse (or a key that is not the certificate's);
     /// [`Error::Connect`] if the string is malformed or no server gives a session within
     /// the connect timeout, or at once if every server refuses the connection or names a host
     /// that does not exist (the source says which, in words); [`Error::Misconfigured`] if
-    /// the chroot does not exist (it names the chroot).
+    /// the chroot does not exist (it names the chroot), and at once if every server refuses
+    /// the TLS handshake (a certificate not signed by the CA, or issued for another host),
+    /// answers in plain text to `zks://`, or in TLS to `zk://`; [`Error::Auth`] at once if
+    /// every server refuses the client certificate (or its absence).
     ///
     /// # Cancel safety
     /// Cancel safe: a session opened by a dropped call is closed with it.
     pub async fn connect(connect: &str, options: ZkOptions) -> Result<ZkBackend> {
-        let connect = connect.strip_prefix("zk://").unwrap_or(connect).to_owned();
+        let (scheme, connect) = match connect.strip_prefix("zks://") {
+            Some(rest) => ("zks", rest.to_owned()),
+            None => (
+                "zk",
+                connect.strip_prefix("zk://").unwrap_or(connect).to_owned(),
+            ),
+        };
+        let (tls, handshake) = match tls::client_tls(scheme == "zks", &options.tls)? {
+            Some((tls, handshake)) => (Some(tls), Some(handshake)),
+            None => (None, None),
+        };
+        let endpoint = format!("{scheme}://{connect}");
         let failed = |source| Error::Connect {
-            endpoints: vec![format!("zk://{connect}")],
+            endpoints: vec![endpoint.clone()],
             source,
         };
         // The client retries a refused server until the timeout: ask the servers ourselves,
@@ -580,11 +640,26 @@ impl ZkBackend {
             .split(',')
             .map(str::to_owned)
             .collect();
+        // And whether each refuses the TLS handshake (or answers in the other protocol than
+        // the scheme's): zookeeper-client retries that too.
         let hopeless = async {
             tokio::time::sleep(UNREACHABLE_CHECK_AFTER).await;
-            super::reach::unreachable(&servers, Duration::from_secs(1)).await
+            if let Some(unreachable) =
+                super::reach::unreachable(&servers, Duration::from_secs(1)).await
+            {
+                return Some(failed(Box::new(unreachable)));
+            }
+            let refused = tls::Probe::new(handshake.as_ref())
+                .refused(&servers)
+                .await?;
+            Some(refused.misconfigured(vec![endpoint.clone()]))
         };
-        let opening = open(&connect, options.session_timeout, options.connect_timeout);
+        let opening = open(
+            &connect,
+            tls.as_ref(),
+            options.session_timeout,
+            options.connect_timeout,
+        );
         let client = tokio::select! {
             opened = opening => opened.map_err(|source| {
                 if source.is::<tokio::time::error::Elapsed>() {
@@ -599,18 +674,16 @@ impl ZkBackend {
                     failed(source)
                 }
             })?,
-            Some(unreachable) = hopeless => return Err(failed(Box::new(unreachable))),
+            Some(refused) = hopeless => return Err(refused),
         };
-        check_chroot(&client, &connect).await?;
-        let epochs = StoreEpochs::new(
-            format!("ZooKeeper at zk://{connect}"),
-            options.restart_grace,
-        );
+        check_chroot(&client, scheme, &connect).await?;
+        let epochs = StoreEpochs::new(format!("ZooKeeper at {endpoint}"), options.restart_grace);
         // The store's epoch is looked at by the first request that needs it, so that an
         // operator's `init_store` can come first.
         Ok(ZkBackend {
             inner: Arc::new(Shared {
                 connect,
+                tls,
                 options,
                 base: std::sync::Mutex::new(client),
                 reconnect: tokio::sync::Mutex::new(()),
@@ -663,9 +736,14 @@ impl ZkBackend {
             .tag_prefix(names::tag_hash(queue, tag))
     }
 
-    /// The server, for errors: `ZooKeeper at zk://<connect string>`.
+    /// The server, for errors: `ZooKeeper at zk://<connect string>` (or `zks://`).
     fn label(&self) -> String {
-        format!("ZooKeeper at zk://{}", self.inner.connect)
+        let scheme = if self.inner.tls.is_some() {
+            "zks"
+        } else {
+            "zk"
+        };
+        format!("ZooKeeper at {scheme}://{}", self.inner.connect)
     }
 
     /// The backend's own client as it is now.
@@ -694,6 +772,7 @@ impl ZkBackend {
         let options = &self.inner.options;
         let fresh = open(
             &self.inner.connect,
+            self.inner.tls.as_ref(),
             options.session_timeout,
             options.connect_timeout,
         )
@@ -1407,16 +1486,21 @@ impl Backend for ZkBackend {
             ));
         }
         let sent = Instant::now();
-        let client = open(&self.inner.connect, ttl, self.inner.options.connect_timeout)
-            .await
-            .map_err(|source| {
-                Error::Backend {
-                    op: "grant_lease",
-                    source,
-                    at: Default::default(),
-                }
-                .at_endpoint(&self.label())
-            })?;
+        let client = open(
+            &self.inner.connect,
+            self.inner.tls.as_ref(),
+            ttl,
+            self.inner.options.connect_timeout,
+        )
+        .await
+        .map_err(|source| {
+            Error::Backend {
+                op: "grant_lease",
+                source,
+                at: Default::default(),
+            }
+            .at_endpoint(&self.label())
+        })?;
         let id = LeaseId::new(client.session_id().0);
         // On failure the client is dropped, and its session closed with it.
         let (fence, created) = make_fence(&client, self.inner.options.connect_timeout)

@@ -76,7 +76,8 @@ pub(crate) struct Cli {
     /// one Redis URL (redis://[user:password@]host:port[/db]) or the Sentinels of one
     /// (redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/db]; rediss+sentinel://
     /// over TLS; the Sentinels' password as ?sentinel_password=), a ZooKeeper connect string
-    /// (zk://host:port[,host:port...][/chroot]), or one PostgreSQL URL
+    /// (zk://host:port[,host:port...][/chroot]; zks:// over TLS, with --cacert), or one
+    /// PostgreSQL URL
     /// (postgres://[user:password@]host[:port]/db).
     #[arg(
         long,
@@ -94,18 +95,20 @@ pub(crate) struct Cli {
     /// Password for etcd authentication (with --user). Not passed on to the command.
     #[arg(long, env = "BATON_PASSWORD", hide_env_values = true, global = true, help_heading = GLOBAL)]
     pub(crate) password: Option<String>,
-    /// etcd, Redis or PostgreSQL over TLS: the CA bundle (PEM) that signed the servers'
-    /// certificates, instead of the system's roots. Turns TLS on for etcd's host:port endpoints
-    /// (https:// is TLS anyway); Redis takes it with rediss:// only, PostgreSQL with
-    /// sslmode=verify-full, verify-ca or require in its URL.
+    /// etcd, Redis, ZooKeeper or PostgreSQL over TLS: the CA bundle (PEM) that signed the
+    /// servers' certificates, instead of the system's roots. Turns TLS on for etcd's host:port
+    /// endpoints (https:// is TLS anyway); Redis takes it with rediss:// only, ZooKeeper with
+    /// zks:// only (which needs it), PostgreSQL with sslmode=verify-full, verify-ca or require
+    /// in its URL.
     #[arg(long, env = "BATON_CACERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     pub(crate) cacert: Option<PathBuf>,
-    /// etcd, Redis or PostgreSQL over TLS: the client certificate (PEM) for a server that asks
-    /// for one (etcd's --client-cert-auth, Redis's tls-auth-clients, PostgreSQL's clientcert=
-    /// or cert authentication); with --key.
+    /// etcd, Redis, ZooKeeper or PostgreSQL over TLS: the client certificate (PEM) for a server
+    /// that asks for one (etcd's --client-cert-auth, Redis's tls-auth-clients, ZooKeeper's
+    /// ssl.clientAuth, PostgreSQL's clientcert= or cert authentication); with --key.
     #[arg(long, env = "BATON_CERT", global = true, help_heading = GLOBAL, value_name = "FILE")]
     pub(crate) cert: Option<PathBuf>,
-    /// etcd, Redis or PostgreSQL over TLS: the private key (PEM) of the --cert certificate.
+    /// etcd, Redis, ZooKeeper or PostgreSQL over TLS: the private key (PEM) of the --cert
+    /// certificate.
     #[arg(long, env = "BATON_KEY", global = true, help_heading = GLOBAL, value_name = "FILE")]
     pub(crate) key: Option<PathBuf>,
     /// Seconds to wait for an endpoint to answer.

@@ -37,15 +37,24 @@ fn read_tls_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
     })
 }
 
-/// --cacert, --cert and --key: for etcd, Redis or PostgreSQL, cert and key together, the files
-/// readable. (PostgreSQL's URL must ask for TLS: the library says so.)
+/// --cacert, --cert and --key: for etcd, Redis, ZooKeeper or PostgreSQL, cert and key
+/// together, the files readable. (PostgreSQL's URL must ask for TLS: the library says so.)
 fn tls_files(cli: &Cli, endpoints: &Endpoints) -> Result<TlsFiles, Failure> {
     let any = cli.cacert.is_some() || cli.cert.is_some() || cli.key.is_some();
-    if any && matches!(endpoints, Endpoints::ZooKeeper(_)) {
+    if any && matches!(endpoints, Endpoints::ZooKeeper(spec) if !spec.starts_with("zks://")) {
         return Err(Failure::new(
             exit::USAGE,
-            "--cacert, --cert and --key are for etcd, Redis (rediss://) and PostgreSQL; baton's \
-             ZooKeeper backend does not take them",
+            "--cacert, --cert and --key need a zks:// connect string (ZooKeeper's \
+             secureClientPort); zk:// is plain text",
+        ));
+    }
+    if matches!(endpoints, Endpoints::ZooKeeper(spec) if spec.starts_with("zks://"))
+        && cli.cacert.is_none()
+    {
+        return Err(Failure::new(
+            exit::USAGE,
+            "zks:// needs --cacert (or BATON_CACERT): the CA that signed the ZooKeeper servers' \
+             certificates",
         ));
     }
     if any
