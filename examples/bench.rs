@@ -16,8 +16,9 @@
 //!
 //! Options: `--endpoints a,b`, `--seconds S` per configuration (default 3), `--scale W`
 //! waiters (default 10000), `--quick` (N = 1 and 8 only, 1 s, 1000 waiters; no files
-//! written unless `--out` is given), `--only scale|contended|recipes|redis|zookeeper|postgres`
-//! (that part only, no files written unless `--out` is given; `redis`, `zookeeper` and
+//! written unless `--out` is given), `--only scale|scale-indexed|contended|recipes|redis|zookeeper|postgres`
+//! (that part only, no files written unless `--out` is given; `scale-indexed`: the scale part
+//! on the indexed etcd layout only; `redis`, `zookeeper` and
 //! `postgres` start no etcd),
 //! `--n 8,64` (those contender counts only; without it Redis and ZooKeeper run N <= 64),
 //! `--out FILE`.
@@ -808,8 +809,9 @@ async fn main() -> Res<()> {
     };
     // `--only scale` or `--only contended`: one part, for working on it (no files written).
     let only = arg("--only");
-    const PARTS: [&str; 6] = [
+    const PARTS: [&str; 7] = [
         "scale",
+        "scale-indexed",
         "contended",
         "recipes",
         "redis",
@@ -964,15 +966,15 @@ async fn main() -> Res<()> {
         }
     }
 
-    eprintln!("bench: {waiters} waiters");
     let sc = if part("scale") {
+        eprintln!("bench: {waiters} waiters");
         scale(&backend, &endpoint, &format!("{prefix}/scale"), waiters).await?
     } else {
         Scale::default()
     };
     // The same on the indexed layout (a second backend on the same etcd; #39).
-    eprintln!("bench: {waiters} waiters, indexed layout");
-    let indexed = if part("scale") {
+    let indexed = if part("scale") || only.as_deref() == Some("scale-indexed") {
+        eprintln!("bench: {waiters} waiters, indexed layout");
         let backend = EtcdBackend::connect(
             &endpoints,
             EtcdOptions::new().with_layout(baton::EtcdLayout::Indexed),
