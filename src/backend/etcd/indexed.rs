@@ -516,8 +516,9 @@ mod tests {
         assert!(start <= b && b < end && a >= end);
         // The directory lies between the two ranges of other keys.
         let [(l0, l1), (h0, h1)] = others("q");
-        assert!(l0 <= "q/1234".to_owned() && "q/1234".to_owned() < l1 && l1 <= a);
-        assert!(dir_end("q") <= h0 && h0 <= "q/abcd".to_owned() && "q/abcd".to_owned() < h1);
-        assert!(h1 > "q/sub/_q/x".to_owned() && "q/sub/_q/x".to_owned() >= h0);
+        let (l0, l1, h0, h1) = (l0.as_str(), l1.as_str(), h0.as_str(), h1.as_str());
+        assert!(l0 <= "q/1234" && "q/1234" < l1 && l1 <= a.as_str());
+        assert!(dir_end("q").as_str() <= h0 && h0 <= "q/abcd" && "q/abcd" < h1);
+        assert!(h1 > "q/sub/_q/x" && "q/sub/_q/x" >= h0);
     }
 }
