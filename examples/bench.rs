@@ -16,8 +16,9 @@
 //!
 //! Options: `--endpoints a,b`, `--seconds S` per configuration (default 3), `--scale W`
 //! waiters (default 10000), `--quick` (N = 1 and 8 only, 1 s, 1000 waiters; no files
-//! written unless `--out` is given), `--only scale|contended|recipes|redis|zookeeper|postgres`
-//! (that part only, no files written unless `--out` is given; `redis`, `zookeeper` and
+//! written unless `--out` is given), `--only scale|scale-indexed|contended|recipes|redis|zookeeper|postgres`
+//! (that part only, no files written unless `--out` is given; `scale-indexed`: the scale part
+//! on the indexed etcd layout only; `redis`, `zookeeper` and
 //! `postgres` start no etcd),
 //! `--n 8,64` (those contender counts only; without it Redis and ZooKeeper run N <= 64),
 //! `--out FILE`.
@@ -808,8 +809,9 @@ async fn main() -> Res<()> {
     };
     // `--only scale` or `--only contended`: one part, for working on it (no files written).
     let only = arg("--only");
-    const PARTS: [&str; 6] = [
+    const PARTS: [&str; 7] = [
         "scale",
+        "scale-indexed",
         "contended",
         "recipes",
         "redis",
@@ -964,12 +966,41 @@ async fn main() -> Res<()> {
         }
     }
 
-    eprintln!("bench: {waiters} waiters");
     let sc = if part("scale") {
+        eprintln!("bench: {waiters} waiters");
         scale(&backend, &endpoint, &format!("{prefix}/scale"), waiters).await?
     } else {
         Scale::default()
     };
+    // The same on the indexed layout (a second backend on the same etcd; #39).
+    let indexed = if part("scale") || only.as_deref() == Some("scale-indexed") {
+        eprintln!("bench: {waiters} waiters, indexed layout");
+        let backend = EtcdBackend::connect(
+            &endpoints,
+            EtcdOptions::new().with_layout(baton::EtcdLayout::Indexed),
+        )
+        .await?;
+        scale(
+            &backend,
+            &endpoint,
+            &format!("{prefix}/scale-indexed"),
+            waiters,
+        )
+        .await?
+    } else {
+        Scale::default()
+    };
+    let drain_rate = |s: &Scale| s.waiters as f64 / s.drain_time.as_secs_f64().max(1e-9);
+    eprintln!(
+        "bench: scale: Go layout queued {} in {:.1} s, drained at {:.0}/s; indexed layout queued in {:.1} s, drained at {:.0}/s (FIFO: {}, {})",
+        waiters,
+        sc.queue_time.as_secs_f64(),
+        drain_rate(&sc),
+        indexed.queue_time.as_secs_f64(),
+        drain_rate(&indexed),
+        sc.fifo,
+        indexed.fifo
+    );
     eprintln!("bench: memory backend");
     let mem_secs = Duration::from_secs(if quick { 1 } else { 2 });
     let mem =
@@ -1067,6 +1098,18 @@ async fn main() -> Res<()> {
         "## Scale: {} waiters on one lock, one process\n\n| what | value |\n| --- | ---: |\n| client memory per waiter: live heap (session, lock task, queue entry, watch) | {:.0} bytes |\n| of which the session (lease, keep-alive) | {:.0} bytes |\n| RSS growth per waiter (includes freed request buffers the allocator keeps) | {:.0} bytes |\n| etcd watchers opened | {:.0} |\n| time to queue them all | {:.1} s |\n| time to drain the queue | {:.1} s |\n| granted in FIFO (token) order | {} |\n\nQueue and drain times grow with the queue's length: etcd finds \"the newest key created before mine\" (each enqueue, and each `predecessor`) and \"am I the oldest\" (each waiter's check after a wake, `was_head`) by reading the whole prefix (a read sorted by create revision, or filtered by it, fetches every key before it stops at its limit), as etcd's own lock recipes do: queueing and draining n waiters costs O(n²) keys read.\n\n",
         sc.waiters, sc.heap_per_waiter, sc.heap_per_session, sc.rss_per_waiter, sc.watchers_open, sc.queue_time.as_secs_f64(), sc.drain_time.as_secs_f64(), if sc.fifo { "yes" } else { "NO" }
     ));
+    md.push_str(&format!(
+        "### The indexed layout\n\nThe same {} waiters with `EtcdOptions::with_layout(EtcdLayout::Indexed)` (docs/etcd.md, \"Layouts\"): keys in queue order, so each enqueue, `predecessor` and `was_head` reads a few keys at any depth.\n\n| layout | time to queue them all | time to drain | drain rate | FIFO |\n| --- | ---: | ---: | ---: | --- |\n| Go (default) | {:.1} s | {:.1} s | {:.0} grants/s | {} |\n| indexed | {:.1} s | {:.1} s | {:.0} grants/s | {} |\n\n",
+        sc.waiters,
+        sc.queue_time.as_secs_f64(),
+        sc.drain_time.as_secs_f64(),
+        drain_rate(&sc),
+        if sc.fifo { "yes" } else { "NO" },
+        indexed.queue_time.as_secs_f64(),
+        indexed.drain_time.as_secs_f64(),
+        drain_rate(&indexed),
+        if indexed.fifo { "yes" } else { "NO" },
+    ));
     md.push_str(&format!("## Memory backend\n\nUncontended lock + unlock: **{mem:.0} cycles/s** (one task on a current-thread runtime; target 250,000). `cargo bench --bench memory` measures the same with criterion, plus 8 contenders.\n"));
 
     // The targets of the performance work, checked against this run.
@@ -1110,6 +1153,19 @@ async fn main() -> Res<()> {
         if sc.fifo { "yes" } else { "no" },
         yes(sc.fifo && sc.waiters >= 10_000)
     ));
+    md.push_str(&format!(
+        "| indexed layout: 10,000 waiters queued in at most 10 s | {:.1} s | {} |\n",
+        indexed.queue_time.as_secs_f64(),
+        yes(indexed.waiters >= 10_000 && indexed.queue_time <= Duration::from_secs(10))
+    ));
+    if let Some(b) = find("baton", 64) {
+        md.push_str(&format!(
+            "| indexed layout: drained at least half the N = 64 cycle rate | {:.0} grants/s vs {:.0} cycles/s | {} |\n",
+            drain_rate(&indexed),
+            b.cycles_per_s,
+            yes(indexed.waiters >= 10_000 && drain_rate(&indexed) >= b.cycles_per_s / 2.0)
+        ));
+    }
     md.push_str(&format!(
         "| client memory per waiter at most 2 KiB | {:.0} bytes of live heap | {} |\n",
         sc.heap_per_waiter,

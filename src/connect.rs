@@ -181,6 +181,8 @@ pub struct ConnectOptions {
     zk_session_timeout: Option<Duration>,
     #[cfg(feature = "zookeeper")]
     zk_layout: Option<crate::ZkLayout>,
+    #[cfg(feature = "etcd")]
+    etcd_layout: Option<crate::EtcdLayout>,
 }
 
 impl std::fmt::Debug for ConnectOptions {
@@ -226,7 +228,18 @@ impl ConnectOptions {
             zk_session_timeout: None,
             #[cfg(feature = "zookeeper")]
             zk_layout: None,
+            #[cfg(feature = "etcd")]
+            etcd_layout: None,
         }
+    }
+
+    /// etcd: where the lock entries live (`EtcdOptions::with_layout`: the Go layout by
+    /// default, shared with `etcdctl lock`; or the indexed layout, for queues thousands deep;
+    /// docs/etcd.md says which to pick). Refused with other endpoints.
+    #[cfg(feature = "etcd")]
+    pub fn with_etcd_layout(mut self, layout: crate::EtcdLayout) -> Self {
+        self.etcd_layout = Some(layout);
+        self
     }
 
     /// ZooKeeper: whose node names the lock entries take (`ZkOptions::with_layout`: Curator's
@@ -298,6 +311,12 @@ impl ConnectOptions {
         let layout = self.zk_layout.is_some();
         #[cfg(not(feature = "zookeeper"))]
         let layout = false;
+        #[cfg(feature = "etcd")]
+        if self.etcd_layout.is_some() && !is("etcd") {
+            return Err(Error::InvalidArgument(
+                "an etcd layout is for etcd endpoints only",
+            ));
+        }
         if (self.zk_session_timeout.is_some() || layout) && !is("ZooKeeper") {
             return Err(Error::InvalidArgument(
                 "a node layout and a ZooKeeper session timeout are for ZooKeeper (zk://) endpoints only",
@@ -448,6 +467,9 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
             if let Some(retry) = options.retry_for {
                 etcd = etcd.with_retry_for(retry);
             }
+            if let Some(layout) = options.etcd_layout {
+                etcd = etcd.with_layout(layout);
+            }
             Ok(Arc::new(
                 crate::EtcdBackend::connect(&endpoints, etcd).await?,
             ))
@@ -561,6 +583,21 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An etcd layout is refused with other endpoints, as the other backend-only options are.
+    #[cfg(feature = "etcd")]
+    #[tokio::test]
+    async fn an_etcd_layout_is_for_etcd_only() {
+        let refused = connect_with(
+            "redis://127.0.0.1:1",
+            ConnectOptions::new().with_etcd_layout(crate::EtcdLayout::Indexed),
+        )
+        .await;
+        assert!(
+            matches!(&refused, Err(Error::InvalidArgument(m)) if m.contains("etcd layout")),
+            "{refused:?}"
+        );
+    }
 
     /// What `ConnectOptions` carries for ZooKeeper reaches `ZkOptions` (no server needed;
     /// the Redis prefix and the PostgreSQL schema are shown on real servers, in their tests).

@@ -179,7 +179,7 @@ pub mod token;
 pub use backend::MemoryBackend;
 #[cfg(feature = "etcd")]
 #[doc(inline)]
-pub use backend::{EtcdBackend, EtcdOptions};
+pub use backend::{EtcdBackend, EtcdLayout, EtcdOptions};
 #[cfg(feature = "postgres")]
 #[doc(inline)]
 pub use backend::{PgBackend, PgOptions};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use baton::testing::{Call, EtcdNode, Fault, FaultyBackend};
-use baton::{Backend, Error, EtcdBackend, EtcdOptions, Mutex, Session, SessionOptions};
+use baton::{Backend, Error, EtcdBackend, EtcdLayout, EtcdOptions, Mutex, Session, SessionOptions};
 use support::{Rig, eventually, within};
 
 async fn backend() -> EtcdBackend {
@@ -787,4 +787,104 @@ async fn an_expired_auth_token_is_refreshed() {
     guard.release().await.unwrap();
     let again = Mutex::new(&s, "auth/expiry").unwrap().lock().await.unwrap();
     again.release().await.unwrap();
+}
+
+async fn indexed_backend() -> EtcdBackend {
+    let node = EtcdNode::shared();
+    EtcdBackend::connect(
+        node.endpoints(),
+        EtcdOptions::new().with_layout(EtcdLayout::Indexed),
+    )
+    .await
+    .expect("connect to the shared etcd")
+}
+
+/// The indexed layout ([`EtcdLayout::Indexed`]): both clients use it.
+async fn rig_indexed(test: &str) -> Rig {
+    Rig {
+        backend: Arc::new(indexed_backend().await),
+        outside: Arc::new(indexed_backend().await),
+        prefix: format!("etcd-{}/indexed-{test}", std::process::id()),
+    }
+}
+
+// The core of the suite again on the indexed layout (not the whole suite: CI time). Left
+// out: tests of paths the layout does not change (leases, sessions' ends, guarded writes'
+// outcomes, observers, barriers).
+conformance!(@tests indexed; super::rig_indexed; (flavor = "multi_thread", worker_threads = 2);
+    mutual_exclusion, fifo_order, try_lock_leaves_nothing, dropped_lock_leaves_nothing,
+    crashed_holder_is_followed, late_unlock_spares_successor, lost_waiter_gets_error,
+    local_tasks_never_share_a_key, failed_lock_leaves_nothing,
+    failed_release_never_hands_out_the_token_again, deleted_key_is_reported_to_the_holder,
+    nested_names_share_a_queue, election_fifo_succession, election_dead_leader_is_followed,
+    semaphore_bounds_holders, semaphore_fifo_whoever_releases, semaphore_cancel_leaves_nothing,
+    rwlock_readers_share_writers_exclude, rwlock_no_writer_starvation,
+    rwlock_waiter_between_writers_gives_up, multilock_all_or_nothing,
+    one_name_several_kinds_exclude_each_other, a_waiter_behind_one_that_leaves_is_not_the_head);
+
+/// The keys etcd loads for one waiter's enqueue, its look at its predecessor and its head
+/// check do not grow with the queue in the indexed layout (#39): at depth 500 each reads about
+/// one key. In the Go layout each reads the whole queue (run with `Go` to see it fail: about
+/// 500 per read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexed_layout_reads_do_not_grow_with_the_queue() {
+    keys_read_per_op_at_depth(EtcdLayout::Indexed, "indexed-depth").await;
+}
+
+async fn keys_read_per_op_at_depth(layout: EtcdLayout, name: &str) {
+    const DEPTH: usize = 500;
+    let backend = EtcdBackend::connect(
+        EtcdNode::shared().endpoints(),
+        EtcdOptions::new().with_layout(layout),
+    )
+    .await
+    .unwrap();
+    let queue = test_name(name);
+    let session = Session::new(backend.clone()).await.unwrap();
+    let lease = session.lease_id();
+    let mut cost = Vec::new();
+    let mut last = None;
+    for i in 0..DEPTH {
+        let before = backend.keys_read();
+        let enqueued = backend
+            .enqueue(&queue, &format!("t{i}"), lease, b"")
+            .await
+            .unwrap();
+        let (entry, is_head, predecessor) = enqueued.into_parts();
+        assert_eq!(is_head, i == 0);
+        // The predecessor the enqueue read is the entry just before.
+        assert_eq!(
+            predecessor.map(|p| p.key().to_owned()),
+            last.as_ref().map(|l: &baton::Entry| l.key().to_owned())
+        );
+        let enqueue = backend.keys_read() - before;
+        let before = backend.keys_read();
+        let read = backend.predecessor(&entry).await.unwrap();
+        assert_eq!(read.map(|p| p.token()), last.as_ref().map(|l| l.token()));
+        assert_eq!(backend.was_head(&entry).await.unwrap(), i == 0);
+        cost.push((enqueue, backend.keys_read() - before));
+        last = Some(entry);
+    }
+    // The most keys an enqueue, and a predecessor read plus a head check, read.
+    let worst = |at: std::ops::Range<usize>| {
+        let costs = &cost[at];
+        (
+            costs.iter().map(|c| c.0).max().unwrap(),
+            costs.iter().map(|c| c.1).max().unwrap(),
+        )
+    };
+    let (shallow, deep_at) = (worst(0..10), worst(DEPTH - 10..DEPTH));
+    eprintln!(
+        "{layout:?}: keys read (enqueue, predecessor + head check): first 10 entries {shallow:?}, last 10 of {DEPTH} {deep_at:?}"
+    );
+    let deep = deep_at.0.max(deep_at.1);
+    assert!(
+        deep <= 4,
+        "{layout:?}: an enqueue or a predecessor and head check at depth {DEPTH} read {deep} keys"
+    );
+    // The queue it built is in order, oldest first, as `entries` reads it.
+    let entries = backend.entries(&queue).await.unwrap();
+    assert_eq!(entries.len(), DEPTH);
+    assert!(entries.windows(2).all(|w| w[0].token() < w[1].token()));
+    session.close().await.unwrap();
 }

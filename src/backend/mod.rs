@@ -642,7 +642,7 @@ pub(crate) fn queue_of_bytes(key: &[u8]) -> &[u8] {
 }
 
 #[cfg(feature = "etcd")]
-pub use self::etcd::{EtcdBackend, EtcdOptions};
+pub use self::etcd::{EtcdBackend, EtcdLayout, EtcdOptions};
 #[cfg(feature = "postgres")]
 pub use self::postgres::{PgBackend, PgOptions};
 #[cfg(feature = "redis")]

@@ -26,11 +26,14 @@ use crate::error::{BoxError, Error, LostReason, Result};
 use crate::retry::{Backoff, Retry};
 
 mod epoch;
+mod indexed;
 mod reach;
 mod tls;
 mod value;
 mod watch;
 use tls::{HandshakeCheck, TlsConfig, refused_of};
+
+pub use self::indexed::EtcdLayout;
 
 /// Connection options for [`EtcdBackend::connect`].
 ///
@@ -76,6 +79,7 @@ pub struct EtcdOptions {
     restart_grace: Duration,
     user: Option<(String, String)>,
     tls: TlsConfig,
+    layout: EtcdLayout,
 }
 
 impl std::fmt::Debug for EtcdOptions {
@@ -90,6 +94,7 @@ impl std::fmt::Debug for EtcdOptions {
             .field("ca_cert", &self.tls.ca.is_some())
             .field("client_cert", &self.tls.identity.is_some())
             .field("tls_server_name", &self.tls.server_name)
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -111,7 +116,17 @@ impl EtcdOptions {
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
             user: None,
             tls: TlsConfig::default(),
+            layout: EtcdLayout::Go,
         }
+    }
+
+    /// Where this backend puts the entries it creates: [`EtcdLayout::Go`] (the default: the
+    /// keys of etcd's Go `concurrency` package, shared with `etcdctl lock` and Go services) or
+    /// [`EtcdLayout::Indexed`] (keys whose order is queue order, for queues thousands deep).
+    /// See [`EtcdLayout`] for which to pick.
+    pub fn with_layout(mut self, layout: EtcdLayout) -> Self {
+        self.layout = layout;
+        self
     }
 
     /// How long [`EtcdBackend::connect`] waits for an endpoint to answer.
@@ -227,6 +242,10 @@ struct Shared {
     watches: WatchHub<EtcdTransport>,
     values: ValueWatches,
     requests: Arc<AtomicU64>,
+    /// Keys etcd loaded to answer this backend's queue reads ([`EtcdBackend::keys_read`]).
+    keys_read: AtomicU64,
+    /// The next sequence number this process proposes, per queue of the indexed layout.
+    seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
     /// The mod revision of each lease's fence ([`fence_key`]) as this process last set or
     /// read it; a lease absent here has never moved its fence (0: no such key).
     fences: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
@@ -535,6 +554,8 @@ impl EtcdBackend {
                 watches: WatchHub::new(transport, Arc::clone(&requests)),
                 values: ValueWatches::default(),
                 requests,
+                keys_read: AtomicU64::new(0),
+                seqs: Default::default(),
                 fences: Default::default(),
                 epochs,
             }),
@@ -565,6 +586,27 @@ impl EtcdBackend {
     /// (each retry counts) and watch creations. For measuring what an operation costs.
     pub fn requests_sent(&self) -> u64 {
         self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// Keys etcd has loaded from its store to answer this backend's reads of queues so far
+    /// (enqueues, predecessors, entries ahead, head checks, heads and listings): for a read
+    /// sorted or filtered by create revision, every key of its range, since etcd loads them
+    /// all before it sorts, filters and applies the limit; for a read in key order, the keys
+    /// it returned. For measuring what an operation costs at a queue depth: in the Go layout a
+    /// waiter's reads grow with the queue, in [`EtcdLayout::Indexed`] they do not.
+    pub fn keys_read(&self) -> u64 {
+        self.inner.keys_read.load(Ordering::Relaxed)
+    }
+
+    /// Counts the keys etcd loaded for `get`: its whole range when `whole_range` (a read sorted
+    /// or filtered by create revision), else what it returned.
+    fn read_keys(&self, get: &etcd_client::GetResponse, whole_range: bool) {
+        let n = if whole_range {
+            u64::try_from(get.count()).unwrap_or(0)
+        } else {
+            get.kvs().len() as u64
+        };
+        self.inner.keys_read.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The underlying etcd-client, for operations baton does not wrap.
@@ -1127,6 +1169,9 @@ impl Backend for EtcdBackend {
         lease: LeaseId,
         value: &[u8],
     ) -> Result<Enqueued> {
+        if self.indexed() {
+            return self.enqueue_indexed(queue, tag, lease, value).await;
+        }
         let key = format!("{queue}/{tag}");
         let fence = fence_key(lease);
         // Created now: read the newest entry *before* the put, which is our predecessor (or
@@ -1177,6 +1222,9 @@ impl Backend for EtcdBackend {
                 .await?;
             self.saw_header(resp.header(), true, sent_at).await?;
             let ops = resp.op_responses();
+            if let Some(TxnOpResponse::Get(get)) = ops.get(if resp.succeeded() { 0 } else { 1 }) {
+                self.read_keys(get, true);
+            }
             if resp.succeeded() {
                 let rev = resp.header().map_or(0, |h| h.revision());
                 let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
@@ -1230,6 +1278,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn find_entry(&self, queue: &str, tag: &str) -> Result<Option<Entry>> {
+        if self.indexed() {
+            return self.find_entry_indexed(queue, tag).await;
+        }
         let key = format!("{queue}/{tag}");
         let sent = Instant::now();
         let resp = self
@@ -1244,6 +1295,9 @@ impl Backend for EtcdBackend {
     }
 
     async fn predecessor(&self, mine: &Entry) -> Result<Option<Entry>> {
+        if self.indexed() && indexed::parse(mine.key_bytes()).is_some() {
+            return self.predecessor_indexed(mine).await;
+        }
         let before = newest_first(1).with_max_create_revision(revision(mine) - 1);
         let resp = self
             .if_live(
@@ -1257,10 +1311,19 @@ impl Backend for EtcdBackend {
                 key: mine.key().to_owned(),
             });
         }
+        if let Some(TxnOpResponse::Get(get)) = resp.op_responses().first() {
+            self.read_keys(get, true);
+        }
         Ok(self.first_kv(resp.op_responses().first()))
     }
 
     async fn ahead(&self, queue: &str, mine: &Entry, limit: usize) -> Result<Vec<Entry>> {
+        if self.in_own_indexed_queue(queue, mine) {
+            return Ok(self
+                .ahead_indexed("ahead", queue, mine, limit, None)
+                .await?
+                .0);
+        }
         Ok(self.ahead_txn("ahead", queue, mine, limit, None).await?.0)
     }
 
@@ -1271,11 +1334,19 @@ impl Backend for EtcdBackend {
         limit: usize,
         key: &str,
     ) -> Result<(Vec<Entry>, Option<Vec<u8>>)> {
+        if self.in_own_indexed_queue(queue, mine) {
+            return self
+                .ahead_indexed("ahead_and_read", queue, mine, limit, Some(key))
+                .await;
+        }
         self.ahead_txn("ahead_and_read", queue, mine, limit, Some(key))
             .await
     }
 
     async fn was_head(&self, mine: &Entry) -> Result<bool> {
+        if self.indexed() && indexed::parse(mine.key_bytes()).is_some() {
+            return self.was_head_indexed(mine).await;
+        }
         // A serializable read, answered by whichever member receives it without a round of
         // consensus: it does not wait behind writes in flight (the next contender's enqueue
         // usually is), which is most of a handoff's cost on a busy lock. Trusted only when it
@@ -1312,6 +1383,9 @@ impl Backend for EtcdBackend {
             Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
             _ => Vec::new(),
         };
+        if let Some(TxnOpResponse::Get(get)) = resp.op_responses().first() {
+            self.read_keys(get, true);
+        }
         let marker = kvs(1);
         if marker.first().map(KeyValue::value) != Some(epoch.encode().as_bytes()) {
             return Ok(false);
@@ -1396,9 +1470,10 @@ impl Backend for EtcdBackend {
     }
 
     async fn delete_entry(&self, entry: &Entry) -> Result<bool> {
-        let delete = TxnOp::delete(entry.key_bytes(), None);
-        self.write_if_live("delete_entry", entry, vec![delete])
-            .await
+        let mut deletes = vec![TxnOp::delete(entry.key_bytes(), None)];
+        // An indexed entry's tag goes with it.
+        deletes.extend(self.tag_key_of(entry).map(|tag| TxnOp::delete(tag, None)));
+        self.write_if_live("delete_entry", entry, deletes).await
     }
 
     async fn update_entry(&self, entry: &Entry, value: &[u8]) -> Result<bool> {
@@ -1668,6 +1743,9 @@ impl EtcdBackend {
                 key: mine.key().to_owned(),
             });
         }
+        if let Some(TxnOpResponse::Get(get)) = resp.op_responses().first() {
+            self.read_keys(get, true);
+        }
         let kvs = |i: usize| match resp.op_responses().get(i) {
             Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
             _ => Vec::new(),
@@ -1687,7 +1765,15 @@ impl EtcdBackend {
             .await?;
         self.saw_header(resp.header(), false, sent).await?;
         self.epoch().await?;
+        self.inner
+            .keys_read
+            .fetch_add(u64::try_from(resp.count()).unwrap_or(0), Ordering::Relaxed);
         Ok(resp.kvs().iter().map(|kv| self.to_entry(kv)).collect())
+    }
+
+    /// Whether `mine` is an indexed entry of `queue` itself (not of a queue nested in it).
+    fn in_own_indexed_queue(&self, queue: &str, mine: &Entry) -> bool {
+        self.indexed() && indexed::parse(mine.key_bytes()).is_some_and(|(q, _, _)| q == queue)
     }
 }
 
