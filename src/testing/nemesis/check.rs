@@ -276,7 +276,7 @@ fn more(n: usize) -> String {
 /// them to a promoted replica only after), so every grant of the store from before was made
 /// before its end and every grant of the new epoch after (but after a manual `SENTINEL
 /// FAILOVER`, whose old primary answers until its clients have heard the announcement: its
-/// grants within [`SENTINEL_HANDOFF`] of the end are the old store's). A grant asked for after
+/// grants within 500 ms (`SENTINEL_HANDOFF`) of the end are the old store's). A grant asked for after
 /// the end comes no sooner than [`Plan::restart_grace`] after it; a grant that came later than that,
 /// to a client not paused since the end (so not an answer from before read late), has a
 /// token above every token granted before it. (Holders from before told first: rule 3.)
