@@ -272,6 +272,52 @@ pub(crate) fn describe(tls: &rustls::Error, wording: Wording) -> Option<(&'stati
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 pub(crate) use tickets::Tickets;
 
+/// The roots and client certificate a backend's TLS client trusts and presents, which a
+/// handshake of our own (the etcd, Redis and ZooKeeper probes) repeats. None of either (the
+/// default) trusts no server: a TLS server's certificate is refused, which proves it is one.
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+#[derive(Default)]
+pub(crate) struct Handshake {
+    pub(crate) roots: Vec<CertificateDer<'static>>,
+    pub(crate) identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+}
+
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handshake")
+            .field("roots", &self.roots.len())
+            .field("client_cert", &self.identity.is_some())
+            .finish()
+    }
+}
+
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
+impl Handshake {
+    /// A client configuration with these roots and this client certificate, on the process's
+    /// crypto provider (ring if none is installed), whose session tickets are reported to
+    /// `tickets` (a TLS 1.3 server issues them once it has accepted the client).
+    pub(crate) fn config(&self, tickets: Arc<Tickets>) -> Option<rustls::ClientConfig> {
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add_parsable_certificates(self.roots.iter().cloned());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .ok()?
+            .with_root_certificates(roots);
+        let mut config = match &self.identity {
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .ok()?,
+            None => builder.with_no_client_auth(),
+        };
+        config.resumption = rustls::client::Resumption::store(tickets);
+        Some(config)
+    }
+}
+
 /// The session store of the etcd, Redis and ZooKeeper probes.
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper"))]
 mod tickets {

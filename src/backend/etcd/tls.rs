@@ -7,12 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Certificate, Identity, TlsOptions};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
 use tokio::io::AsyncReadExt;
 
 use crate::backend::reach::host_port;
-use crate::backend::tls::{Refused, Tickets, Wording, certificates, client_identity, tls_cause};
+use crate::backend::tls::{
+    Handshake, Refused, Tickets, Wording, certificates, client_identity, tls_cause,
+};
 use crate::error::{Error, Result};
 
 /// How the TLS errors of etcd's endpoints are told.
@@ -111,8 +113,7 @@ impl TlsConfig {
         Ok(Some(Prepared {
             options,
             check: HandshakeCheck {
-                roots,
-                identity,
+                handshake: Handshake { roots, identity },
                 server_name: self.server_name.clone(),
                 endpoints: endpoints.to_vec(),
                 plain: false,
@@ -148,9 +149,8 @@ pub(super) fn refused_of(e: &etcd_client::Error) -> Option<Refused> {
 /// A plain-text request to a TLS port is closed without a word; a TLS handshake there is
 /// answered, which tells that the endpoint wants `https://`.
 pub(super) struct HandshakeCheck {
-    /// The CA certificates given, or the system's.
-    roots: Vec<CertificateDer<'static>>,
-    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+    /// The CA certificates given (or the system's), and the client certificate.
+    handshake: Handshake,
     server_name: Option<String>,
     endpoints: Vec<String>,
     /// The endpoints are plain text: only ask whether they answer in TLS.
@@ -194,8 +194,7 @@ impl HandshakeCheck {
     /// The check for plain-text `endpoints`: do they speak TLS?
     pub(super) fn plain(endpoints: &[String]) -> HandshakeCheck {
         HandshakeCheck {
-            roots: Vec::new(),
-            identity: None,
+            handshake: Handshake::default(),
             server_name: None,
             endpoints: endpoints.to_vec(),
             plain: true,
@@ -252,23 +251,8 @@ impl HandshakeCheck {
     /// A client configuration like etcd-client's (the same roots, client certificate and
     /// ALPN), whose session tickets are reported to `tickets`.
     fn config(&self, tickets: Arc<Tickets>) -> Option<ClientConfig> {
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        let mut roots = RootCertStore::empty();
-        roots.add_parsable_certificates(self.roots.iter().cloned());
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .ok()?
-            .with_root_certificates(roots);
-        let mut config = match &self.identity {
-            Some((chain, key)) => builder
-                .with_client_auth_cert(chain.clone(), key.clone_key())
-                .ok()?,
-            None => builder.with_no_client_auth(),
-        };
+        let mut config = self.handshake.config(tickets)?;
         config.alpn_protocols = vec![b"h2".to_vec()];
-        config.resumption = rustls::client::Resumption::store(tickets);
         Some(config)
     }
 }

@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::RedisError;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::backend::tls::{Handshake, Tickets, Wording, certificates, client_identity, tls_cause};
 pub(crate) use crate::backend::tls::{Refused, TlsFiles};
-use crate::backend::tls::{Tickets, Wording, certificates, client_identity, tls_cause};
 use crate::error::{Error, Result};
 
 /// How the TLS errors of a Redis server are told.
@@ -167,22 +166,6 @@ pub(crate) struct Probe {
     tls: Option<Handshake>,
 }
 
-/// The roots and client certificate of a `rediss://` URL, as the `redis` crate's client has
-/// them.
-struct Handshake {
-    roots: Vec<CertificateDer<'static>>,
-    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-}
-
-impl std::fmt::Debug for Handshake {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handshake")
-            .field("roots", &self.roots.len())
-            .field("client_cert", &self.identity.is_some())
-            .finish()
-    }
-}
-
 impl Probe {
     fn plain(address: Option<(String, u16)>) -> Probe {
         Probe { address, tls: None }
@@ -241,7 +224,13 @@ impl Probe {
         let (host, port) = self.address.as_ref()?;
         let name = ServerName::try_from(host.clone()).ok()?;
         let tickets = Arc::new(Tickets::default());
-        let config = Arc::new(self.config(Arc::clone(&tickets))?);
+        // The `redis` crate's roots and client certificate; for `redis://`, none.
+        let config = Arc::new(
+            self.tls
+                .as_ref()
+                .unwrap_or(&Handshake::default())
+                .config(Arc::clone(&tickets))?,
+        );
         let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
             .await
             .ok()?;
@@ -269,31 +258,6 @@ impl Probe {
             // Accepted: the server went on to issue tickets.
             () = tickets.0.notified() => None,
         }
-    }
-
-    /// A client configuration like the `redis` crate's (the same roots and client
-    /// certificate), whose session tickets are reported to `tickets`.
-    fn config(&self, tickets: Arc<Tickets>) -> Option<ClientConfig> {
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        let mut roots = RootCertStore::empty();
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .ok()?;
-        let Some(tls) = &self.tls else {
-            return Some(builder.with_root_certificates(roots).with_no_client_auth());
-        };
-        roots.add_parsable_certificates(tls.roots.iter().cloned());
-        let builder = builder.with_root_certificates(roots);
-        let mut config = match &tls.identity {
-            Some((chain, key)) => builder
-                .with_client_auth_cert(chain.clone(), key.clone_key())
-                .ok()?,
-            None => builder.with_no_client_auth(),
-        };
-        config.resumption = rustls::client::Resumption::store(tickets);
-        Some(config)
     }
 }
 

@@ -11,13 +11,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client::TlsOptions;
 
+use crate::backend::tls::{Handshake, Tickets, Wording, certificates, client_identity, tls_cause};
 pub(crate) use crate::backend::tls::{Refused, TlsFiles};
-use crate::backend::tls::{Tickets, Wording, certificates, client_identity, tls_cause};
 use crate::error::{Error, Result};
 
 /// How the TLS errors of a ZooKeeper server are told.
@@ -98,21 +97,6 @@ fn ensure_provider() {
     }
 }
 
-/// The roots and client certificate of a `zks://` string, as zookeeper-client has them.
-pub(crate) struct Handshake {
-    roots: Vec<CertificateDer<'static>>,
-    identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
-}
-
-impl std::fmt::Debug for Handshake {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Handshake")
-            .field("roots", &self.roots.len())
-            .field("client_cert", &self.identity.is_some())
-            .finish()
-    }
-}
-
 /// Connections of our own to the servers of a connect string, to learn why no session comes.
 #[derive(Debug)]
 pub(crate) struct Probe<'a> {
@@ -161,7 +145,12 @@ impl<'a> Probe<'a> {
     async fn handshake(&self, host: &str, port: u16) -> Option<Verdict> {
         let name = ServerName::try_from(host.to_owned()).ok()?;
         let tickets = Arc::new(Tickets::default());
-        let config = Arc::new(self.config(Arc::clone(&tickets))?);
+        // zookeeper-client's roots and client certificate; for `zk://`, none.
+        let config = Arc::new(
+            self.tls
+                .unwrap_or(&Handshake::default())
+                .config(Arc::clone(&tickets))?,
+        );
         let tcp = tokio::net::TcpStream::connect((host, port)).await.ok()?;
         let handshake = tokio_rustls::TlsConnector::from(config)
             .connect(name, tcp)
@@ -190,31 +179,6 @@ impl<'a> Probe<'a> {
             // Accepted: the server went on to issue tickets.
             () = tickets.0.notified() => Some(Verdict::Accepted),
         }
-    }
-
-    /// A client configuration like zookeeper-client's (the same roots and client
-    /// certificate), whose session tickets are reported to `tickets`.
-    fn config(&self, tickets: Arc<Tickets>) -> Option<ClientConfig> {
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::ring::default_provider()));
-        let mut roots = RootCertStore::empty();
-        let builder = ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .ok()?;
-        let Some(tls) = self.tls else {
-            return Some(builder.with_root_certificates(roots).with_no_client_auth());
-        };
-        roots.add_parsable_certificates(tls.roots.iter().cloned());
-        let builder = builder.with_root_certificates(roots);
-        let mut config = match &tls.identity {
-            Some((chain, key)) => builder
-                .with_client_auth_cert(chain.clone(), key.clone_key())
-                .ok()?,
-            None => builder.with_no_client_auth(),
-        };
-        config.resumption = rustls::client::Resumption::store(tickets);
-        Some(config)
     }
 }
 
