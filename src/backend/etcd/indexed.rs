@@ -23,7 +23,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use tokio::time::Instant;
 
 use super::{EtcdBackend, FENCE_RACES, fence_key, malformed, newest_first, revision};
-use crate::backend::{Enqueued, Entry, LeaseId, Position};
+use crate::backend::{Enqueued, Entry, LeaseId};
 use crate::error::{Error, LostReason, Result};
 
 /// Where an [`EtcdBackend`] puts the entries it creates. Every baton client of one lock name
@@ -259,12 +259,7 @@ impl EtcdBackend {
                 if let Some(TxnOpResponse::Get(get)) = ops.first() {
                     self.read_keys(get, mixed);
                 }
-                let rev = resp.header().map_or(0, |h| h.revision());
-                let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-                let predecessor = self.first_kv(ops.first());
-                let entry =
-                    Entry::new(key, value, Position::new(rev), self.token(rev), Some(lease));
-                return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
+                return self.created(&resp, key, value, lease);
             }
             if self.marker_moved(&resp, 3, &epoch).await? {
                 return Err(Error::SessionLost(LostReason::StoreReset));

@@ -1051,6 +1051,22 @@ impl EtcdBackend {
             _ => None,
         }
     }
+
+    /// The entry `key` an enqueue transaction `resp` created (at its revision), and the
+    /// predecessor its first operation read (none: the entry is the head).
+    fn created(
+        &self,
+        resp: &etcd_client::TxnResponse,
+        key: String,
+        value: &[u8],
+        lease: LeaseId,
+    ) -> Result<Enqueued> {
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
+        let predecessor = self.first_kv(resp.op_responses().first());
+        let entry = Entry::new(key, value, Position::new(rev), self.token(rev), Some(lease));
+        Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
+    }
 }
 
 fn queue_prefix(queue: &str) -> String {
@@ -1226,12 +1242,7 @@ impl Backend for EtcdBackend {
                 self.read_keys(get, true);
             }
             if resp.succeeded() {
-                let rev = resp.header().map_or(0, |h| h.revision());
-                let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-                let predecessor = self.first_kv(ops.first());
-                let entry =
-                    Entry::new(key, value, Position::new(rev), self.token(rev), Some(lease));
-                return Ok(Enqueued::new(entry, predecessor.is_none(), predecessor));
+                return self.created(&resp, key, value, lease);
             }
             // The store is in another epoch: this session is from before it.
             if self.marker_moved(&resp, 3, &epoch).await? {
