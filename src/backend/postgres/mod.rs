@@ -1326,7 +1326,7 @@ impl Backend for PgBackend {
         let sent_at = Instant::now();
         // The first attempt goes in a burst with whatever other enqueues wait (burst.rs).
         let stamp = self.next_stamp();
-        let in_burst = self
+        let mut in_burst = self
             .enqueue_in_burst(|answer| burst::Pending {
                 queue: queue.to_owned(),
                 tag: tag.to_owned(),
@@ -1338,7 +1338,7 @@ impl Backend for PgBackend {
             .await;
         // Unanswered: the burst may or may not have been applied; the next attempt gives its
         // stamp up first.
-        let (mut given_up, mut in_burst) = (in_burst.is_none().then_some(stamp), in_burst);
+        let mut given_up = in_burst.is_none().then_some(stamp);
         let row = loop {
             // The stamp of the last attempt sent (0: none yet).
             let sent = AtomicI64::new(given_up.take().unwrap_or(0));
