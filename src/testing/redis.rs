@@ -600,6 +600,10 @@ impl RedisSentinel {
     ///
     /// # Errors
     /// As [`start`](Self::start).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: what started so far is removed by the
+    /// fixture's watchdog when this test process exits.
     pub async fn start_with_password(
         password: Option<&str>,
     ) -> Result<RedisSentinel, FixtureError> {
@@ -664,6 +668,9 @@ impl RedisSentinel {
     /// # Errors
     /// [`FixtureError::Command`] if no Sentinel answers, or one names a node not of this
     /// fixture.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks the Sentinels.
     pub async fn primary(&self) -> Result<&RedisNode, FixtureError> {
         let mut last = None;
         for i in 0..self.sentinels.len() {
@@ -679,6 +686,9 @@ impl RedisSentinel {
     ///
     /// # Errors
     /// As [`primary`](Self::primary).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks the Sentinels.
     pub async fn replica(&self) -> Result<&RedisNode, FixtureError> {
         let primary = self.primary().await?.port();
         self.nodes
@@ -707,6 +717,9 @@ impl RedisSentinel {
     ///
     /// # Errors
     /// [`FixtureError::NotReady`] if that does not happen within 30 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks the Sentinels and the nodes; dropping it stops the wait.
     pub async fn await_new_primary(&self, old: u16) -> Result<&RedisNode, FixtureError> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -733,6 +746,9 @@ impl RedisSentinel {
     ///
     /// # Errors
     /// [`FixtureError::NotReady`] if that does not happen within 30 s.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only asks the Sentinels; dropping it stops the wait.
     pub async fn await_replica_in_sync(&self) -> Result<(), FixtureError> {
         self.await_ready(Duration::from_secs(30)).await
     }
@@ -953,6 +969,9 @@ impl RedisSentinel {
     ///
     /// # Errors
     /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a backend not yet connected is dropped with the future.
     pub async fn backend(
         &self,
         options: crate::RedisOptions,
