@@ -3,6 +3,9 @@
 # apt packages, the `just` runner, a Docker daemon, and the local PostgreSQL image.
 #
 # Usage: scripts/setup.sh            (idempotent; safe to run again)
+#        scripts/setup.sh build      only what compiling the crate needs (protoc and the protos
+#                                    it imports), so that scripts/test can start the build
+#                                    while the rest is installed
 # Writes the PID of a Docker daemon it started to target/dockerd.pid, so that the caller
 # (.ci/run, or you) can stop exactly that process: kill "$(cat target/dockerd.pid)".
 set -euo pipefail
@@ -14,9 +17,11 @@ need_apt=()
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 # etcd-client's protos import google/protobuf/*.proto, which this package ships.
 [ -f /usr/include/google/protobuf/descriptor.proto ] || need_apt+=(libprotobuf-dev)
-[ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
-[ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
-command -v dockerd >/dev/null || need_apt+=(docker.io)
+if [ "${1:-}" != build ]; then
+  [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+  [ -x /usr/bin/etcdctl ] || need_apt+=(etcd-client)
+  command -v dockerd >/dev/null || need_apt+=(docker.io)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -24,6 +29,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # --no-install-recommends keeps docker.io from pulling in extras we do not use.
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
+[ "${1:-}" != build ] || exit 0
 
 if ! command -v just >/dev/null; then
   log "installing just (prebuilt wheel rust-just)"
