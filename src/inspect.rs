@@ -260,7 +260,7 @@ pub async fn inspect(backend: &dyn Backend, name: &str) -> Result<QueueView> {
 pub async fn list(backend: &dyn Backend, prefix: &str) -> Result<Vec<QueueView>> {
     let mut by_name: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
     for entry in backend.entries_under(prefix).await? {
-        let name = crate::backend::queue_of(entry.key()).to_owned();
+        let name = backend.queue_of_key(entry.key()).to_owned();
         by_name.entry(name).or_default().push(entry);
     }
     let mut views = Vec::with_capacity(by_name.len());
@@ -291,11 +291,13 @@ async fn view(
     let mut members = Vec::with_capacity(entries.len());
     for (i, entry) in entries.into_iter().enumerate() {
         let (kind, rest) = EntryKind::of(entry.value());
-        let of = entry
-            .key()
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.rsplit_once('/'))
-            .map_or_else(|| name.to_owned(), |(sub, _)| format!("{name}/{sub}"));
+        // The name it was enqueued on: this one, or one nested under it.
+        let queue = backend.queue_of_key(entry.key());
+        let of = if queue.starts_with(&prefix) {
+            queue.to_owned()
+        } else {
+            name.to_owned()
+        };
         // A read-write lock keeps its writers under `<name>/write` (its readers are marked).
         let kind = if kind == EntryKind::Exclusive && of == writers {
             EntryKind::Write

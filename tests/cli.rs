@@ -8,7 +8,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use baton::testing::{EtcdNode, PgNode, RedisNode, ZkNode};
-use baton::{Backend, EtcdBackend, Mutex, Session, ZkBackend, ZkLayout, ZkOptions};
+use baton::{
+    Backend, EtcdBackend, EtcdLayout, EtcdOptions, Mutex, Session, ZkBackend, ZkLayout, ZkOptions,
+};
 use support::{eventually, within};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -466,6 +468,58 @@ async fn lock_and_status_on_zookeeper_with_a_layout() {
             .is_empty()
     );
     assert!(backend.entries(&name).await.unwrap().is_empty());
+}
+
+/// `--layout indexed` on etcd (#39): `baton lock` queues behind a Rust holder of the indexed
+/// layout, its entry in that layout's queue (`<name>/_q/...`), `status` lists both, and the
+/// command runs once the holder releases. (Before: `--layout` was refused with etcd
+/// endpoints, so the CLI could not share a lock with an application using that layout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_and_status_on_etcd_with_the_indexed_layout() {
+    let options = EtcdOptions::new().with_layout(EtcdLayout::Indexed);
+    let indexed = EtcdBackend::connect(EtcdNode::shared().endpoints(), options)
+        .await
+        .unwrap();
+    let name = name("etcd-indexed");
+    let s = Session::new(indexed.clone()).await.unwrap();
+    let guard = Mutex::new(&s, &name).unwrap().lock().await.unwrap();
+    assert!(guard.key().contains("/_q/"), "{}", guard.key());
+    let mut waiter = Running::spawn(&[
+        "--layout", "indexed", "lock", &name, "--", "sh", "-c", "echo ran",
+    ]);
+    eventually("baton queues", || async {
+        indexed.entries(&name).await.unwrap().len() == 2
+    })
+    .await;
+    let entries = indexed.entries(&name).await.unwrap();
+    assert!(entries[1].key().contains("/_q/"), "{}", entries[1].key());
+    let table = baton(&["--layout", "indexed", "status", &name])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&table, 0);
+    let table = String::from_utf8(table.stdout).unwrap();
+    let rows: Vec<&str> = table.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "holder, waiter:\n{table}");
+    assert!(
+        rows[0].starts_with("holder") && rows[1].starts_with("waiter1"),
+        "{table}"
+    );
+    // `ls` groups the entries under the lock's name, not under `<name>/_q`.
+    let ls = baton(&["--layout", "indexed", "ls", &name, "--json"])
+        .output()
+        .await
+        .unwrap();
+    assert_exit(&ls, 0);
+    let ls = String::from_utf8(ls.stdout).unwrap();
+    assert_eq!(ls.lines().count(), 1, "{ls}");
+    assert!(ls.contains(&format!("\"name\":\"{name}\"")), "{ls}");
+    assert!(ls.contains("\"waiters\":1"), "{ls}");
+    guard.release().await.unwrap();
+    assert_eq!(waiter.line().await, "ran");
+    let (code, stderr) = waiter.exit_code().await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(indexed.entries(&name).await.unwrap().is_empty());
 }
 
 /// Issue #25 (2): `lock -n 3 NAME` is not let in beside a plain `lock NAME` holder (whose
@@ -1647,6 +1701,19 @@ async fn bad_input_is_refused_before_anything_is_sent() {
             "in their URL",
         ),
         (&["--layout", "kazoo", "status", "x"], 64, "ZooKeeper"),
+        // etcd's layouts are refused with other endpoints, as ZooKeeper's are with etcd's.
+        (
+            &[
+                "--endpoints",
+                "zk://127.0.0.1:2181",
+                "--layout",
+                "indexed",
+                "status",
+                "x",
+            ],
+            64,
+            "etcd",
+        ),
         (
             &[
                 "--endpoints",

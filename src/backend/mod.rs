@@ -545,6 +545,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn recipe_name<'n>(&self, name: &'n str) -> &'n str {
         name
     }
+
+    /// The queue (the name) an entry key of this backend was enqueued on, as
+    /// [`inspect`](crate::inspect) and `baton ls` group entries: by default everything before
+    /// the key's last `/`. etcd's indexed layout keeps a queue's entries one level down
+    /// (`<name>/_q/<sequence>.<tag>`) and says so here. Decorators forward it to the backend
+    /// they wrap.
+    fn queue_of_key<'k>(&self, key: &'k str) -> &'k str {
+        queue_of(key)
+    }
 }
 
 /// A change to one key under a queue's prefix, as a watch reports it.

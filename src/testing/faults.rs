@@ -417,6 +417,10 @@ impl Backend for FaultyBackend {
         self.inner.recipe_name(name)
     }
 
+    fn queue_of_key<'k>(&self, key: &'k str) -> &'k str {
+        self.inner.queue_of_key(key)
+    }
+
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         self.run(Call::GrantLease, self.inner.grant_lease(ttl))
             .await

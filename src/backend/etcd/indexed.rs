@@ -56,7 +56,7 @@ pub enum EtcdLayout {
 }
 
 impl EtcdLayout {
-    /// Parses `go` or `indexed` (a URL's `layout=` or the CLI's `--etcd-layout`).
+    /// Parses `go` or `indexed` (the CLI's `--layout`).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for any other text.

@@ -19,7 +19,7 @@ use self::value::ValueWatches;
 use self::watch::{EtcdTransport, Fired, WatchHub};
 use super::{
     Backend, Enqueued, Entry, FencingToken, HeadEvent, Lease, LeaseId, Position, QueueChange,
-    QueueMirror, WriteOp, queue_of_bytes,
+    QueueMirror, WriteOp, queue_of, queue_of_bytes,
 };
 use crate::epoch::{Epoch, StoreEpochs};
 use crate::error::{BoxError, Error, LostReason, Result};
@@ -1106,6 +1106,12 @@ fn malformed(op: &'static str) -> Error {
 
 #[async_trait]
 impl Backend for EtcdBackend {
+    /// An indexed entry's key (`<name>/_q/<sequence>.<tag>`) belongs to `<name>`, whichever
+    /// layout this backend writes; any other key to the part before its last `/`.
+    fn queue_of_key<'k>(&self, key: &'k str) -> &'k str {
+        indexed::parse(key.as_bytes()).map_or_else(|| queue_of(key), |(queue, _, _)| queue)
+    }
+
     async fn grant_lease(&self, ttl: Duration) -> Result<Lease> {
         if ttl.is_zero() {
             return Err(Error::InvalidArgument(

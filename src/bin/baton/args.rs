@@ -120,9 +120,11 @@ pub(crate) struct Cli {
     /// client; see docs/redis.md, docs/postgres.md).
     #[arg(long, default_value = "60", value_parser = seconds_or_zero, global = true, help_heading = GLOBAL, value_name = "SECONDS")]
     pub(crate) restart_grace: Duration,
-    /// ZooKeeper only: whose node names the lock entries take, to share locks with
-    /// applications using that library: Curator's InterProcessMutex (the default) or kazoo's
-    /// Lock (docs/zookeeper.md).
+    /// Where the lock entries live. ZooKeeper: whose node names they take, to share locks
+    /// with applications using that library: Curator's InterProcessMutex (the default) or
+    /// kazoo's Lock (docs/zookeeper.md). etcd: the Go layout (the default, shared with
+    /// `etcdctl lock` and etcd's Go recipes) or the indexed one, for queues thousands deep
+    /// (docs/etcd.md, "Layouts"). Every client of one lock uses the same layout.
     #[arg(long, value_enum, env = "BATON_LAYOUT", global = true, help_heading = GLOBAL)]
     pub(crate) layout: Option<Layout>,
     /// Also print the key and fencing token on standard error when running a command.
@@ -132,13 +134,18 @@ pub(crate) struct Cli {
     pub(crate) command: Command,
 }
 
-/// `--layout`: the ZooKeeper node layouts.
+/// `--layout`: the ZooKeeper node layouts and the etcd key layouts.
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub(crate) enum Layout {
-    /// Apache Curator's InterProcessMutex: `_c_<uuid>-lock-<sequence>`.
+    /// ZooKeeper: Apache Curator's InterProcessMutex, `_c_<uuid>-lock-<sequence>`.
     Curator,
-    /// kazoo's Lock: `<uuid>__lock__<sequence>`.
+    /// ZooKeeper: kazoo's Lock, `<uuid>__lock__<sequence>`.
     Kazoo,
+    /// etcd: `<name>/<lease id in hex>`, as etcd's Go recipes and `etcdctl lock`.
+    Go,
+    /// etcd: `<name>/_q/<sequence>.<tag>`, in queue order by key (reads a few keys per
+    /// enqueue at any depth; not shared with `etcdctl lock`).
+    Indexed,
 }
 
 #[derive(Subcommand, Debug)]

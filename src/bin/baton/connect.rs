@@ -102,11 +102,22 @@ pub(crate) fn validate(cli: &Cli) -> Result<Checked, Failure> {
             "--endpoints: memory:// is an in-process store; no other process would see its locks",
         ));
     }
-    if cli.layout.is_some() && !matches!(endpoints, Endpoints::ZooKeeper(_)) {
-        return Err(Failure::new(
-            exit::USAGE,
-            "--layout is for ZooKeeper endpoints (zk://) only",
-        ));
+    match (cli.layout, &endpoints) {
+        (None, _)
+        | (Some(Layout::Curator | Layout::Kazoo), Endpoints::ZooKeeper(_))
+        | (Some(Layout::Go | Layout::Indexed), Endpoints::Etcd(_)) => {}
+        (Some(Layout::Curator | Layout::Kazoo), _) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--layout curator and kazoo are for ZooKeeper endpoints (zk://) only",
+            ));
+        }
+        (Some(Layout::Go | Layout::Indexed), _) => {
+            return Err(Failure::new(
+                exit::USAGE,
+                "--layout go and indexed are for etcd endpoints (host:port, http(s)://) only",
+            ));
+        }
     }
     if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
         return Err(Failure::new(
@@ -172,12 +183,14 @@ pub(crate) async fn connect(
     if let Some((cert, key)) = tls.client {
         options = options.with_client_cert(cert, key);
     }
-    if let Some(layout) = cli.layout {
-        options = options.with_zk_layout(match layout {
-            Layout::Curator => baton::ZkLayout::Curator,
-            Layout::Kazoo => baton::ZkLayout::Kazoo,
-        });
-    }
+    // `validate` matched the layout with the endpoints' backend.
+    options = match cli.layout {
+        None => options,
+        Some(Layout::Curator) => options.with_zk_layout(baton::ZkLayout::Curator),
+        Some(Layout::Kazoo) => options.with_zk_layout(baton::ZkLayout::Kazoo),
+        Some(Layout::Go) => options.with_etcd_layout(baton::EtcdLayout::Go),
+        Some(Layout::Indexed) => options.with_etcd_layout(baton::EtcdLayout::Indexed),
+    };
     let what = match Endpoints::parse(&endpoints) {
         Ok(parsed) => format!("connecting to {}", parsed.backend_name()),
         Err(_) => "connecting".to_owned(),
