@@ -215,7 +215,8 @@ async fn fail_over_under_a_lock(redis: &RedisSentinel, how: Failover) {
 }
 
 /// The three failovers in turn, on one fixture (a Sentinel fails a primary over again only
-/// after twice its failover timeout; the fixture's is small).
+/// after twice its failover timeout; the fixture's is small), and a manual one across a
+/// client's stall.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failovers_never_grant_twice_and_keep_order() {
     let redis = RedisSentinel::start().await.unwrap();
@@ -231,7 +232,75 @@ async fn failovers_never_grant_twice_and_keep_order() {
     redis.await_replica_in_sync().await.unwrap();
     fail_over_under_a_lock(&redis, Failover::Paused).await;
     redis.await_replica_in_sync().await.unwrap();
+    stalled_across_a_failover(&redis).await;
+    redis.await_replica_in_sync().await.unwrap();
     fail_over_under_a_lock(&redis, Failover::Killed).await;
+}
+
+/// A client process that stalls (SIGSTOP, a GC pause, a frozen VM) across a manual failover
+/// wakes with the announcement unread; the old primary still answers as a primary until
+/// Sentinel demotes it. Its first request after the stall must go to the new primary: its
+/// session and lock are made there (and wait the new epoch's grace), not on the old one.
+/// (Before: they were made on the old primary, as the nemesis saw, redis-sentinel seed 13.)
+///
+/// The client runs on a runtime of its own, on one thread, which the test blocks while the
+/// Sentinels fail the primary over: nothing of the client runs meanwhile, its listener
+/// included, as in a stopped process.
+async fn stalled_across_a_failover(redis: &RedisSentinel) {
+    let old = redis.primary().await.unwrap().port();
+    let url = redis.url();
+    let (connected_tx, connected) = tokio::sync::oneshot::channel();
+    let (wake, woken) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held) = tokio::sync::oneshot::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let client = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            // A grace of one TTL: the new epoch's, which a lock made there waits.
+            let backend = RedisBackend::connect(&url, options().with_restart_grace(TTL))
+                .await
+                .unwrap();
+            connected_tx.send(()).unwrap();
+            // The stall: this thread, the client's only one, blocks.
+            woken.recv().unwrap();
+            let s = session(&backend).await;
+            let guard = Mutex::new(&s, "stalled").unwrap().lock().await.unwrap();
+            held_tx.send(guard.key().to_owned()).unwrap();
+            // Held until the test has looked where the entry is (this thread blocks again:
+            // the session's TTL is well above the look).
+            released.recv().unwrap();
+            guard.release().await.unwrap();
+        })
+    });
+    connected.await.unwrap();
+    redis.failover().await.unwrap();
+    let new = redis.await_new_primary(old).await.unwrap();
+    // Every Sentinel names the new primary: the announcement is out.
+    let pattern = format!("sentinel-{}:*stalled*", std::process::id());
+    assert!(
+        new.command::<Vec<String>>("KEYS", &[&pattern])
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing of the lock yet"
+    );
+    wake.send(()).unwrap();
+    let Ok(key) = held.await else {
+        // The client failed: its panic says why.
+        std::panic::resume_unwind(client.join().unwrap_err());
+    };
+    let on_new: Vec<String> = new.command("KEYS", &[&pattern]).await.unwrap();
+    release.send(()).unwrap();
+    tokio::task::spawn_blocking(move || client.join().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        !on_new.is_empty(),
+        "the lock ({key}) was made on the old primary, not on the new one"
+    );
 }
 
 /// A Sentinel URL with the Sentinels' password, and the refusals: a wrong Sentinel password is

@@ -857,7 +857,9 @@ impl RedisBackend {
         let mut retry = Retry::new(op, self.inner.options.retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
-            let primary = self.inner.primary.current();
+            // After a stall of this process, the Sentinels are asked first (a failover may
+            // be announced and unread).
+            let primary = self.inner.primary.current_checked().await;
             let attempt = Box::pin(tokio::time::timeout(
                 self.inner.options.request_timeout,
                 f(primary.conn),

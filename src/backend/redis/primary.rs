@@ -8,9 +8,11 @@
 //! written under, so the first script on the new primary starts a new epoch, and the restart
 //! grace holds grants back until every holder from before has been told).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, RwLock, Weak};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 use tokio::task::JoinHandle;
@@ -41,21 +43,104 @@ pub(super) struct Primary {
     /// How to find the primary again (`redis+sentinel://` only).
     sentinels: Option<Sentinels>,
     generation: AtomicU64,
-    /// The task that hears the Sentinels announce a failover (`+switch-master`).
-    watcher: StdMutex<Option<JoinHandle<()>>>,
+    /// The tasks that hear the Sentinels announce a failover (`+switch-master`) and that
+    /// notice this process stalling ([`Stalls`]).
+    watchers: StdMutex<Vec<JoinHandle<()>>>,
+    /// Whether this process ran without a gap since the Sentinels last named the primary
+    /// (`redis+sentinel://` only).
+    stalls: Arc<Stalls>,
 }
 
 impl Drop for Primary {
     fn drop(&mut self) {
-        if let Some(watcher) = self
-            .watcher
+        for watcher in self
+            .watchers
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
+            .drain(..)
         {
             watcher.abort();
         }
     }
+}
+
+/// How often [`Stalls`] ticks.
+const TICK: Duration = Duration::from_millis(50);
+
+/// A gap between ticks longer than this is a stall of this process (SIGSTOP, a GC pause, a
+/// frozen VM, a starved runtime): long enough to ignore scheduling noise, shorter than any
+/// failover (a manual `SENTINEL FAILOVER` announces its new primary about a second after it
+/// is asked for).
+const STALL: Duration = Duration::from_millis(250);
+
+/// Notices that this process stopped running for a while. The listener hears a failover only
+/// when it runs: a process stalled across one wakes with the announcement unread in its
+/// socket, and its first requests, racing the listener, would go to the old primary, which
+/// answers as a primary until Sentinel demotes it (seconds later). The nemesis saw a session
+/// and a grant made there 1.9 s after the announcement (docs/redis.md). So after a stall the
+/// Sentinels are asked before the next request ([`Primary::current_checked`]).
+#[derive(Debug)]
+struct Stalls {
+    start: Instant,
+    /// When the ticker last ran, in milliseconds since `start`.
+    last_tick: AtomicU64,
+    /// A stall seen by the ticker (a gap between two of its ticks) and not yet answered by a
+    /// lookup.
+    seen: AtomicBool,
+}
+
+impl Stalls {
+    fn new() -> Stalls {
+        Stalls {
+            start: Instant::now(),
+            last_tick: AtomicU64::new(0),
+            seen: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// One tick: a gap since the last one longer than [`STALL`] is a stall.
+    fn tick(&self) {
+        let now = self.now_ms();
+        let last = self.last_tick.swap(now, Ordering::SeqCst);
+        if now.saturating_sub(last) > stall_ms() {
+            self.seen.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether this process stalled since the last lookup: the ticker saw a gap, or has not
+    /// run for longer than [`STALL`] (the request woke before it).
+    fn stalled(&self) -> bool {
+        self.seen.load(Ordering::SeqCst)
+            || self
+                .now_ms()
+                .saturating_sub(self.last_tick.load(Ordering::SeqCst))
+                > stall_ms()
+    }
+
+    /// A lookup answered: what the Sentinels said is as fresh as it gets.
+    fn answered(&self) {
+        self.last_tick.store(self.now_ms(), Ordering::SeqCst);
+        self.seen.store(false, Ordering::SeqCst);
+    }
+
+    /// Ticks every [`TICK`] until aborted.
+    async fn run(self: Arc<Self>) {
+        self.answered();
+        let mut ticks = tokio::time::interval(TICK);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.tick();
+        }
+    }
+}
+
+fn stall_ms() -> u64 {
+    u64::try_from(STALL.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The channel on which Sentinels announce a new primary: `<service> <old ip> <old port>
@@ -93,7 +178,8 @@ impl Primary {
             }),
             sentinels: None,
             generation: AtomicU64::new(0),
-            watcher: StdMutex::new(None),
+            watchers: StdMutex::new(Vec::new()),
+            stalls: Arc::new(Stalls::new()),
         }
     }
 
@@ -127,7 +213,8 @@ impl Primary {
                 service,
             }),
             generation: AtomicU64::new(0),
-            watcher: StdMutex::new(None),
+            watchers: StdMutex::new(Vec::new()),
+            stalls: Arc::new(Stalls::new()),
         })
     }
 
@@ -136,13 +223,37 @@ impl Primary {
     /// request to the old one fails. A primary demoted by a manual `SENTINEL FAILOVER` or
     /// back from a pause goes on answering as a primary until Sentinel reconfigures it
     /// (seconds later): a client that stayed there meanwhile would renew leases the new
-    /// primary knows nothing of. The listener stops when the primary is dropped.
+    /// primary knows nothing of. Also starts noticing stalls of this process ([`Stalls`]).
+    /// Both stop when the primary is dropped.
     pub(super) fn watch(self: &Arc<Self>) {
         if self.sentinels.is_none() {
             return;
         }
-        let task = tokio::spawn(listen(Arc::downgrade(self)));
-        *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        let listener = tokio::spawn(listen(Arc::downgrade(self)));
+        let ticker = tokio::spawn(Arc::clone(&self.stalls).run());
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend([listener, ticker]);
+    }
+
+    /// The primary to send a request to: [`current`](Self::current), except that after this
+    /// process stalled (see [`Stalls`]) the Sentinels are asked first, and the backend moves
+    /// if they name another primary. A lookup that fails leaves the primary as it was (the
+    /// request then finds out) and is tried again before the next request.
+    ///
+    /// # Cancel safety
+    /// Cancel safe, as [`follow`](Self::follow).
+    pub(super) async fn current_checked(&self) -> Current {
+        if self.sentinels.is_some() && self.stalls.stalled() {
+            tracing::debug!(
+                "this process stalled: asking the Sentinels for the primary before the next request"
+            );
+            if self.follow(self.generation()).await {
+                self.stalls.answered();
+            }
+        }
+        self.current()
     }
 
     /// The primary as it is now.
@@ -163,28 +274,30 @@ impl Primary {
     /// make it fail: asks the Sentinels which primary to use now, and moves there if it is
     /// another. Does nothing for a fixed primary, nor if another caller has moved since
     /// `generation` (its lookup is as fresh as ours would be). Never fails: a lookup that
-    /// fails leaves the primary as it was, for the retry to find out.
+    /// fails leaves the primary as it was, for the retry to find out. Answers whether the
+    /// primary is now the one the Sentinels name (`false`: the lookup or the connection to
+    /// the new primary failed).
     ///
     /// # Cancel safety
     /// Cancel safe: the primary is replaced whole or not at all.
-    pub(super) async fn follow(&self, generation: u64) {
+    pub(super) async fn follow(&self, generation: u64) -> bool {
         let Some(sentinels) = &self.sentinels else {
-            return;
+            return true;
         };
         let mut sentinel = sentinels.client.lock().await;
         if self.generation() != generation {
-            return;
+            return true;
         }
         let (client, address) = match lookup(&mut sentinel, sentinels.timeout).await {
             Ok(found) => found,
             Err(e) => {
                 tracing::debug!(service = %sentinels.service, error = %e, "Sentinel lookup failed; the primary stays as it was");
-                return;
+                return false;
             }
         };
         let old = self.current().address;
         if address == old {
-            return;
+            return true;
         }
         let conn = tokio::time::timeout(
             sentinels.timeout,
@@ -195,11 +308,11 @@ impl Primary {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
                 tracing::debug!(%address, error = %e, "cannot connect to the primary Sentinel names");
-                return;
+                return false;
             }
             Err(_) => {
                 tracing::debug!(%address, "no answer from the primary Sentinel names");
-                return;
+                return false;
             }
         };
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
@@ -215,6 +328,7 @@ impl Primary {
             generation,
             address,
         };
+        true
     }
 }
 
