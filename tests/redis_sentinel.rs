@@ -6,7 +6,9 @@
 //! In each: the holder and the waiters from before are told (their sessions end with the
 //! epoch the failover starts), nobody is granted before the restart grace has passed since
 //! the failover began, the waiters queued after it are granted in their order with tokens
-//! above every earlier one, and a fenced resource sees no overlap.
+//! above every earlier one, and a fenced resource sees no overlap. Then a client stalled
+//! across a manual failover; and, on a second fixture that speaks TLS only,
+//! `rediss+sentinel://`.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -14,8 +16,10 @@ mod support;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use baton::testing::RedisSentinel;
-use baton::{Backend, Mutex, RedisBackend, RedisOptions, Session, SessionOptions};
+use baton::testing::{RedisSentinel, RedisTls, TestCa};
+use baton::{
+    Backend, ConnectOptions, Error, Mutex, RedisBackend, RedisOptions, Session, SessionOptions,
+};
 use support::{FencedRegister, assert_lost, within};
 use tokio::time::Instant;
 
@@ -329,4 +333,76 @@ async fn sentinel_passwords_and_unknown_services() {
         matches!(refused, Err(baton::Error::Connect { .. })),
         "{refused:?}"
     );
+}
+
+/// `rediss+sentinel://` (#40): Sentinels and servers that speak TLS only. Through
+/// `connect_with`, as a user gives it (the URL and the CA): the Sentinels are asked over TLS,
+/// the primary reached over TLS, and a manual failover followed (the next lock is made on the
+/// new primary, after the grace, with a higher token). Refused at once: the plain scheme
+/// against TLS Sentinels, and Sentinels whose certificate the CA given did not sign.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_sentinels_and_the_primary_are_reached_and_followed() {
+    let tls = RedisTls::generate().unwrap().with_client_cert_auth(false);
+    let redis = RedisSentinel::start_tls(&tls).await.unwrap();
+    assert!(
+        redis.url().starts_with("rediss+sentinel://"),
+        "{}",
+        redis.url()
+    );
+    let options = || {
+        ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_request_timeout(Duration::from_millis(500))
+            .with_retry_for(Duration::from_secs(10))
+            .with_restart_grace(TTL)
+            .with_redis_prefix(format!("sentinel-tls-{}:", std::process::id()))
+    };
+    let backend = baton::connect_with(&redis.url(), options().with_ca_cert(tls.ca_pem()))
+        .await
+        .unwrap();
+    let ttl = SessionOptions::new().with_ttl(TTL);
+    let before = {
+        let s = Session::with_options(backend.clone(), ttl.clone())
+            .await
+            .unwrap();
+        let guard = Mutex::new(&s, "tls").unwrap().lock().await.unwrap();
+        let token = guard.fencing_token().get();
+        guard.release().await.unwrap();
+        token
+    };
+
+    let old = redis.primary().await.unwrap().port();
+    redis.failover().await.unwrap();
+    let new = redis.await_new_primary(old).await.unwrap();
+    let s = Session::with_options(backend.clone(), ttl).await.unwrap();
+    let guard = Mutex::new(&s, "tls").unwrap().lock().await.unwrap();
+    assert!(
+        guard.fencing_token().get() > before,
+        "{} after {before}",
+        guard.fencing_token().get()
+    );
+    let pattern = format!("sentinel-tls-{}:*tls*", std::process::id());
+    let on_new: Vec<String> = new.command("KEYS", &[&pattern]).await.unwrap();
+    assert!(
+        !on_new.is_empty(),
+        "the lock was not made on the new primary"
+    );
+    guard.release().await.unwrap();
+
+    // The plain scheme against TLS Sentinels, and a CA that did not sign them.
+    let plain = redis.url().replacen("rediss+sentinel", "redis+sentinel", 1);
+    let started = Instant::now();
+    let e = baton::connect_with(&plain, options()).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{e:?}");
+    assert!(
+        matches!(e, Error::Connect { .. } | Error::Misconfigured { .. }),
+        "{e:?}"
+    );
+    let stranger = TestCa::generate("stranger CA").unwrap();
+    let started = Instant::now();
+    let e = baton::connect_with(&redis.url(), options().with_ca_cert(stranger.cert_pem()))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{e:?}");
+    assert!(matches!(e, Error::Misconfigured { .. }), "{e:?}");
 }

@@ -115,6 +115,19 @@ impl ServerTls {
         }
     }
 
+    /// A client of the `redis` crate for `url` (`rediss://`) with these certificates, for the
+    /// fixture's own commands. The `redis` crate builds its TLS configuration with rustls's
+    /// process-wide provider, and rustls panics if none is installed when its features name
+    /// two (this build has ring and aws-lc-rs): ring is installed first, unless the test
+    /// installed one, as baton's own Redis client does.
+    fn client(&self, url: String) -> redis::RedisResult<redis::Client> {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Another thread may have installed one since: that one stays.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        redis::Client::build_with_tls(url, self.certificates())
+    }
+
     /// The same, for the `redis` crate's own clients ([`RedisNode::command`]).
     fn certificates(&self) -> redis::TlsCertificates {
         redis::TlsCertificates {
@@ -154,8 +167,17 @@ const LOCAL_TLS_DIR: &str = "tls";
 
 /// [`local_process`] for a server that serves TLS: the files written into its working
 /// directory (the key readable by its owner only).
-fn local_tls_process(port: u16, tls: &RedisTls) -> std::io::Result<ServerProcess> {
-    let process = local_process(port, &tls.redis_args(port, LOCAL_TLS_DIR))?;
+fn local_tls_process(
+    port: u16,
+    tls: &RedisTls,
+    container_args: &[String],
+) -> std::io::Result<ServerProcess> {
+    // The container's arguments, with the files where a local process finds them.
+    let args: Vec<String> = container_args
+        .iter()
+        .map(|a| a.replace(CONTAINER_TLS_DIR, LOCAL_TLS_DIR))
+        .collect();
+    let process = local_process(port, &args)?;
     tls.write_files(&REDIS.work_dir(port).join(LOCAL_TLS_DIR))?;
     Ok(process)
 }
@@ -237,7 +259,15 @@ impl RedisNode {
     /// Dropping the future leaves nothing running: a container or process started so far is
     /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_tls(tls: &RedisTls) -> Result<RedisNode, FixtureError> {
-        let port = free_port()?;
+        RedisNode::start_tls_on(free_port()?, tls, &[]).await
+    }
+
+    /// [`start_tls`](Self::start_tls) on `port`, with extra `redis-server` arguments.
+    async fn start_tls_on(
+        port: u16,
+        tls: &RedisTls,
+        args: &[&str],
+    ) -> Result<RedisNode, FixtureError> {
         let files = tls
             .files()
             .iter()
@@ -248,8 +278,10 @@ impl RedisNode {
                 )
             })
             .collect();
-        let args = server_args(port, &tls.redis_args(port, CONTAINER_TLS_DIR));
-        let fallback = || local_tls_process(port, tls);
+        let mut extra = tls.redis_args(port, CONTAINER_TLS_DIR);
+        extra.extend(args.iter().map(|a| (*a).to_owned()));
+        let args = server_args(port, &extra);
+        let fallback = || local_tls_process(port, tls, &extra);
         let instance =
             Instance::start_with_files(REDIS, port, listening, args, files, fallback).await?;
         Ok(RedisNode {
@@ -407,7 +439,7 @@ impl RedisNode {
             source: Box::new(source),
         };
         let client = match &self.tls {
-            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates()),
+            Some(tls) => tls.client(self.url()),
             None => redis::Client::open(self.url()),
         }
         .map_err(failed)?;
@@ -573,6 +605,8 @@ pub struct RedisSentinel {
     nodes: Vec<RedisNode>,
     sentinels: Vec<Instance>,
     password: Option<String>,
+    /// The certificates of a fixture that speaks TLS only ([`start_tls`](Self::start_tls)).
+    tls: Option<RedisTls>,
 }
 
 impl RedisSentinel {
@@ -607,20 +641,54 @@ impl RedisSentinel {
     pub async fn start_with_password(
         password: Option<&str>,
     ) -> Result<RedisSentinel, FixtureError> {
-        let primary = RedisNode::start_on(free_port()?, &[]).await?;
+        RedisSentinel::start_all(password, None).await
+    }
+
+    /// [`start`](Self::start), every server speaking TLS only, with `tls`'s certificates:
+    /// the primary and the replica (`--tls-port`, replication over TLS) and the Sentinels
+    /// (`tls-port`, and TLS to the servers and to each other: `tls-replication yes`). Its
+    /// [`url`](Self::url) is `rediss+sentinel://`; [`backend`](Self::backend) and the
+    /// fixture's own commands connect with the CA (and `tls`'s client certificate, if it has
+    /// one). Give `tls` without client certificate authentication
+    /// ([`with_client_cert_auth(false)`](RedisTls::with_client_cert_auth)) unless its server
+    /// certificate may also serve as a client's (the servers present it to each other).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: what started so far is removed by the
+    /// fixture's watchdog when this test process exits.
+    pub async fn start_tls(tls: &RedisTls) -> Result<RedisSentinel, FixtureError> {
+        RedisSentinel::start_all(None, Some(tls)).await
+    }
+
+    async fn start_all(
+        password: Option<&str>,
+        tls: Option<&RedisTls>,
+    ) -> Result<RedisSentinel, FixtureError> {
+        // Over TLS, a node replicates over TLS (and so does the primary, once demoted).
+        let node = |port: u16, args: Vec<String>| async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            match tls {
+                Some(tls) => {
+                    let mut args = args;
+                    args.extend(["--tls-replication", "yes"]);
+                    RedisNode::start_tls_on(port, tls, &args).await
+                }
+                None => RedisNode::start_on(port, &args).await,
+            }
+        };
+        let primary = node(free_port()?, Vec::new()).await?;
         let replica_args = ["--replicaof", "127.0.0.1", &primary.port().to_string()]
             .map(str::to_owned)
             .to_vec();
-        let replica = RedisNode::start_on(
-            free_port()?,
-            &replica_args.iter().map(String::as_str).collect::<Vec<_>>(),
-        )
-        .await?;
+        let replica = node(free_port()?, replica_args).await?;
         let ports = free_ports(3)?;
         let started = futures::future::join_all(
             ports
                 .iter()
-                .map(|port| start_sentinel(*port, primary.port(), password)),
+                .map(|port| start_sentinel(*port, primary.port(), password, tls)),
         )
         .await;
         let sentinels = started.into_iter().collect::<Result<Vec<_>, _>>()?;
@@ -628,6 +696,7 @@ impl RedisSentinel {
             nodes: vec![primary, replica],
             sentinels,
             password: password.map(str::to_owned),
+            tls: tls.cloned(),
         };
         fixture.await_ready(Duration::from_secs(30)).await?;
         Ok(fixture)
@@ -645,8 +714,13 @@ impl RedisSentinel {
             Some(password) => format!("?sentinel_password={password}"),
             None => String::new(),
         };
+        let scheme = if self.tls.is_some() {
+            "rediss+sentinel"
+        } else {
+            "redis+sentinel"
+        };
         format!(
-            "redis+sentinel://{}/{}{auth}",
+            "{scheme}://{}/{}{auth}",
             hosts.join(","),
             RedisSentinel::SERVICE
         )
@@ -846,8 +920,11 @@ impl RedisSentinel {
             Some(password) => format!(":{password}@"),
             None => String::new(),
         };
-        redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port()))
-            .map_err(|source| command_error("SENTINEL", Box::new(source)))
+        match &self.tls {
+            Some(tls) => tls.client(format!("rediss://{auth}127.0.0.1:{}", sentinel.port())),
+            None => redis::Client::open(format!("redis://{auth}127.0.0.1:{}", sentinel.port())),
+        }
+        .map_err(|source| command_error("SENTINEL", Box::new(source)))
     }
 
     /// The port of the primary Sentinel `i` names.
@@ -976,6 +1053,10 @@ impl RedisSentinel {
         &self,
         options: crate::RedisOptions,
     ) -> crate::Result<crate::RedisBackend> {
+        let options = match &self.tls {
+            Some(tls) => tls.redis_options(options),
+            None => options,
+        };
         crate::RedisBackend::connect(&self.url(), options).await
     }
 }
@@ -1057,10 +1138,25 @@ async fn node_role(node: &RedisNode) -> Option<String> {
 }
 
 /// The configuration of a Sentinel on `port` watching the primary on `primary`.
-fn sentinel_conf(port: u16, primary: u16, password: Option<&str>) -> String {
+fn sentinel_conf(
+    port: u16,
+    primary: u16,
+    password: Option<&str>,
+    tls: Option<(&RedisTls, &str)>,
+) -> String {
     let service = RedisSentinel::SERVICE;
+    let ports = match tls {
+        // TLS only, on `port`; TLS to the servers and to the other Sentinels.
+        Some((tls, dir)) => format!(
+            "port 0\ntls-port {port}\ntls-cert-file {dir}/{TLS_CERT}\n\
+             tls-key-file {dir}/{TLS_KEY}\ntls-ca-cert-file {dir}/{TLS_CA}\n\
+             tls-auth-clients {}\ntls-replication yes\n",
+            if tls.client_cert_auth() { "yes" } else { "no" }
+        ),
+        None => format!("port {port}\n"),
+    };
     let mut conf = format!(
-        "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir /tmp\n\
+        "{ports}bind 127.0.0.1\nprotected-mode no\ndir /tmp\n\
          sentinel monitor {service} 127.0.0.1 {primary} 2\n\
          sentinel down-after-milliseconds {service} {}\n\
          sentinel failover-timeout {service} {}\n\
@@ -1081,9 +1177,18 @@ async fn start_sentinel(
     port: u16,
     primary: u16,
     password: Option<&str>,
+    tls: Option<&RedisTls>,
 ) -> Result<Instance, FixtureError> {
-    let conf = sentinel_conf(port, primary, password);
-    let files = vec![(SENTINEL_CONF.to_owned(), conf.clone().into_bytes())];
+    let conf = sentinel_conf(port, primary, password, tls.map(|t| (t, CONTAINER_TLS_DIR)));
+    let mut files = vec![(SENTINEL_CONF.to_owned(), conf.into_bytes())];
+    if let Some(tls) = tls {
+        files.extend(tls.files().iter().map(|(name, pem)| {
+            (
+                format!("{CONTAINER_TLS_DIR}/{name}"),
+                pem.as_bytes().to_vec(),
+            )
+        }));
+    }
     let args = vec![SENTINEL_CONF.to_owned(), "--sentinel".to_owned()];
     let fallback = || {
         let process = ServerProcess::new(
@@ -1093,7 +1198,11 @@ async fn start_sentinel(
             "redis-server",
             vec!["sentinel.conf".to_owned(), "--sentinel".to_owned()],
         )?;
+        let conf = sentinel_conf(port, primary, password, tls.map(|t| (t, LOCAL_TLS_DIR)));
         std::fs::write(SENTINEL.work_dir(port).join("sentinel.conf"), conf)?;
+        if let Some(tls) = tls {
+            tls.write_files(&SENTINEL.work_dir(port).join(LOCAL_TLS_DIR))?;
+        }
         Ok(process)
     };
     Instance::start_with_files(SENTINEL, port, sentinel_ping, args, files, fallback).await
