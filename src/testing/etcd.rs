@@ -326,6 +326,10 @@ impl EtcdNode {
     ///
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start() -> Result<EtcdNode, FixtureError> {
         EtcdNode::start_with(&[]).await
     }
@@ -336,6 +340,10 @@ impl EtcdNode {
     ///
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_with(args: &[&str]) -> Result<EtcdNode, FixtureError> {
         if let Ok(endpoints) = std::env::var("BATON_ETCD_ENDPOINTS") {
             if !args.is_empty() {
@@ -369,6 +377,10 @@ impl EtcdNode {
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local binary starts, or
     /// the certificates cannot be written.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_tls(tls: &EtcdTls) -> Result<EtcdNode, FixtureError> {
         let mut spec = MemberSpec::new("n0")?;
         spec.tls = Some(tls.client_cert_auth());
@@ -384,6 +396,10 @@ impl EtcdNode {
     ///
     /// # Errors
     /// [`FixtureError`] if the directory cannot be made or the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_with_host_data() -> Result<EtcdNode, FixtureError> {
         let mut spec = MemberSpec::new("n0")?;
         let dir = std::env::temp_dir().join(format!(
@@ -484,6 +500,10 @@ impl EtcdNode {
     /// # Errors
     /// [`FixtureError::Spawn`] or [`FixtureError::Process`] if `etcdctl` cannot be run or
     /// fails.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the snapshot file may be missing or partial; the node is
+    /// unaffected.
     pub async fn save_snapshot(&self, path: &Path) -> Result<(), FixtureError> {
         let endpoint = self.endpoints.join(",");
         let path = path.to_string_lossy().into_owned();
@@ -496,6 +516,10 @@ impl EtcdNode {
     ///
     /// # Errors
     /// As [`wipe_data`](Self::wipe_data) and [`save_snapshot`](Self::save_snapshot).
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the node's data may be partly restored: restore again before
+    /// starting it.
     pub async fn restore_snapshot(&self, snapshot: &Path) -> Result<(), FixtureError> {
         self.restore_snapshot_with_token(snapshot, "baton-test")
             .await
@@ -506,6 +530,9 @@ impl EtcdNode {
     /// member is a new cluster, with a new cluster id.
     ///
     /// # Errors
+    /// As [`restore_snapshot`](Self::restore_snapshot).
+    ///
+    /// # Cancel safety
     /// As [`restore_snapshot`](Self::restore_snapshot).
     pub async fn restore_snapshot_as_new_cluster(
         &self,
@@ -590,6 +617,9 @@ impl EtcdNode {
     ///
     /// # Errors
     /// As [`EtcdBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a backend not yet connected is dropped with the future.
     pub async fn backend(&self) -> crate::Result<EtcdBackend> {
         EtcdBackend::connect(&self.endpoints, self.options.clone()).await
     }
@@ -747,6 +777,10 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// [`FixtureError::Container`] if a member does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start() -> Result<EtcdCluster, FixtureError> {
         let specs = ["m0", "m1", "m2"]
             .iter()
@@ -783,6 +817,9 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// As [`EtcdBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a backend not yet connected is dropped with the future.
     pub async fn backend(&self) -> crate::Result<EtcdBackend> {
         EtcdBackend::connect(&self.endpoints(), EtcdOptions::new()).await
     }
@@ -791,6 +828,9 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// A backend error if no member answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it only reads.
     pub async fn leader(&self) -> crate::Result<Option<usize>> {
         for spec in &self.specs {
             let Ok(backend) = EtcdBackend::connect(
@@ -831,6 +871,9 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the member may or may not have been stopped.
     pub async fn stop_member(&self, i: usize) -> Result<(), FixtureError> {
         self.member(i)?
             .stop_with_timeout(Some(0))
@@ -905,6 +948,9 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the member may or may not be frozen.
     pub async fn pause_member(&self, i: usize) -> Result<(), FixtureError> {
         self.member(i)?
             .pause()
@@ -916,6 +962,9 @@ impl EtcdCluster {
     ///
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; the container runtime's error.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the member may or may not be frozen still.
     pub async fn unpause_member(&self, i: usize) -> Result<(), FixtureError> {
         self.member(i)?
             .unpause()

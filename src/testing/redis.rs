@@ -202,6 +202,10 @@ impl RedisNode {
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local `redis-server`
     /// starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start() -> Result<RedisNode, FixtureError> {
         RedisNode::start_with(&[]).await
     }
@@ -215,6 +219,10 @@ impl RedisNode {
     /// # Errors
     /// [`FixtureError`] if neither a container nor (when allowed) a local `redis-server`
     /// starts.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_with(args: &[&str]) -> Result<RedisNode, FixtureError> {
         if let Ok(url) = std::env::var("BATON_REDIS_URL") {
             if !args.is_empty() {
@@ -378,6 +386,10 @@ impl RedisNode {
     /// # Errors
     /// As [`start`](Self::start); [`FixtureError::NotReady`] if it does not synchronise within
     /// 30 s.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start_replica(&self) -> Result<RedisNode, FixtureError> {
         let port = self.port().to_string();
         let replica = RedisNode::start_with(&["--replicaof", "127.0.0.1", &port]).await?;
@@ -402,6 +414,9 @@ impl RedisNode {
     ///
     /// # Errors
     /// [`FixtureError::Command`] if the server refuses or cannot be reached.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the replica may or may not have been made a primary.
     pub async fn promote(&self) -> Result<(), FixtureError> {
         self.command::<()>("REPLICAOF", &["NO", "ONE"]).await
     }
@@ -413,6 +428,9 @@ impl RedisNode {
     /// # Errors
     /// [`FixtureError::Command`] if the server refuses or cannot be reached;
     /// [`FixtureError::Io`] if no free port can be found.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the replica may or may not replicate still.
     pub async fn detach(&self) -> Result<(), FixtureError> {
         let nowhere = free_port()?.to_string();
         self.command::<()>("REPLICAOF", &["127.0.0.1", &nowhere])
@@ -452,6 +470,9 @@ impl RedisNode {
     /// # Errors
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not be frozen.
     pub async fn pause(&self) -> Result<(), FixtureError> {
         self.instance.pause().await
     }
@@ -461,6 +482,9 @@ impl RedisNode {
     /// # Errors
     /// The container runtime's error; [`FixtureError::Unsupported`] for a node that is not a
     /// container.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not be frozen still.
     pub async fn unpause(&self) -> Result<(), FixtureError> {
         self.instance.unpause().await
     }
@@ -473,6 +497,9 @@ impl RedisNode {
     ///
     /// # Errors
     /// As [`RedisBackend::connect`](crate::RedisBackend::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a backend not yet connected is dropped with the future.
     pub async fn backend(&self) -> crate::Result<crate::RedisBackend> {
         let options = crate::RedisOptions::new().with_restart_grace(std::time::Duration::ZERO);
         let options = match &self.tls {
@@ -510,6 +537,10 @@ impl RedisNodes {
     ///
     /// # Errors
     /// [`FixtureError`] if one of them does not start (the others are then removed).
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves nothing running: a container or process started so far is
+    /// removed by the fixture's watchdog when this test process exits.
     pub async fn start(n: usize) -> Result<RedisNodes, FixtureError> {
         let ports = free_ports(n)?;
         let started =
@@ -540,6 +571,9 @@ impl RedisNodes {
     ///
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; as [`RedisNode::stop`].
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not have been stopped.
     pub async fn stop_node(&self, i: usize) -> Result<(), FixtureError> {
         self.get(i)?.stop().await
     }
@@ -549,6 +583,10 @@ impl RedisNodes {
     /// # Errors
     /// [`FixtureError::NoSuchMember`] for an index out of range; as
     /// [`RedisNode::start_again`].
+    ///
+    /// # Cancel safety
+    /// If the future is dropped the server may or may not be running again (if it is, the
+    /// fixture's watchdog removes it when this test process exits).
     pub async fn start_node(&self, i: usize) -> Result<(), FixtureError> {
         self.get(i)?.start_again().await
     }
