@@ -297,3 +297,27 @@ async fn credentials_for_a_server_without_sasl_are_refused_quickly_as_misconfigu
         chain(&e)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sasl_over_tls_takes_a_lock_and_refuses_a_wrong_password() {
+    // A server of its own: TLS only (no client certificate asked for) and SASL required.
+    let tls = baton::testing::ZkTls::generate()
+        .unwrap()
+        .with_client_cert_auth(false);
+    let sasl = baton::testing::ZkSasl::new();
+    let node = ZkNode::start_tls_sasl(&tls, &sasl).await.unwrap();
+    let secure =
+        |password: &str| format!("zks://{}:{password}@{}", sasl.user(), node.connect_string());
+    let options = || {
+        ConnectOptions::new()
+            .with_ca_cert(tls.ca_pem())
+            .with_connect_timeout(CONNECT_TIMEOUT)
+    };
+    let backend = baton::connect_with(&secure(sasl.password()), options())
+        .await
+        .expect("connect over TLS with SASL");
+    lock_round_trip(backend, "zks").await;
+    let (e, took) = refused(&secure("not-the-password"), options()).await;
+    assert!(took < QUICKLY, "refused after {took:?}: {}", chain(&e));
+    assert!(matches!(e, Error::Auth { .. }), "{}", chain(&e));
+}

@@ -171,7 +171,7 @@
 //! certificates of a [`ZkTls`] (made at test time by [`ZkTls::generate`]), requiring client
 //! certificates or not (in a container only); [`ZkNode::start_sasl`] one that authenticates
 //! clients with SASL DIGEST-MD5 (the users of a [`ZkSasl`], in a JAAS file; unauthenticated
-//! clients refused, or not). For fault tests a server can be
+//! clients refused, or not), [`ZkNode::start_tls_sasl`] both. For fault tests a server can be
 //! stopped and started again on the same port ([`ZkNode::restart`]): unlike Redis it keeps its
 //! data, so znodes and unexpired sessions survive, as they do when a real server crashes. In a
 //! container it can be paused ([`ZkNode::pause`]). An ensemble's members are stopped, started

@@ -471,26 +471,49 @@ impl ZkNode {
     /// # Cancel safety
     /// Dropping the future removes the container it had started.
     pub async fn start_tls(tls: &ZkTls) -> Result<ZkNode, FixtureError> {
+        ZkNode::start_secured(Some(tls), None).await
+    }
+
+    /// A server with TLS only ([`start_tls`](Self::start_tls)), SASL
+    /// ([`start_sasl`](Self::start_sasl)), or both, marked as baton's by its own client.
+    async fn start_secured(
+        tls: Option<&ZkTls>,
+        sasl: Option<&ZkSasl>,
+    ) -> Result<ZkNode, FixtureError> {
         let port = free_port()?;
-        let mut lines = config(port, &tls.zk_lines(port));
-        // The secure port replaces the plain one (the image leaves out its defaults too).
-        lines.retain(|line| !line.starts_with("clientPort"));
+        let mut extra = Vec::new();
+        let mut files = Vec::new();
+        if let Some(tls) = tls {
+            extra.extend(tls.zk_lines(port));
+            files.extend(tls.zk_files());
+        }
+        if let Some(sasl) = sasl {
+            extra.extend(sasl.zk_lines());
+            files.extend(sasl.zk_files());
+        }
+        let mut lines = config(port, &extra);
+        let probe = if tls.is_some() {
+            // The secure port replaces the plain one (the image leaves out its defaults too).
+            lines.retain(|line| !line.starts_with("clientPort"));
+            listening
+        } else {
+            serving
+        };
         let fallback = || {
             Err(std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
-                "a ZooKeeper with TLS runs in a container only",
+                "a ZooKeeper with TLS or SASL runs in a container only",
             ))
         };
         let instance =
-            Instance::start_with_files(ZOOKEEPER, port, listening, lines, tls.zk_files(), fallback)
-                .await?;
+            Instance::start_with_files(ZOOKEEPER, port, probe, lines, files, fallback).await?;
         let node = ZkNode {
             connect: format!("127.0.0.1:{port}"),
             address: format!("127.0.0.1:{port}"),
             instance,
             host_data: None,
-            tls: Some(tls.clone()),
-            sasl: None,
+            tls: tls.cloned(),
+            sasl: sasl.cloned(),
         };
         let failed = |e: crate::Error| FixtureError::Process {
             server: ZOOKEEPER.name,
@@ -522,36 +545,20 @@ impl ZkNode {
     /// # Cancel safety
     /// Dropping the future removes the container it had started.
     pub async fn start_sasl(sasl: &ZkSasl) -> Result<ZkNode, FixtureError> {
-        let port = free_port()?;
-        let lines = config(port, &sasl.zk_lines());
-        let fallback = || {
-            Err(std::io::Error::new(
-                std::io::ErrorKind::Unsupported,
-                "a ZooKeeper with SASL runs in a container only",
-            ))
-        };
-        let instance =
-            Instance::start_with_files(ZOOKEEPER, port, serving, lines, sasl.zk_files(), fallback)
-                .await?;
-        let node = ZkNode {
-            connect: format!("127.0.0.1:{port}"),
-            address: format!("127.0.0.1:{port}"),
-            instance,
-            host_data: None,
-            tls: None,
-            sasl: Some(sasl.clone()),
-        };
-        let failed = |e: crate::Error| FixtureError::Process {
-            server: ZOOKEEPER.name,
-            reason: format!("marking the new ZooKeeper as baton's: {e}"),
-        };
-        node.backend()
-            .await
-            .map_err(failed)?
-            .init_store()
-            .await
-            .map_err(failed)?;
-        Ok(node)
+        ZkNode::start_secured(None, Some(sasl)).await
+    }
+
+    /// A server with a TLS client port only, as [`start_tls`](Self::start_tls) starts it,
+    /// that also authenticates clients with SASL, as [`start_sasl`](Self::start_sasl) does:
+    /// `zks://`, with both. Needs Docker.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the container it had started.
+    pub async fn start_tls_sasl(tls: &ZkTls, sasl: &ZkSasl) -> Result<ZkNode, FixtureError> {
+        ZkNode::start_secured(Some(tls), Some(sasl)).await
     }
 
     /// The users of a node started with [`start_sasl`](Self::start_sasl).
