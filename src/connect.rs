@@ -19,8 +19,8 @@ pub enum Endpoints {
     /// One Redis URL, `redis://[user:password@]host:port[/db]`, or the Sentinels of one,
     /// `redis+sentinel://[user:password@]host:port[,host:port...]/<service>[/db]`.
     Redis(String),
-    /// A ZooKeeper connect string, `zk://host:port[,host:port][/chroot]`, or `zks://...` for
-    /// TLS to every server.
+    /// A ZooKeeper connect string, `zk://[user:password@]host:port[,host:port][/chroot]`, or
+    /// `zks://...` for TLS to every server (`user:password@`: SASL DIGEST-MD5).
     ZooKeeper(String),
     /// One PostgreSQL URL, `postgres://[user[:password]@]host[:port][/db][?options]` (or
     /// `postgresql://`), as libpq takes it.
@@ -521,8 +521,8 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
         Endpoints::ZooKeeper(connect) => {
             if options.user.is_some() {
                 return Err(Error::InvalidArgument(
-                    "user and password are for etcd; baton's ZooKeeper backend does not take \
-                     them",
+                    "ZooKeeper takes its SASL credentials in the connect string: \
+                     zk://user:password@host:port",
                 ));
             }
             if options.tls_server_name.is_some() {

@@ -169,7 +169,9 @@
 //! [`ZkNode::start_with`] adds lines that override them. [`ZkNode::start_tls`] starts a server
 //! with a TLS client port only (`secureClientPort`; `zks://127.0.0.1:<port>`) with the
 //! certificates of a [`ZkTls`] (made at test time by [`ZkTls::generate`]), requiring client
-//! certificates or not (in a container only). For fault tests a server can be
+//! certificates or not (in a container only); [`ZkNode::start_sasl`] one that authenticates
+//! clients with SASL DIGEST-MD5 (the users of a [`ZkSasl`], in a JAAS file; unauthenticated
+//! clients refused, or not), [`ZkNode::start_tls_sasl`] both. For fault tests a server can be
 //! stopped and started again on the same port ([`ZkNode::restart`]): unlike Redis it keeps its
 //! data, so znodes and unexpired sessions survive, as they do when a real server crashes. In a
 //! container it can be paused ([`ZkNode::pause`]). An ensemble's members are stopped, started
@@ -254,4 +256,4 @@ pub use redis::{
 ))]
 pub use tls::{CertPem, ServerTls, TestCa};
 #[cfg(feature = "zookeeper")]
-pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, ZkTls, four_letter};
+pub use zookeeper::{DEFAULT_ZOOKEEPER_IMAGE, ZkEnsemble, ZkNode, ZkSasl, ZkTls, four_letter};

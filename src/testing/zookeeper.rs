@@ -152,6 +152,119 @@ impl ServerTls {
     }
 }
 
+/// The SASL DIGEST-MD5 users of a ZooKeeper started with [`ZkNode::start_sasl`] (its JAAS
+/// `Server` section, `DigestLoginModule`), and whether the server refuses clients that do
+/// not authenticate (`enforce.auth.enabled=true`, `enforce.auth.schemes=sasl`). The first
+/// user is the one the fixture's own clients ([`ZkNode::backend`]) authenticate as.
+/// `Debug` shows the user names only.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use baton::testing::{ZkNode, ZkSasl};
+/// let sasl = ZkSasl::new(); // users `baton` and `other`; SASL required
+/// let zk = ZkNode::start_sasl(&sasl).await?;
+/// let url = format!("zk://{}:{}@{}", sasl.user(), sasl.password(), zk.connect_string());
+/// let backend = baton::connect(&url).await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct ZkSasl {
+    users: Vec<(String, String)>,
+    enforce: bool,
+}
+
+impl std::fmt::Debug for ZkSasl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let users: Vec<&str> = self.users.iter().map(|(u, _)| u.as_str()).collect();
+        f.debug_struct("ZkSasl")
+            .field("users", &users)
+            .field("enforce", &self.enforce)
+            .finish()
+    }
+}
+
+impl Default for ZkSasl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Where a SASL server's JAAS configuration is, in its container.
+const CONTAINER_JAAS: &str = "/baton-sasl/jaas.conf";
+
+impl ZkSasl {
+    /// Two users, `baton` (the fixture's own) and `other`, each with a password of its own;
+    /// SASL required.
+    pub fn new() -> ZkSasl {
+        ZkSasl {
+            users: vec![
+                ("baton".to_owned(), "baton-pw-7Qx2".to_owned()),
+                ("other".to_owned(), "other-pw-4Kd9".to_owned()),
+            ],
+            enforce: true,
+        }
+    }
+
+    /// One more user (letters, digits, `-` and `_`; a password without `"` or `\\`).
+    pub fn with_user(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.users.push((user.into(), password.into()));
+        self
+    }
+
+    /// Whether the server refuses a client that does not authenticate with SASL (the
+    /// default); without, such a client connects as `world:anyone`.
+    pub fn with_enforced(mut self, enforce: bool) -> Self {
+        self.enforce = enforce;
+        self
+    }
+
+    /// The first user's name: the fixture's own clients authenticate as it.
+    pub fn user(&self) -> &str {
+        self.users.first().map_or("", |(u, _)| u.as_str())
+    }
+
+    /// The first user's password.
+    pub fn password(&self) -> &str {
+        self.users.first().map_or("", |(_, p)| p.as_str())
+    }
+
+    /// Every user and its password, the first user first.
+    pub fn users(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.users.iter().map(|(u, p)| (u.as_str(), p.as_str()))
+    }
+
+    /// `options` authenticating as the first user.
+    pub fn zk_options(&self, options: crate::ZkOptions) -> crate::ZkOptions {
+        options.with_sasl_digest(self.user(), self.password())
+    }
+
+    /// The zoo.cfg lines (and the JVM option naming the JAAS file) of a server that
+    /// authenticates clients with SASL.
+    fn zk_lines(&self) -> Vec<String> {
+        let mut lines = vec![
+            format!("-Djava.security.auth.login.config={CONTAINER_JAAS}"),
+            // Unknown keys become system properties: zookeeper.authProvider.1, and so on.
+            "authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider".to_owned(),
+        ];
+        if self.enforce {
+            lines.push("enforce.auth.enabled=true".to_owned());
+            lines.push("enforce.auth.schemes=sasl".to_owned());
+        }
+        lines
+    }
+
+    /// The JAAS file: a `Server` section with `DigestLoginModule` and one `user_<name>` a user.
+    fn zk_files(&self) -> Vec<(String, Vec<u8>)> {
+        let mut jaas =
+            String::from("Server {\n  org.apache.zookeeper.server.auth.DigestLoginModule required");
+        for (user, password) in &self.users {
+            jaas.push_str(&format!("\n  user_{user}=\"{password}\""));
+        }
+        jaas.push_str(";\n};\n");
+        vec![(CONTAINER_JAAS.to_owned(), jaas.into_bytes())]
+    }
+}
+
 /// The key store of a TLS server: its key and certificate, PEM.
 const ZK_KEY_STORE: &str = "server-store.pem";
 
@@ -275,6 +388,8 @@ pub struct ZkNode {
     host_data: Option<PathBuf>,
     /// The certificates of a node started with [`start_tls`](Self::start_tls).
     tls: Option<ZkTls>,
+    /// The users of a node started with [`start_sasl`](Self::start_sasl).
+    sasl: Option<ZkSasl>,
 }
 
 impl ZkNode {
@@ -319,6 +434,7 @@ impl ZkNode {
                 instance: Instance::external(ZOOKEEPER, port, reason),
                 host_data: None,
                 tls: None,
+                sasl: None,
             });
         }
         let extra: Vec<String> = config.iter().map(|s| (*s).to_owned()).collect();
@@ -339,6 +455,7 @@ impl ZkNode {
             instance,
             host_data: None,
             tls: None,
+            sasl: None,
         })
     }
 
@@ -354,25 +471,49 @@ impl ZkNode {
     /// # Cancel safety
     /// Dropping the future removes the container it had started.
     pub async fn start_tls(tls: &ZkTls) -> Result<ZkNode, FixtureError> {
+        ZkNode::start_secured(Some(tls), None).await
+    }
+
+    /// A server with TLS only ([`start_tls`](Self::start_tls)), SASL
+    /// ([`start_sasl`](Self::start_sasl)), or both, marked as baton's by its own client.
+    async fn start_secured(
+        tls: Option<&ZkTls>,
+        sasl: Option<&ZkSasl>,
+    ) -> Result<ZkNode, FixtureError> {
         let port = free_port()?;
-        let mut lines = config(port, &tls.zk_lines(port));
-        // The secure port replaces the plain one (the image leaves out its defaults too).
-        lines.retain(|line| !line.starts_with("clientPort"));
+        let mut extra = Vec::new();
+        let mut files = Vec::new();
+        if let Some(tls) = tls {
+            extra.extend(tls.zk_lines(port));
+            files.extend(tls.zk_files());
+        }
+        if let Some(sasl) = sasl {
+            extra.extend(sasl.zk_lines());
+            files.extend(sasl.zk_files());
+        }
+        let mut lines = config(port, &extra);
+        let probe = if tls.is_some() {
+            // The secure port replaces the plain one (the image leaves out its defaults too).
+            lines.retain(|line| !line.starts_with("clientPort"));
+            listening
+        } else {
+            serving
+        };
         let fallback = || {
             Err(std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
-                "a ZooKeeper with TLS runs in a container only",
+                "a ZooKeeper with TLS or SASL runs in a container only",
             ))
         };
         let instance =
-            Instance::start_with_files(ZOOKEEPER, port, listening, lines, tls.zk_files(), fallback)
-                .await?;
+            Instance::start_with_files(ZOOKEEPER, port, probe, lines, files, fallback).await?;
         let node = ZkNode {
             connect: format!("127.0.0.1:{port}"),
             address: format!("127.0.0.1:{port}"),
             instance,
             host_data: None,
-            tls: Some(tls.clone()),
+            tls: tls.cloned(),
+            sasl: sasl.cloned(),
         };
         let failed = |e: crate::Error| FixtureError::Process {
             server: ZOOKEEPER.name,
@@ -390,6 +531,39 @@ impl ZkNode {
     /// The certificates of a node started with [`start_tls`](Self::start_tls).
     pub fn tls(&self) -> Option<&ZkTls> {
         self.tls.as_ref()
+    }
+
+    /// Starts a server (standalone) that authenticates clients with SASL DIGEST-MD5 as
+    /// `sasl` says (its users; whether it refuses clients without SASL), on a free port of
+    /// 127.0.0.1 (plain `zk://`). Needs Docker (no local fallback). `BATON_ZOOKEEPER_CONNECT`
+    /// does not apply. [`backend`](Self::backend) authenticates as `sasl`'s first user, and
+    /// marks the store as baton's with it: its marker belongs to that user.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the container it had started.
+    pub async fn start_sasl(sasl: &ZkSasl) -> Result<ZkNode, FixtureError> {
+        ZkNode::start_secured(None, Some(sasl)).await
+    }
+
+    /// A server with a TLS client port only, as [`start_tls`](Self::start_tls) starts it,
+    /// that also authenticates clients with SASL, as [`start_sasl`](Self::start_sasl) does:
+    /// `zks://`, with both. Needs Docker.
+    ///
+    /// # Errors
+    /// [`FixtureError`] if the container does not start.
+    ///
+    /// # Cancel safety
+    /// Dropping the future removes the container it had started.
+    pub async fn start_tls_sasl(tls: &ZkTls, sasl: &ZkSasl) -> Result<ZkNode, FixtureError> {
+        ZkNode::start_secured(Some(tls), Some(sasl)).await
+    }
+
+    /// The users of a node started with [`start_sasl`](Self::start_sasl).
+    pub fn sasl(&self) -> Option<&ZkSasl> {
+        self.sasl.as_ref()
     }
 
     /// Starts a server (standalone) in a container whose data dir is a directory of the host,
@@ -429,6 +603,7 @@ impl ZkNode {
                 instance,
                 host_data: Some(dir),
                 tls: None,
+                sasl: None,
             }),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -529,6 +704,21 @@ impl ZkNode {
         })
     }
 
+    /// As [`shared`](Self::shared), a server that requires SASL DIGEST-MD5
+    /// ([`start_sasl`](Self::start_sasl)) with [`ZkSasl::new`]'s users: [`sasl`](Self::sasl)
+    /// has them.
+    ///
+    /// # Panics
+    /// If the server cannot be started.
+    pub fn shared_sasl() -> &'static ZkNode {
+        static SHARED: OnceLock<ZkNode> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            start_shared("SASL zookeeper", || async {
+                ZkNode::start_sasl(&ZkSasl::new()).await
+            })
+        })
+    }
+
     /// The connect string, `127.0.0.1:<port>` (or `BATON_ZOOKEEPER_CONNECT` as given).
     pub fn connect_string(&self) -> String {
         self.connect.clone()
@@ -561,6 +751,10 @@ impl ZkNode {
         let options = match &self.tls {
             Some(tls) => tls.zk_options(crate::ZkOptions::new()),
             None => crate::ZkOptions::new(),
+        };
+        let options = match &self.sasl {
+            Some(sasl) => sasl.zk_options(options),
+            None => options,
         };
         crate::ZkBackend::connect(&self.url(), options).await
     }

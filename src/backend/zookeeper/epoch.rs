@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{Client, MultiReadResult, MultiWriteError, MultiWriteResult, Stat};
 
-use super::{Kind, ZkBackend, ZkError, is_connected, names, open, persistent, sync};
+use super::{Kind, NodeAcl, ZkBackend, ZkError, is_connected, names, open, sync};
 use crate::epoch::{Epoch, clock_us, grace_rest};
 use crate::error::{Error, LostReason, Result};
 use crate::token::FencingToken;
@@ -52,12 +52,12 @@ const PROBE_CONNECT: Duration = Duration::from_secs(2);
 
 /// One write that tells the store's position and the server's clock: a setData of
 /// `/_baton-sessions` (whose data nothing reads), created if missing.
-async fn sample_once(client: &Client) -> Result<Stat, ZkError> {
+async fn sample_once(client: &Client, acl: NodeAcl) -> Result<Stat, ZkError> {
     loop {
         match client.set_data(names::SESSIONS, &[], None).await {
             Ok(stat) => return Ok(stat),
             Err(ZkError::NoNode) => {
-                match client.create(names::SESSIONS, &[], &persistent()).await {
+                match client.create(names::SESSIONS, &[], &acl.persistent()).await {
                     Ok((stat, _)) => return Ok(stat),
                     Err(ZkError::NodeExists) => {}
                     Err(e) => return Err(e),
@@ -170,9 +170,10 @@ impl ZkBackend {
     /// [`sample_once`]), with the backend's retries; taken in as [`wrote`](Self::wrote) does.
     async fn sample(&self, op: &'static str) -> Result<Stat> {
         let sent = Instant::now();
+        let acl = self.inner.acl;
         let (stat, _) = self
             .attempts(op, Kind::Write, |client| async move {
-                Ok(sample_once(&client).await?)
+                Ok(sample_once(&client, acl).await?)
             })
             .await?;
         self.wrote(&stat, sent)?;
@@ -361,12 +362,13 @@ impl ZkBackend {
         let data = epoch.encode();
         let grace = grace.as_millis().to_string();
         let (node, data, grace) = (&node, &data, &grace);
+        let acl = self.inner.acl;
         let sent = Instant::now();
         let (stat, _) = self
             .attempts(op, Kind::Write, |client| async move {
                 let mut writer = client.new_multi_writer();
                 match previous {
-                    None => writer.add_create(MARKER, data.as_bytes(), &persistent())?,
+                    None => writer.add_create(MARKER, data.as_bytes(), &acl.persistent())?,
                     Some(version) => {
                         writer.add_set_data(MARKER, data.as_bytes(), Some(version))?;
                         for child in children {
@@ -374,7 +376,7 @@ impl ZkBackend {
                         }
                     }
                 }
-                writer.add_create(node, grace.as_bytes(), &persistent())?;
+                writer.add_create(node, grace.as_bytes(), &acl.persistent())?;
                 // A setData answers with a stat even where a create in a `multi` does not
                 // (ZOOKEEPER-4026): the epoch's start and the store's position.
                 writer.add_set_data(node, grace.as_bytes(), Some(0))?;
@@ -563,7 +565,7 @@ impl ZkBackend {
         // older copy (its transaction log lost, its data dir restored) brings its marker
         // back. A write tells: its zxid is below what this client saw.
         let sent = Instant::now();
-        match tokio::time::timeout(limit, sample_once(client)).await {
+        match tokio::time::timeout(limit, sample_once(client, self.inner.acl)).await {
             Ok(Ok(stat)) if self.wrote(&stat, sent).is_err() => Look::Moved,
             _ => Look::Same,
         }
@@ -583,6 +585,7 @@ impl ZkBackend {
         match open(
             &self.inner.connect,
             self.inner.tls.as_ref(),
+            self.inner.sasl.as_ref(),
             options.session_timeout,
             limit,
         )

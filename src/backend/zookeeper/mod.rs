@@ -3,6 +3,7 @@
 //! store epoch (`epoch.rs`). docs/zookeeper.md says what it promises, which peers' layouts it
 //! shares, and what its sessions cost.
 
+mod auth;
 mod epoch;
 mod leases;
 mod names;
@@ -19,9 +20,10 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, MultiWriteError,
-    MultiWriteResult, Stat,
+    Client, EventType, MultiReadResult, MultiWriteError, MultiWriteResult, SaslOptions, Stat,
 };
+
+use self::auth::NodeAcl;
 
 pub use self::names::ZkLayout;
 use super::{
@@ -58,6 +60,7 @@ pub struct ZkOptions {
     session_timeout: Duration,
     restart_grace: Duration,
     tls: tls::TlsFiles,
+    sasl: Option<auth::Credentials>,
 }
 
 impl Default for ZkOptions {
@@ -79,7 +82,24 @@ impl ZkOptions {
             session_timeout: Duration::from_secs(10),
             restart_grace: crate::SessionOptions::DEFAULT_TTL,
             tls: tls::TlsFiles::default(),
+            sasl: None,
         }
+    }
+
+    /// Authenticate with SASL DIGEST-MD5 as `user` with `password` (a user of the servers'
+    /// JAAS `Server` section, `DigestLoginModule`), with `zk://` or `zks://`; the same as
+    /// `user:password@` in the connect string, which then must not hold credentials too.
+    /// Every node baton then creates carries an ACL that lets only this identity write or
+    /// delete under it, and anyone read (docs/zookeeper.md, "SASL"): every client of a lock
+    /// must authenticate as the same user. The password is never printed (`Debug` shows the
+    /// user only). Checked at connect: an empty user or password is refused.
+    pub fn with_sasl_digest(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.sasl = Some(auth::Credentials::unchecked(user.into(), password.into()));
+        self
     }
 
     /// The CA certificate(s), PEM, that signed the servers' certificates: what a `zks://`
@@ -189,6 +209,10 @@ struct Shared {
     connect: String,
     /// `zks` (TLS, with these options) or `zk`.
     tls: Option<zookeeper_client::TlsOptions>,
+    /// SASL DIGEST-MD5 (its `Debug` shows the password: never print it).
+    sasl: Option<SaslOptions>,
+    /// The ACL of the nodes this backend creates: the authenticated identity's with SASL.
+    acl: NodeAcl,
     options: ZkOptions,
     base: std::sync::Mutex<Client>,
     /// Held while the backend's own session is replaced.
@@ -271,7 +295,15 @@ fn is_over(e: &ZkError) -> bool {
 
 pub(super) fn zk_err(op: &'static str, e: ZkError) -> Error {
     match e {
-        ZkError::NoAuth | ZkError::AuthFailed => Error::Auth {
+        // Authenticated (or not asked to be), but a node's ACL refuses this identity.
+        ZkError::NoAuth => Error::Permission {
+            source: format!(
+                "{e}: a node's ACL does not let this identity do it (with SASL, every client of \
+                 a lock must authenticate as the user that created its nodes)"
+            )
+            .into(),
+        },
+        ZkError::AuthFailed => Error::Auth {
             source: Box::new(e),
         },
         _ => Error::Backend {
@@ -391,14 +423,6 @@ fn marker_of(result: Option<MultiReadResult>) -> Result<Option<Vec<u8>>, Failure
     }
 }
 
-fn persistent() -> CreateOptions<'static> {
-    CreateMode::Persistent.with_acls(Acls::anyone_all())
-}
-
-fn container() -> CreateOptions<'static> {
-    CreateMode::Container.with_acls(Acls::anyone_all())
-}
-
 /// Every entry of `queue` (its node and the nodes of nested names), oldest first, each with
 /// its data version, tokens in the epoch `epochs` is in. With `strict`, nodes named in the
 /// other layout are refused. `known` is an entry this client has just created (data version
@@ -497,6 +521,7 @@ const UNREACHABLE_CHECK_AFTER: Duration = Duration::from_millis(100);
 async fn open(
     connect: &str,
     tls: Option<&zookeeper_client::TlsOptions>,
+    sasl: Option<&SaslOptions>,
     timeout: Duration,
     limit: Duration,
 ) -> Result<Client, BoxError> {
@@ -505,9 +530,12 @@ async fn open(
     // TTL, past what baton's Session tolerates before it calls the lease lost (measured in
     // the ensemble pause scenario). A fifth of the timeout leaves room for four tries; pings
     // go out every 3/8 of it.
-    let connector = Client::connector()
+    let mut connector = Client::connector()
         .with_session_timeout(timeout)
         .with_connection_timeout(timeout / 5);
+    if let Some(sasl) = sasl {
+        connector = connector.with_sasl(sasl.clone());
+    }
     let connecting = async {
         match tls {
             Some(tls) => {
@@ -523,6 +551,41 @@ async fn open(
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(Box::new(e)),
         Err(elapsed) => Err(Box::new(elapsed)),
+    }
+}
+
+/// What a session that did not open (`open`'s error) is: a refused authentication (or one
+/// the server requires) is [`Error::Auth`], anything else a backend failure of `op`.
+fn not_opened(op: &'static str, source: BoxError, with_credentials: bool) -> Error {
+    if matches!(source.downcast_ref::<ZkError>(), Some(ZkError::AuthFailed)) {
+        return Error::Auth {
+            source: auth::refusal(with_credentials).into(),
+        };
+    }
+    Error::Backend {
+        op,
+        source,
+        at: Default::default(),
+    }
+}
+
+/// With SASL, whether the server authenticated the session: one that has no SASL
+/// authentication provider (or no JAAS `Server` section) answers the SASL exchange without
+/// authenticating anyone, and would refuse every node baton creates (their ACL names the
+/// session's identities, and it has none). Asked with WhoAmI (ZooKeeper 3.7+); an older
+/// server, or one that does not answer within `limit`, is not asked: its first create tells.
+async fn check_authenticated(client: &Client, endpoint: &str, limit: Duration) -> Result<()> {
+    match tokio::time::timeout(limit, client.list_auth_users()).await {
+        Ok(Ok(users)) if !users.iter().any(|user| user.scheme() == "sasl") => {
+            Err(Error::Misconfigured {
+                endpoints: vec![endpoint.to_owned()],
+                source: "the server did not authenticate the session with SASL: it has no SASL \
+                         authentication provider (authProvider.1=org.apache.zookeeper.server.\
+                         auth.SASLAuthenticationProvider) or no JAAS Server section"
+                    .into(),
+            })
+        }
+        _ => Ok(()),
     }
 }
 
@@ -556,9 +619,9 @@ async fn check_chroot(client: &Client, scheme: &str, connect: &str) -> Result<()
 /// Creates the fence node of `client`'s session (and, once, the node above it) and returns
 /// its data version: every entry's create checks it (see `ZkBackend::move_fence`). With it,
 /// the create's stat when its answer came (not when an earlier attempt had created the node).
-async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Stat>)> {
+async fn make_fence(client: &Client, acl: NodeAcl, limit: Duration) -> Result<(i32, Option<Stat>)> {
     let path = names::fence_path(client.session_id().0);
-    let ephemeral = CreateMode::Ephemeral.with_acls(Acls::anyone_all());
+    let ephemeral = acl.ephemeral();
     let mut retry = Retry::new("grant_lease", limit);
     let give_up = retry.give_up();
     loop {
@@ -570,7 +633,7 @@ async fn make_fence(client: &Client, limit: Duration) -> Result<(i32, Option<Sta
                     Ok(client.check_stat(&path).await?.map(|s| (s.version, None)))
                 }
                 Err(ZkError::NoNode) => {
-                    match client.create(names::SESSIONS, &[], &persistent()).await {
+                    match client.create(names::SESSIONS, &[], &acl.persistent()).await {
                         Ok(_) | Err(ZkError::NodeExists) => Ok(None),
                         Err(e) => Err(e),
                     }
@@ -599,7 +662,9 @@ impl ZkBackend {
     /// [`ZkOptions::with_ca_cert`] (and the client certificate of
     /// [`ZkOptions::with_client_cert`] if the servers ask for one). The certificate must name
     /// the host connected to (an IP address too). With a chroot, every path baton uses is
-    /// under it; the chroot node must exist.
+    /// under it; the chroot node must exist. `user:password@` before the hosts
+    /// (percent-encoded: `%40` for `@`), or [`ZkOptions::with_sasl_digest`], authenticates
+    /// with SASL DIGEST-MD5; the nodes baton then creates are that identity's (docs/zookeeper.md).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for TLS options with `zk://`, `zks://` without a CA, or
@@ -610,17 +675,36 @@ impl ZkBackend {
     /// the chroot does not exist (it names the chroot), and at once if every server refuses
     /// the TLS handshake (a certificate not signed by the CA, or issued for another host),
     /// answers in plain text to `zks://`, or in TLS to `zk://`; [`Error::Auth`] at once if
-    /// every server refuses the client certificate (or its absence).
+    /// every server refuses the client certificate (or its absence); [`Error::Auth`] as soon as
+    /// the server answers if it refuses the SASL credentials (an unknown user, a wrong
+    /// password), or requires SASL (`enforce.auth.enabled`) and none were given;
+    /// [`Error::InvalidArgument`] for credentials given both in the string and the options,
+    /// an empty user or password, or `user@` without a password.
     ///
     /// # Cancel safety
     /// Cancel safe: a session opened by a dropped call is closed with it.
     pub async fn connect(connect: &str, options: ZkOptions) -> Result<ZkBackend> {
         let (scheme, connect) = match connect.strip_prefix("zks://") {
-            Some(rest) => ("zks", rest.to_owned()),
-            None => (
-                "zk",
-                connect.strip_prefix("zk://").unwrap_or(connect).to_owned(),
-            ),
+            Some(rest) => ("zks", rest),
+            None => ("zk", connect.strip_prefix("zk://").unwrap_or(connect)),
+        };
+        // From here on the connect string holds no password: it is printed in errors.
+        let (in_url, connect) = auth::split_credentials(connect)?;
+        let credentials = match (in_url, &options.sasl) {
+            (Some(_), Some(_)) => {
+                return Err(Error::InvalidArgument(
+                    "SASL credentials given twice: in the connect string (user:password@) and \
+                     with ZkOptions::with_sasl_digest; give them once",
+                ));
+            }
+            (Some(credentials), None) => Some(credentials),
+            (None, Some(credentials)) => Some(credentials.checked()?),
+            (None, None) => None,
+        };
+        let sasl = credentials.as_ref().map(auth::Credentials::sasl);
+        let acl = match sasl {
+            Some(_) => NodeAcl::Owner,
+            None => NodeAcl::Open,
         };
         let (tls, handshake) = match tls::client_tls(scheme == "zks", &options.tls)? {
             Some((tls, handshake)) => (Some(tls), Some(handshake)),
@@ -657,12 +741,21 @@ impl ZkBackend {
         let opening = open(
             &connect,
             tls.as_ref(),
+            sasl.as_ref(),
             options.session_timeout,
             options.connect_timeout,
         );
         let client = tokio::select! {
             opened = opening => opened.map_err(|source| {
-                if source.is::<tokio::time::error::Elapsed>() {
+                if matches!(source.downcast_ref::<ZkError>(), Some(ZkError::AuthFailed)) {
+                    Error::Auth {
+                        source: format!(
+                            "{endpoint}: {}",
+                            auth::refusal(credentials.is_some())
+                        )
+                        .into(),
+                    }
+                } else if source.is::<tokio::time::error::Elapsed>() {
                     failed(
                         format!(
                             "no server gave a session within the connect timeout ({:?})",
@@ -677,6 +770,9 @@ impl ZkBackend {
             Some(refused) = hopeless => return Err(refused),
         };
         check_chroot(&client, scheme, &connect).await?;
+        if sasl.is_some() {
+            check_authenticated(&client, &endpoint, options.request_timeout).await?;
+        }
         let epochs = StoreEpochs::new(format!("ZooKeeper at {endpoint}"), options.restart_grace);
         // The store's epoch is looked at by the first request that needs it, so that an
         // operator's `init_store` can come first.
@@ -684,6 +780,8 @@ impl ZkBackend {
             inner: Arc::new(Shared {
                 connect,
                 tls,
+                sasl,
+                acl,
                 options,
                 base: std::sync::Mutex::new(client),
                 reconnect: tokio::sync::Mutex::new(()),
@@ -773,15 +871,12 @@ impl ZkBackend {
         let fresh = open(
             &self.inner.connect,
             self.inner.tls.as_ref(),
+            self.inner.sasl.as_ref(),
             options.session_timeout,
             options.connect_timeout,
         )
         .await
-        .map_err(|source| Error::Backend {
-            op: "connect",
-            source,
-            at: Default::default(),
-        })?;
+        .map_err(|source| not_opened("connect", source, self.inner.sasl.is_some()))?;
         *self.inner.base.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
     }
@@ -1039,7 +1134,7 @@ impl ZkBackend {
         let client = &held.client;
         let dir = format!("/{queue}");
         let path = format!("{dir}/{prefix}");
-        let options = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let options = self.inner.acl.ephemeral_sequential();
         let limit = self.inner.options.request_timeout;
         let in_epoch = epoch::epoch_node(epoch);
         // One create of this session at a time: each expects the fence version the last left.
@@ -1132,7 +1227,12 @@ impl ZkBackend {
                 // The queue node is missing (never made, or a container reaped since): make
                 // it and its parents as containers, and create again.
                 ZkError::NoNode => {
-                    match tokio::time::timeout(limit, client.mkdir(&dir, &container())).await {
+                    match tokio::time::timeout(
+                        limit,
+                        client.mkdir(&dir, &self.inner.acl.container()),
+                    )
+                    .await
+                    {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => return attempt_failed(e),
                         Err(_) => return Ok(Err(ZkError::Timeout)),
@@ -1464,8 +1564,8 @@ async fn sync(client: &Client, path: &str) -> Result<(), Failure> {
 }
 
 /// The keys node's children are created on demand: makes it when missing.
-async fn make_keys_node(client: &Client) -> Result<(), Failure> {
-    match client.create(names::KEYS, &[], &persistent()).await {
+async fn make_keys_node(client: &Client, acl: NodeAcl) -> Result<(), Failure> {
+    match client.create(names::KEYS, &[], &acl.persistent()).await {
         Ok(_) | Err(ZkError::NodeExists) => Ok(()),
         Err(e) => Err(e.into()),
     }
@@ -1489,23 +1589,20 @@ impl Backend for ZkBackend {
         let client = open(
             &self.inner.connect,
             self.inner.tls.as_ref(),
+            self.inner.sasl.as_ref(),
             ttl,
             self.inner.options.connect_timeout,
         )
         .await
         .map_err(|source| {
-            Error::Backend {
-                op: "grant_lease",
-                source,
-                at: Default::default(),
-            }
-            .at_endpoint(&self.label())
+            not_opened("grant_lease", source, self.inner.sasl.is_some()).at_endpoint(&self.label())
         })?;
         let id = LeaseId::new(client.session_id().0);
         // On failure the client is dropped, and its session closed with it.
-        let (fence, created) = make_fence(&client, self.inner.options.connect_timeout)
-            .await
-            .map_err(|e| e.at_endpoint(&self.label()))?;
+        let (fence, created) =
+            make_fence(&client, self.inner.acl, self.inner.options.connect_timeout)
+                .await
+                .map_err(|e| e.at_endpoint(&self.label()))?;
         if let Some(stat) = created {
             // The server's clock, and the store's position: a store that went back ends every
             // session from before (this one is granted in the epoch entered below).
@@ -1946,17 +2043,18 @@ impl Backend for ZkBackend {
         let path = names::key_path(key)?;
         let sent = AtomicBool::new(false);
         let flag = &sent;
+        let acl = self.inner.acl;
         self.write_if_live_flagged("swap", Some(flag), |client| {
             let path = path.clone();
             async move {
                 loop {
                     let Some(expected) = expected else {
                         flag.store(true, Ordering::SeqCst);
-                        match client.create(&path, new, &persistent()).await {
+                        match client.create(&path, new, &acl.persistent()).await {
                             Ok(_) => return Ok(true),
                             Err(ZkError::NodeExists) => return Ok(false),
                             Err(ZkError::NoNode) => {
-                                make_keys_node(&client).await?;
+                                make_keys_node(&client, acl).await?;
                                 continue;
                             }
                             Err(e) => return Err(e.into()),
@@ -2078,6 +2176,7 @@ async fn guarded_once(
                 exists.insert(path.as_str(), present);
             }
         }
+        let acl = backend.inner.acl;
         let mut writer = client.new_multi_writer();
         writer.add_check_version(&epoch::epoch_node(epoch), -1)?;
         writer.add_check_version(guard, -1)?;
@@ -2085,10 +2184,10 @@ async fn guarded_once(
             let present = exists.get(path.as_str()).copied().unwrap_or(false);
             match (value, present) {
                 (Some(value), true) => writer.add_set_data(path, value, None)?,
-                (Some(value), false) => writer.add_create(path, value, &persistent())?,
+                (Some(value), false) => writer.add_create(path, value, &acl.persistent())?,
                 (None, true) => writer.add_delete(path, None)?,
                 (None, false) => {
-                    writer.add_create(path, &[], &persistent())?;
+                    writer.add_create(path, &[], &acl.persistent())?;
                     writer.add_delete(path, None)?;
                 }
             }
@@ -2112,7 +2211,7 @@ async fn guarded_once(
                 source: ZkError::NoNode,
                 ..
             }) if client.check_stat(names::KEYS).await?.is_none() => {
-                make_keys_node(client).await?;
+                make_keys_node(client, acl).await?;
             }
             // A key changed between the read and the write: read again.
             Err(MultiWriteError::OperationFailed {

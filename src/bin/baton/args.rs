@@ -76,7 +76,8 @@ pub(crate) struct Cli {
     /// one Redis URL (redis://[user:password@]host:port[/db]) or the Sentinels of one
     /// (redis+sentinel://[user:password@]host:port[,host:port...]/SERVICE[/db]; rediss+sentinel://
     /// over TLS; the Sentinels' password as ?sentinel_password=), a ZooKeeper connect string
-    /// (zk://host:port[,host:port...][/chroot]; zks:// over TLS, with --cacert), or one
+    /// (zk://[user:password@]host:port[,host:port...][/chroot]; zks:// over TLS, with --cacert;
+    /// user:password@ for SASL DIGEST-MD5), or one
     /// PostgreSQL URL
     /// (postgres://[user:password@]host[:port]/db).
     #[arg(

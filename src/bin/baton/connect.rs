@@ -122,7 +122,7 @@ pub(crate) fn validate(cli: &Cli) -> Result<Checked, Failure> {
     if cli.user.is_some() && !matches!(endpoints, Endpoints::Etcd(_)) {
         return Err(Failure::new(
             exit::USAGE,
-            "--user and --password are for etcd; Redis and PostgreSQL take credentials in their URL (redis://user:password@host:port, postgres://user:password@host/db)",
+            "--user and --password are for etcd; Redis, ZooKeeper and PostgreSQL take credentials in their URL (redis://user:password@host:port, zk://user:password@host:port, postgres://user:password@host/db)",
         ));
     }
     let tls = tls_files(cli, &endpoints)?;
