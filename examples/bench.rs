@@ -641,14 +641,19 @@ async fn open_sessions<B: Backend + Clone>(backend: &B, n: usize) -> Res<Vec<Ses
     Ok(sessions)
 }
 
+/// What a waiter of [`queue_in_order`] sends: its token once granted, or why it was not.
+type Granted = Result<baton::FencingToken, String>;
+
 /// Queues one waiter on `name` per session, in session order: every 256th is waited for until
 /// `entries()` (the queue's length, read on the server; the holder's entry included) shows it.
-/// Each waiter sends its token once granted and releases at once.
+/// Each waiter sends its token once granted and releases at once; a waiter whose lock fails
+/// sends the error, which ends the run with it (it once ended as "waiters ended", saying
+/// nothing of why).
 async fn queue_in_order<F, Fut>(
     sessions: &[Session],
     name: &str,
     mut entries: F,
-) -> Res<tokio::sync::mpsc::UnboundedReceiver<baton::FencingToken>>
+) -> Res<tokio::sync::mpsc::UnboundedReceiver<Granted>>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Res<usize>>,
@@ -658,9 +663,14 @@ where
     for (i, s) in sessions.iter().enumerate() {
         let (m, tx) = (Mutex::new(s, name)?, tx.clone());
         tokio::spawn(async move {
-            if let Ok(g) = m.lock().await {
-                let _ = tx.send(g.fencing_token());
-                let _ = g.release().await;
+            match m.lock().await {
+                Ok(g) => {
+                    let _ = tx.send(Ok(g.fencing_token()));
+                    let _ = g.release().await;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(format!("waiter {i}: {e}")));
+                }
             }
         });
         if i % 256 == 255 || i + 1 == sessions.len() {
@@ -675,15 +685,15 @@ where
 
 /// The tokens of `n` grants, in grant order.
 async fn drain(
-    rx: &mut tokio::sync::mpsc::UnboundedReceiver<baton::FencingToken>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Granted>,
     n: usize,
 ) -> Res<Vec<baton::FencingToken>> {
     let mut tokens = Vec::with_capacity(n);
     for _ in 0..n {
         let token = tokio::time::timeout(Duration::from_secs(120), rx.recv())
             .await?
-            .ok_or("waiters ended")?;
-        tokens.push(token);
+            .ok_or("every waiter ended without a grant or an error")?;
+        tokens.push(token?);
     }
     Ok(tokens)
 }
