@@ -11,7 +11,11 @@ use crate::error::{Error, Result};
 /// `rediss://`) is Redis, `redis+sentinel://` (or `rediss+sentinel://`) is Redis under
 /// Sentinel, `zk://` (or `zks://`, over TLS) is ZooKeeper, `postgres://` (or `postgresql://`) is
 /// PostgreSQL, `memory://` a new in-process store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its `Debug` leaves credentials out: a URL's `user:password@` shows as `***@`, and a query's
+/// `password=`, `sentinel_password=` (any parameter whose name ends in `password`) value as
+/// `***`.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Endpoints {
     /// etcd endpoints, `host:port` or `http(s)://host:port`.
@@ -28,6 +32,48 @@ pub enum Endpoints {
     /// `memory://`: a new in-process store ([`MemoryBackend`](crate::MemoryBackend)), for
     /// examples, demos and tests; each connect makes its own.
     Memory,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoints::Etcd(endpoints) => f.debug_tuple("Etcd").field(endpoints).finish(),
+            Endpoints::Redis(url) => f.debug_tuple("Redis").field(&redacted(url)).finish(),
+            Endpoints::ZooKeeper(connect) => {
+                f.debug_tuple("ZooKeeper").field(&redacted(connect)).finish()
+            }
+            Endpoints::Postgres(url) => f.debug_tuple("Postgres").field(&redacted(url)).finish(),
+            Endpoints::Memory => f.write_str("Memory"),
+        }
+    }
+}
+
+/// `url` without its credentials: the userinfo before the hosts (`scheme://user:pw@`) as
+/// `***@`, and the value of every query parameter whose name ends in `password` as `***`.
+fn redacted(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let (scheme, rest) = url.split_at(scheme_end);
+    // The hosts end at the first `/` or `?`; a userinfo is what comes before their last `@`.
+    let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let rest = match rest[..hosts_end].rfind('@') {
+        Some(at) => format!("***@{}", &rest[at + 1..]),
+        None => rest.to_owned(),
+    };
+    let Some((path, query)) = rest.split_once('?') else {
+        return format!("{scheme}{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.to_ascii_lowercase().ends_with("password") => {
+                format!("{name}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{scheme}{path}?{}", query.join("&"))
 }
 
 impl Endpoints {
@@ -583,6 +629,30 @@ pub async fn connect_with(endpoints: &str, options: ConnectOptions) -> Result<Ar
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `Debug` of parsed endpoints shows no password (before: `Endpoints` derived it, and
+    /// `zk://user:pw@...`, `redis://user:pw@...` printed the password).
+    #[test]
+    fn endpoints_debug_leaves_credentials_out() {
+        for (spec, shown) in [
+            ("zk://baton:s3cret@127.0.0.1:2181/app", "zk://***@127.0.0.1:2181/app"),
+            ("zks://u:s3cret@h1:2281,h2:2281", "zks://***@h1:2281,h2:2281"),
+            ("redis://:s3cret@127.0.0.1:6379/0", "redis://***@127.0.0.1:6379/0"),
+            (
+                "redis+sentinel://h:26379/svc?sentinel_password=s3cret&db=1",
+                "redis+sentinel://h:26379/svc?sentinel_password=***&db=1",
+            ),
+            (
+                "postgres://app:s3cret@db/x?password=s3cret&sslmode=require",
+                "postgres://***@db/x?password=***&sslmode=require",
+            ),
+            ("zk://127.0.0.1:2181/a@b", "zk://127.0.0.1:2181/a@b"),
+        ] {
+            let debug = format!("{:?}", Endpoints::parse(spec).unwrap());
+            assert!(!debug.contains("s3cret"), "{spec}: {debug}");
+            assert!(debug.contains(shown), "{spec}: {debug}");
+        }
+    }
 
     /// An etcd layout is refused with other endpoints, as the other backend-only options are.
     #[cfg(feature = "etcd")]
