@@ -39,9 +39,10 @@ impl std::fmt::Debug for Endpoints {
         match self {
             Endpoints::Etcd(endpoints) => f.debug_tuple("Etcd").field(endpoints).finish(),
             Endpoints::Redis(url) => f.debug_tuple("Redis").field(&redacted(url)).finish(),
-            Endpoints::ZooKeeper(connect) => {
-                f.debug_tuple("ZooKeeper").field(&redacted(connect)).finish()
-            }
+            Endpoints::ZooKeeper(connect) => f
+                .debug_tuple("ZooKeeper")
+                .field(&redacted(connect))
+                .finish(),
             Endpoints::Postgres(url) => f.debug_tuple("Postgres").field(&redacted(url)).finish(),
             Endpoints::Memory => f.write_str("Memory"),
         }
@@ -635,9 +636,18 @@ mod tests {
     #[test]
     fn endpoints_debug_leaves_credentials_out() {
         for (spec, shown) in [
-            ("zk://baton:s3cret@127.0.0.1:2181/app", "zk://***@127.0.0.1:2181/app"),
-            ("zks://u:s3cret@h1:2281,h2:2281", "zks://***@h1:2281,h2:2281"),
-            ("redis://:s3cret@127.0.0.1:6379/0", "redis://***@127.0.0.1:6379/0"),
+            (
+                "zk://baton:s3cret@127.0.0.1:2181/app",
+                "zk://***@127.0.0.1:2181/app",
+            ),
+            (
+                "zks://u:s3cret@h1:2281,h2:2281",
+                "zks://***@h1:2281,h2:2281",
+            ),
+            (
+                "redis://:s3cret@127.0.0.1:6379/0",
+                "redis://***@127.0.0.1:6379/0",
+            ),
             (
                 "redis+sentinel://h:26379/svc?sentinel_password=s3cret&db=1",
                 "redis+sentinel://h:26379/svc?sentinel_password=***&db=1",
