@@ -35,6 +35,8 @@ pub(crate) mod redis;
     feature = "zookeeper"
 ))]
 mod tls;
+#[cfg(all(feature = "testing", feature = "redis"))]
+pub(crate) use self::tls::ensure_provider;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 

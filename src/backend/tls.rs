@@ -9,6 +9,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
 
+/// The `redis` crate and zookeeper-client build their TLS configurations with rustls's
+/// process-wide default provider, and rustls panics when none is installed and its features
+/// name more than one (a dependency's rustls brings aws-lc-rs beside our ring). Installs ring,
+/// the provider this crate is built with, unless the application installed one. Called before
+/// each of their TLS clients is built (the backends', and the Redis fixture's own).
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
+pub(crate) fn ensure_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one since: then that one stays, as wanted.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The TLS part of a backend's options, as given (checked at connect): the CA certificates
 /// and the client's certificate with its key, PEM. Its `Debug` never shows the key. (etcd's
 /// options keep their own, with a server name.)

@@ -116,15 +116,10 @@ impl ServerTls {
     }
 
     /// A client of the `redis` crate for `url` (`rediss://`) with these certificates, for the
-    /// fixture's own commands. The `redis` crate builds its TLS configuration with rustls's
-    /// process-wide provider, and rustls panics if none is installed when its features name
-    /// two (this build has ring and aws-lc-rs): ring is installed first, unless the test
-    /// installed one, as baton's own Redis client does.
+    /// fixture's own commands, on the crypto provider baton's own Redis client installs (the
+    /// fixture may talk to a server before any backend has).
     fn client(&self, url: String) -> redis::RedisResult<redis::Client> {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Another thread may have installed one since: that one stays.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        crate::backend::ensure_provider();
         redis::Client::build_with_tls(url, self.certificates())
     }
 

@@ -14,7 +14,9 @@ use redis::RedisError;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::backend::tls::{Handshake, Tickets, Wording, certificates, client_identity, tls_cause};
+use crate::backend::tls::{
+    Handshake, Tickets, Wording, certificates, client_identity, ensure_provider, tls_cause,
+};
 pub(crate) use crate::backend::tls::{Refused, TlsFiles};
 use crate::error::{Error, Result};
 
@@ -113,17 +115,6 @@ fn malformed(url: &str, e: RedisError) -> Error {
     Error::Connect {
         endpoints: vec![super::redact(url)],
         source: Box::new(e),
-    }
-}
-
-/// The `redis` crate builds its TLS configurations with rustls's process-wide default
-/// provider, and rustls panics when none is installed and its features do not name exactly
-/// one (another crate in the build may enable aws-lc-rs too). Install ring, the provider this
-/// crate is built with, unless the application installed one.
-fn ensure_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may have installed one since: then that one stays, as wanted.
-        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

@@ -15,7 +15,9 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use zookeeper_client::TlsOptions;
 
-use crate::backend::tls::{Handshake, Tickets, Wording, certificates, client_identity, tls_cause};
+use crate::backend::tls::{
+    Handshake, Tickets, Wording, certificates, client_identity, ensure_provider, tls_cause,
+};
 pub(crate) use crate::backend::tls::{Refused, TlsFiles};
 use crate::error::{Error, Result};
 
@@ -84,17 +86,6 @@ pub(crate) fn client_tls(secure: bool, tls: &TlsFiles) -> Result<Option<(TlsOpti
     }
     ensure_provider();
     Ok(Some((options, Handshake { roots, identity })))
-}
-
-/// zookeeper-client builds its TLS configurations with rustls's process-wide default
-/// provider, and rustls panics when none is installed and its features name more than one
-/// (zookeeper-client's rustls brings aws-lc-rs beside our ring). Install ring, the provider
-/// this crate is built with, unless the application installed one.
-fn ensure_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may have installed one since: then that one stays, as wanted.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
 }
 
 /// Connections of our own to the servers of a connect string, to learn why no session comes.
