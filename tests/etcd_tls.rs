@@ -4,6 +4,9 @@
 //! certificate) and what is refused: each refused certificate gives a typed error that says
 //! what is wrong, within 2 s (not after the connect timeout), and never a panic.
 
+#[path = "support/connecting.rs"]
+mod connecting;
+
 use std::error::Error as _;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -11,6 +14,7 @@ use baton::testing::{EtcdNode, EtcdTls, TestCa};
 use baton::{
     Election, Error, EtcdBackend, EtcdOptions, LeaderEvent, Mutex, Session, SessionOptions,
 };
+use connecting::chain;
 use futures::StreamExt;
 
 /// Every certificate refusal must be reported within this, far below the connect timeout.
@@ -37,18 +41,6 @@ fn ca() -> &'static TestCa {
 
 fn ca_pem() -> String {
     node().tls().expect("a TLS node").ca_pem().to_owned()
-}
-
-/// The error and its causes, as the CLI prints them.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Connects with `options` (and the refusal tests' connect timeout); the error, and how long

@@ -5,12 +5,15 @@
 //! `require`, a client certificate given as options or as libpq's files, the CLI's flags) and
 //! what is refused: each refusal is a typed error that says what is wrong.
 
-use std::error::Error as _;
+#[path = "support/connecting.rs"]
+mod connecting;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use baton::testing::{PgNode, ServerTls, TestCa};
-use baton::{ConnectOptions, Error, Mutex, PgBackend, PgOptions, Session};
+use baton::{ConnectOptions, Error, PgBackend, PgOptions};
+use connecting::{chain, lock_round_trip};
 
 /// The server's certificate names this host only; the tests reach it at 127.0.0.1.
 const HOST: &str = "pg.test";
@@ -73,32 +76,6 @@ fn trusting_the_ca() -> PgOptions {
     PgOptions::new()
         .with_ca_cert(fixture().tls.ca_pem())
         .with_connect_timeout(Duration::from_secs(5))
-}
-
-/// The error and its causes, as the CLI prints them.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
-/// Takes and releases a lock through `backend`.
-async fn lock_round_trip(backend: Arc<dyn baton::Backend>, name: &str) {
-    let session = Session::with_options(backend, Default::default())
-        .await
-        .expect("a session over TLS");
-    let guard = Mutex::new(&session, name)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock over TLS");
-    guard.release().await.expect("unlock");
-    session.close().await.expect("close");
 }
 
 /// The fixture's CA and client certificate as files in a directory of their own (`ca.pem`,

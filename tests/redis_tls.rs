@@ -4,11 +4,14 @@
 //! and what is refused: each refusal is a typed error that says what is wrong, in one line,
 //! within 2 s (not after the connect timeout).
 
-use std::error::Error as _;
+#[path = "support/connecting.rs"]
+mod connecting;
+
 use std::time::{Duration, Instant};
 
 use baton::testing::{RedisNode, RedisTls, TestCa};
-use baton::{ConnectOptions, Error, Mutex, RedisBackend, RedisOptions, Session};
+use baton::{ConnectOptions, Error, RedisBackend, RedisOptions};
+use connecting::{chain, lock_round_trip, refused};
 
 /// Every refusal must be reported within this, far below the connect timeout.
 const QUICKLY: Duration = Duration::from_secs(2);
@@ -19,18 +22,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn name(test: &str) -> String {
     format!("redis-tls-{}/{test}", std::process::id())
-}
-
-/// The error and its causes, as the CLI prints them.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// A server with `tls`'s certificates.
@@ -47,40 +38,6 @@ fn options(ca_pem: &str) -> ConnectOptions {
         .with_connect_timeout(CONNECT_TIMEOUT)
 }
 
-/// Takes and releases a lock twice through `backend`: the second token is above the first.
-async fn lock_round_trip(backend: std::sync::Arc<dyn baton::Backend>, test: &str) {
-    let session = Session::with_options(backend, Default::default())
-        .await
-        .expect("a session over TLS");
-    let lock = name(test);
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock");
-    let first = guard.fencing_token();
-    guard.release().await.expect("unlock");
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock again");
-    assert!(guard.fencing_token() > first);
-    guard.release().await.expect("unlock again");
-    session.close().await.expect("close");
-}
-
-/// Connects to `url` with `options`; the error, and how long it took to come.
-async fn refused(url: &str, options: ConnectOptions) -> (Error, Duration) {
-    let started = Instant::now();
-    let result = baton::connect_with(url, options).await;
-    let took = started.elapsed();
-    match result {
-        Ok(_) => panic!("connected to {url}, but it should have been refused"),
-        Err(e) => (e, took),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_is_taken_and_released_over_tls_with_a_ca() {
     let tls = RedisTls::generate().unwrap().with_client_cert_auth(false);
@@ -93,7 +50,7 @@ async fn a_lock_is_taken_and_released_over_tls_with_a_ca() {
     let backend = baton::connect_with(&node.url(), options(tls.ca_pem()))
         .await
         .expect("connect over TLS with the CA");
-    lock_round_trip(backend, "ca").await;
+    lock_round_trip(backend, &name("ca")).await;
     // The library's own options say the same.
     let backend = RedisBackend::connect(
         &node.url(),
@@ -103,14 +60,14 @@ async fn a_lock_is_taken_and_released_over_tls_with_a_ca() {
     )
     .await
     .expect("RedisBackend::connect over TLS");
-    lock_round_trip(std::sync::Arc::new(backend), "ca-options").await;
+    lock_round_trip(std::sync::Arc::new(backend), &name("ca-options")).await;
     // And the fixture's own clients.
     node.command::<()>("PING", &[])
         .await
         .expect("PING over TLS");
     lock_round_trip(
         std::sync::Arc::new(node.backend().await.unwrap()),
-        "fixture",
+        &name("fixture"),
     )
     .await;
 }
@@ -129,7 +86,7 @@ async fn client_certificates_are_presented_and_their_absence_is_refused() {
     )
     .await
     .expect("connect with a client certificate");
-    lock_round_trip(backend, "mtls").await;
+    lock_round_trip(backend, &name("mtls")).await;
 
     // None given; one from a CA the server does not trust.
     let stranger = TestCa::generate("stranger CA").unwrap();

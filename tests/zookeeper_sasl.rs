@@ -7,11 +7,14 @@
 //! and no credentials at all are a typed error ([`Error::Auth`]) within 2 s, and the
 //! password is printed nowhere.
 
-use std::error::Error as _;
-use std::time::{Duration, Instant};
+#[path = "support/connecting.rs"]
+mod connecting;
+
+use std::time::Duration;
 
 use baton::testing::ZkNode;
 use baton::{ConnectOptions, Error, Mutex, Session, ZkBackend, ZkOptions};
+use connecting::{chain, lock_round_trip, refused};
 use zookeeper_client::{Acl, Client, Permission, SaslOptions};
 
 /// Every refusal must be reported within this, far below the connect timeout.
@@ -23,18 +26,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(8);
 
 fn name(test: &str) -> String {
     format!("zk-sasl-{}/{test}", std::process::id())
-}
-
-/// The error and its causes, as the CLI prints them.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `zk://user:password@127.0.0.1:<port>`.
@@ -61,38 +52,6 @@ fn other_user(node: &ZkNode) -> (String, String) {
     (user.to_owned(), password.to_owned())
 }
 
-/// Takes and releases a lock twice through `backend`: the second token is above the first.
-async fn lock_round_trip(backend: std::sync::Arc<dyn baton::Backend>, test: &str) {
-    let session = Session::new(backend).await.expect("a session over SASL");
-    let lock = name(test);
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock");
-    let first = guard.fencing_token();
-    guard.release().await.expect("unlock");
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock again");
-    assert!(guard.fencing_token() > first);
-    guard.release().await.expect("unlock again");
-    session.close().await.expect("close");
-}
-
-/// Connects to `url` with `options`; the error, and how long it took to come.
-async fn refused(url: &str, options: ConnectOptions) -> (Error, Duration) {
-    let started = Instant::now();
-    let result = baton::connect_with(url, options).await;
-    let took = started.elapsed();
-    match result {
-        Ok(_) => panic!("connected, but it should have been refused"),
-        Err(e) => (e, took),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_is_taken_and_released_authenticated() {
     let node = ZkNode::shared_sasl();
@@ -103,7 +62,7 @@ async fn a_lock_is_taken_and_released_authenticated() {
     )
     .await
     .expect("connect with the credentials in the URL");
-    lock_round_trip(backend, "url").await;
+    lock_round_trip(backend, &name("url")).await;
     // The library's own options say the same; the password shows nowhere in its Debug.
     let options = ZkOptions::new().with_sasl_digest(sasl.user(), sasl.password());
     assert!(!format!("{options:?}").contains(sasl.password()));
@@ -111,7 +70,7 @@ async fn a_lock_is_taken_and_released_authenticated() {
         .await
         .expect("ZkBackend::connect with with_sasl_digest");
     assert!(!format!("{backend:?}").contains(sasl.password()));
-    lock_round_trip(std::sync::Arc::new(backend), "zk-options").await;
+    lock_round_trip(std::sync::Arc::new(backend), &name("zk-options")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,7 +275,7 @@ async fn sasl_over_tls_takes_a_lock_and_refuses_a_wrong_password() {
     let backend = baton::connect_with(&secure(sasl.password()), options())
         .await
         .expect("connect over TLS with SASL");
-    lock_round_trip(backend, "zks").await;
+    lock_round_trip(backend, &name("zks")).await;
     let (e, took) = refused(&secure("not-the-password"), options()).await;
     assert!(took < QUICKLY, "refused after {took:?}: {}", chain(&e));
     assert!(matches!(e, Error::Auth { .. }), "{}", chain(&e));

@@ -6,11 +6,14 @@
 //! error that says what is wrong, within 2 s (not after the connect timeout, nor the session
 //! timeout).
 
-use std::error::Error as _;
-use std::time::{Duration, Instant};
+#[path = "support/connecting.rs"]
+mod connecting;
+
+use std::time::Duration;
 
 use baton::testing::{TestCa, ZkNode};
-use baton::{ConnectOptions, Error, Mutex, Session, ZkBackend, ZkOptions};
+use baton::{ConnectOptions, Error, ZkBackend, ZkOptions};
+use connecting::{chain, lock_round_trip, refused};
 
 /// Every refusal must be reported within this, far below the connect timeout.
 const QUICKLY: Duration = Duration::from_secs(2);
@@ -23,18 +26,6 @@ fn name(test: &str) -> String {
     format!("zk-tls-{}/{test}", std::process::id())
 }
 
-/// The error and its causes, as the CLI prints them.
-fn chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Options trusting the shared TLS server's CA and presenting its client certificate.
 fn options(node: &ZkNode) -> ConnectOptions {
     let tls = node.tls().expect("a TLS node");
@@ -45,38 +36,6 @@ fn options(node: &ZkNode) -> ConnectOptions {
         .with_connect_timeout(CONNECT_TIMEOUT)
 }
 
-/// Takes and releases a lock twice through `backend`: the second token is above the first.
-async fn lock_round_trip(backend: std::sync::Arc<dyn baton::Backend>, test: &str) {
-    let session = Session::new(backend).await.expect("a session over TLS");
-    let lock = name(test);
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock");
-    let first = guard.fencing_token();
-    guard.release().await.expect("unlock");
-    let guard = Mutex::new(&session, &lock)
-        .unwrap()
-        .lock()
-        .await
-        .expect("lock again");
-    assert!(guard.fencing_token() > first);
-    guard.release().await.expect("unlock again");
-    session.close().await.expect("close");
-}
-
-/// Connects to `url` with `options`; the error, and how long it took to come.
-async fn refused(url: &str, options: ConnectOptions) -> (Error, Duration) {
-    let started = Instant::now();
-    let result = baton::connect_with(url, options).await;
-    let took = started.elapsed();
-    match result {
-        Ok(_) => panic!("connected to {url}, but it should have been refused"),
-        Err(e) => (e, took),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_is_taken_and_released_over_mutual_tls() {
     let node = ZkNode::shared_tls();
@@ -84,13 +43,13 @@ async fn a_lock_is_taken_and_released_over_mutual_tls() {
     let backend = baton::connect_with(&node.url(), options(node))
         .await
         .expect("connect over TLS with the CA and a client certificate");
-    lock_round_trip(backend, "connect-with").await;
+    lock_round_trip(backend, &name("connect-with")).await;
     // The library's own options say the same.
     let tls = node.tls().unwrap();
     let backend = ZkBackend::connect(&node.url(), tls.zk_options(ZkOptions::new()))
         .await
         .expect("ZkBackend::connect over TLS");
-    lock_round_trip(std::sync::Arc::new(backend), "zk-options").await;
+    lock_round_trip(std::sync::Arc::new(backend), &name("zk-options")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
