@@ -51,7 +51,7 @@ impl std::fmt::Debug for Endpoints {
 
 /// `url` without its credentials: the userinfo before the hosts (`scheme://user:pw@`) as
 /// `***@`, and the value of every query parameter whose name ends in `password` as `***`.
-fn redacted(url: &str) -> String {
+pub(crate) fn redacted(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
         return url.to_owned();
     };

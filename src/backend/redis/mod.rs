@@ -477,15 +477,6 @@ impl std::fmt::Display for NoAnswer {
 
 impl std::error::Error for NoAnswer {}
 
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
 fn malformed(op: &'static str) -> Error {
     Error::Backend {
         op,
@@ -632,7 +623,7 @@ impl RedisBackend {
         if is_sentinel_url(url) {
             return RedisBackend::connect_sentinel(url, options).await;
         }
-        let endpoint = redact(url);
+        let endpoint = crate::connect::redacted(url);
         let failed = |source: BoxError| Error::Connect {
             endpoints: vec![endpoint.clone()],
             source,
@@ -1656,10 +1647,13 @@ mod tests {
     #[test]
     fn urls_lose_their_password_in_messages() {
         assert_eq!(
-            redact("redis://app:secret@127.0.0.1:6379/0"),
+            crate::connect::redacted("redis://app:secret@127.0.0.1:6379/0"),
             "redis://***@127.0.0.1:6379/0"
         );
-        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            crate::connect::redacted("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub(crate) fn check(tls: &TlsFiles) -> Result<()> {
 /// A URL the `redis` crate does not take: [`Error::Connect`], as before TLS.
 fn malformed(url: &str, e: RedisError) -> Error {
     Error::Connect {
-        endpoints: vec![super::redact(url)],
+        endpoints: vec![crate::connect::redacted(url)],
         source: Box::new(e),
     }
 }
