@@ -170,7 +170,7 @@ impl ZkBackend {
     /// [`sample_once`]), with the backend's retries; taken in as [`wrote`](Self::wrote) does.
     async fn sample(&self, op: &'static str) -> Result<Stat> {
         let sent = Instant::now();
-        let acl = self.inner.acl;
+        let acl = self.inner.acl();
         let (stat, _) = self
             .attempts(op, Kind::Write, |client| async move {
                 Ok(sample_once(&client, acl).await?)
@@ -362,7 +362,7 @@ impl ZkBackend {
         let data = epoch.encode();
         let grace = grace.as_millis().to_string();
         let (node, data, grace) = (&node, &data, &grace);
-        let acl = self.inner.acl;
+        let acl = self.inner.acl();
         let sent = Instant::now();
         let (stat, _) = self
             .attempts(op, Kind::Write, |client| async move {
@@ -565,7 +565,7 @@ impl ZkBackend {
         // older copy (its transaction log lost, its data dir restored) brings its marker
         // back. A write tells: its zxid is below what this client saw.
         let sent = Instant::now();
-        match tokio::time::timeout(limit, sample_once(client, self.inner.acl)).await {
+        match tokio::time::timeout(limit, sample_once(client, self.inner.acl())).await {
             Ok(Ok(stat)) if self.wrote(&stat, sent).is_err() => Look::Moved,
             _ => Look::Same,
         }

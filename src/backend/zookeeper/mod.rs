@@ -211,8 +211,6 @@ struct Shared {
     tls: Option<zookeeper_client::TlsOptions>,
     /// SASL DIGEST-MD5 (its `Debug` shows the password: never print it).
     sasl: Option<SaslOptions>,
-    /// The ACL of the nodes this backend creates: the authenticated identity's with SASL.
-    acl: NodeAcl,
     options: ZkOptions,
     base: std::sync::Mutex<Client>,
     /// Held while the backend's own session is replaced.
@@ -227,6 +225,17 @@ struct Shared {
     /// The last conclusive look at the marker through a session that connects now, and when
     /// it ended; held while one is made.
     probed: tokio::sync::Mutex<Option<(Instant, epoch::Look)>>,
+}
+
+impl Shared {
+    /// The ACL of the nodes this backend creates: the authenticated identity's with SASL,
+    /// open without.
+    fn acl(&self) -> NodeAcl {
+        match self.sasl {
+            Some(_) => NodeAcl::Owner,
+            None => NodeAcl::Open,
+        }
+    }
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -702,10 +711,6 @@ impl ZkBackend {
             (None, None) => None,
         };
         let sasl = credentials.as_ref().map(auth::Credentials::sasl);
-        let acl = match sasl {
-            Some(_) => NodeAcl::Owner,
-            None => NodeAcl::Open,
-        };
         let (tls, handshake) = match tls::client_tls(scheme == "zks", &options.tls)? {
             Some((tls, handshake)) => (Some(tls), Some(handshake)),
             None => (None, None),
@@ -781,7 +786,6 @@ impl ZkBackend {
                 connect,
                 tls,
                 sasl,
-                acl,
                 options,
                 base: std::sync::Mutex::new(client),
                 reconnect: tokio::sync::Mutex::new(()),
@@ -1134,7 +1138,7 @@ impl ZkBackend {
         let client = &held.client;
         let dir = format!("/{queue}");
         let path = format!("{dir}/{prefix}");
-        let options = self.inner.acl.ephemeral_sequential();
+        let options = self.inner.acl().ephemeral_sequential();
         let limit = self.inner.options.request_timeout;
         let in_epoch = epoch::epoch_node(epoch);
         // One create of this session at a time: each expects the fence version the last left.
@@ -1229,7 +1233,7 @@ impl ZkBackend {
                 ZkError::NoNode => {
                     match tokio::time::timeout(
                         limit,
-                        client.mkdir(&dir, &self.inner.acl.container()),
+                        client.mkdir(&dir, &self.inner.acl().container()),
                     )
                     .await
                     {
@@ -1599,10 +1603,13 @@ impl Backend for ZkBackend {
         })?;
         let id = LeaseId::new(client.session_id().0);
         // On failure the client is dropped, and its session closed with it.
-        let (fence, created) =
-            make_fence(&client, self.inner.acl, self.inner.options.connect_timeout)
-                .await
-                .map_err(|e| e.at_endpoint(&self.label()))?;
+        let (fence, created) = make_fence(
+            &client,
+            self.inner.acl(),
+            self.inner.options.connect_timeout,
+        )
+        .await
+        .map_err(|e| e.at_endpoint(&self.label()))?;
         if let Some(stat) = created {
             // The server's clock, and the store's position: a store that went back ends every
             // session from before (this one is granted in the epoch entered below).
@@ -2043,7 +2050,7 @@ impl Backend for ZkBackend {
         let path = names::key_path(key)?;
         let sent = AtomicBool::new(false);
         let flag = &sent;
-        let acl = self.inner.acl;
+        let acl = self.inner.acl();
         self.write_if_live_flagged("swap", Some(flag), |client| {
             let path = path.clone();
             async move {
@@ -2176,7 +2183,7 @@ async fn guarded_once(
                 exists.insert(path.as_str(), present);
             }
         }
-        let acl = backend.inner.acl;
+        let acl = backend.inner.acl();
         let mut writer = client.new_multi_writer();
         writer.add_check_version(&epoch::epoch_node(epoch), -1)?;
         writer.add_check_version(guard, -1)?;
