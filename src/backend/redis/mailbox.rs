@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::RedisOptions;
-use super::primary::Primary;
+use super::primary::{Moving, Primary};
 use super::scripts::SCRIPTS;
 use crate::error::{Error, Result};
 use crate::retry::Backoff;
@@ -336,7 +336,7 @@ impl Reader {
 
     /// Marks the mailbox alive; answers the epoch of the server's state.
     async fn mark_alive(&self) -> Result<u64, redis::RedisError> {
-        let mut conn = self.primary.current_checked().await.conn;
+        let mut conn = self.primary.current_checked().await.ok_or(Moving)?.conn;
         let marked = tokio::time::timeout(
             self.request_timeout,
             SCRIPTS
@@ -364,7 +364,7 @@ impl Reader {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None);
-        let primary = self.primary.current_checked().await;
+        let primary = self.primary.current_checked().await.ok_or(Moving)?;
         let conn = primary
             .client
             .get_multiplexed_async_connection_with_config(&config)

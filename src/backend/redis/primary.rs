@@ -49,7 +49,42 @@ pub(super) struct Primary {
     /// Whether this process ran without a gap since the Sentinels last named the primary
     /// (`redis+sentinel://` only).
     stalls: Arc<Stalls>,
+    /// A failover the Sentinels announced and the backend has not followed yet: no request
+    /// goes to its old primary meanwhile ([`Announced`]).
+    announced: StdMutex<Option<Announced>>,
 }
+
+/// A `+switch-master` heard and not yet followed. The old primary goes on answering as a
+/// primary until Sentinel reconfigures it (a second or more later), and a lookup may still
+/// name it (a Sentinel that has not heard of the failover yet): a session or a grant made
+/// there meanwhile is lost when it resyncs. The TLS test saw one made 125 ms after the
+/// announcement, while the listener was still connecting to the new primary. So from the
+/// announcement on, requests wait ([`Primary::current_checked`] answers `None`) until a
+/// lookup names a primary other than `from`, or until [`ANNOUNCED_FOR`] has passed.
+#[derive(Debug)]
+struct Announced {
+    /// The primary the failover moved away from (`host:port` as the Sentinels name it).
+    from: String,
+    at: Instant,
+}
+
+/// Why a request is not sent now: a failover was announced and the Sentinels do not name its
+/// new primary yet (see [`Announced`]). Retried like a primary that does not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("the Sentinels announced a failover and do not name its new primary yet")]
+pub(super) struct Moving;
+
+impl From<Moving> for redis::RedisError {
+    fn from(moving: Moving) -> redis::RedisError {
+        std::io::Error::other(moving).into()
+    }
+}
+
+/// How long an announced failover holds requests back while the Sentinels still name the old
+/// primary: well past the 2 s period of their hello messages, by which every Sentinel has the
+/// new configuration. Past it the Sentinels' answer is taken as it is (a failover undone by a
+/// newer one).
+const ANNOUNCED_FOR: Duration = Duration::from_secs(10);
 
 impl Drop for Primary {
     fn drop(&mut self) {
@@ -180,6 +215,7 @@ impl Primary {
             generation: AtomicU64::new(0),
             watchers: StdMutex::new(Vec::new()),
             stalls: Arc::new(Stalls::new()),
+            announced: StdMutex::new(None),
         }
     }
 
@@ -215,6 +251,7 @@ impl Primary {
             generation: AtomicU64::new(0),
             watchers: StdMutex::new(Vec::new()),
             stalls: Arc::new(Stalls::new()),
+            announced: StdMutex::new(None),
         })
     }
 
@@ -238,22 +275,58 @@ impl Primary {
     }
 
     /// The primary to send a request to: [`current`](Self::current), except that after this
-    /// process stalled (see [`Stalls`]) the Sentinels are asked first, and the backend moves
-    /// if they name another primary. A lookup that fails leaves the primary as it was (the
-    /// request then finds out) and is tried again before the next request.
+    /// process stalled (see [`Stalls`]) or after the Sentinels announced a failover not yet
+    /// followed (see [`Announced`]) the Sentinels are asked first, and the backend moves if
+    /// they name another primary. A lookup that fails after a stall leaves the primary as it
+    /// was (the request then finds out) and is tried again before the next request. `None`:
+    /// a failover was announced and the Sentinels asked do not name its new primary yet, so
+    /// the request must not be sent anywhere; the caller waits and asks again.
     ///
     /// # Cancel safety
     /// Cancel safe, as [`follow`](Self::follow).
-    pub(super) async fn current_checked(&self) -> Current {
-        if self.sentinels.is_some() && self.stalls.stalled() {
+    pub(super) async fn current_checked(&self) -> Option<Current> {
+        if self.sentinels.is_none() {
+            return Some(self.current());
+        }
+        let announced = self.announced_from().is_some();
+        if announced || self.stalls.stalled() {
             tracing::debug!(
-                "this process stalled: asking the Sentinels for the primary before the next request"
+                announced,
+                "asking the Sentinels for the primary before the next request"
             );
             if self.follow(self.generation()).await {
                 self.stalls.answered();
             }
+            if self.announced_from().is_some() {
+                return None;
+            }
         }
-        self.current()
+        Some(self.current())
+    }
+
+    /// The old primary of a failover announced and not yet followed, if any (an announcement
+    /// older than [`ANNOUNCED_FOR`] is dropped).
+    fn announced_from(&self) -> Option<String> {
+        let mut announced = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        if announced
+            .as_ref()
+            .is_some_and(|a| a.at.elapsed() > ANNOUNCED_FOR)
+        {
+            tracing::warn!(
+                after = ?ANNOUNCED_FOR,
+                "the Sentinels still name the primary a failover moved away from: taking their answer"
+            );
+            *announced = None;
+        }
+        announced.as_ref().map(|a| a.from.clone())
+    }
+
+    /// Records that the Sentinels announced a failover away from `from`.
+    fn announce(&self, from: String) {
+        *self.announced.lock().unwrap_or_else(|p| p.into_inner()) = Some(Announced {
+            from,
+            at: Instant::now(),
+        });
     }
 
     /// The primary as it is now.
@@ -296,7 +369,20 @@ impl Primary {
             }
         };
         let old = self.current().address;
-        if address == old {
+        if let Some(from) = self.announced_from() {
+            if address == from {
+                tracing::debug!(%address, "the Sentinel asked still names the primary a failover moved away from");
+                return false;
+            }
+            if address == old {
+                // Followed already (the announcement came after the move).
+                self.announced
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                return true;
+            }
+        } else if address == old {
             return true;
         }
         let conn = tokio::time::timeout(
@@ -328,6 +414,10 @@ impl Primary {
             generation,
             address,
         };
+        self.announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         true
     }
 }
@@ -388,6 +478,11 @@ async fn listen(primary: Weak<Primary>) {
                     return;
                 };
                 tracing::debug!(%payload, "Sentinel announced a failover");
+                // `<service> <old ip> <old port> <new ip> <new port>`
+                let parts: Vec<&str> = payload.split(' ').collect();
+                if let [_, ip, port, ..] = parts.as_slice() {
+                    primary.announce(format!("{ip}:{port}"));
+                }
                 primary.follow(primary.generation()).await;
             }
         }
