@@ -163,6 +163,7 @@ async fn leader_stopped_mid_queue_then_restarted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_then_leader_paused() {
+    support::capture_logs();
     let _one_at_a_time = CLUSTER.lock().await;
     let ttl = Duration::from_secs(15);
     let (cluster, backend, register, holder) = cluster_scenario(Duration::from_secs(30), ttl).await;

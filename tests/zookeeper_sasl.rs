@@ -5,17 +5,18 @@
 //! what the nodes baton creates allow (everything to `baton`, reading to anyone: `other`
 //! cannot delete or overwrite them), and what is refused: a wrong password, an unknown user
 //! and no credentials at all are a typed error ([`Error::Auth`]) within 2 s, and the
-//! password is printed nowhere.
+//! password is printed nowhere. Over TLS, on a server of its own, a lock is also held across
+//! a restart of the server with its data: the client logs in again on its new connection.
 
 #[path = "support/connecting.rs"]
 mod connecting;
 
 use std::time::Duration;
 
-use baton::testing::ZkNode;
-use baton::{ConnectOptions, Error, Mutex, Session, ZkBackend, ZkOptions};
+use baton::testing::{ZkNode, ZkTls};
+use baton::{ConnectOptions, Error, Mutex, Session, SessionOptions, ZkBackend, ZkOptions};
 use connecting::{chain, lock_round_trip, refused};
-use zookeeper_client::{Acl, Client, Permission, SaslOptions};
+use zookeeper_client::{Acl, Client, Permission, SaslOptions, TlsOptions};
 
 /// Every refusal must be reported within this, far below the connect timeout.
 const QUICKLY: Duration = Duration::from_secs(2);
@@ -44,6 +45,19 @@ async fn raw(node: &ZkNode, user: &str, password: &str) -> Client {
         .connect(&node.connect_string())
         .await
         .expect("a raw SASL session")
+}
+
+/// [`raw`] over TLS, trusting `tls`'s CA.
+async fn raw_tls(node: &ZkNode, tls: &ZkTls, (user, password): &(String, String)) -> Client {
+    let trust = TlsOptions::new()
+        .with_pem_ca(tls.ca_pem())
+        .expect("the fixture's CA");
+    Client::connector()
+        .with_sasl(SaslOptions::digest_md5(user.clone(), password.clone()))
+        .with_tls(trust)
+        .secure_connect(&node.connect_string())
+        .await
+        .expect("a raw SASL session over TLS")
 }
 
 fn other_user(node: &ZkNode) -> (String, String) {
@@ -260,9 +274,7 @@ async fn credentials_for_a_server_without_sasl_are_refused_quickly_as_misconfigu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sasl_over_tls_takes_a_lock_and_refuses_a_wrong_password() {
     // A server of its own: TLS only (no client certificate asked for) and SASL required.
-    let tls = baton::testing::ZkTls::generate()
-        .unwrap()
-        .with_client_cert_auth(false);
+    let tls = ZkTls::generate().unwrap().with_client_cert_auth(false);
     let sasl = baton::testing::ZkSasl::new();
     let node = ZkNode::start_tls_sasl(&tls, &sasl).await.unwrap();
     let secure =
@@ -275,8 +287,46 @@ async fn sasl_over_tls_takes_a_lock_and_refuses_a_wrong_password() {
     let backend = baton::connect_with(&secure(sasl.password()), options())
         .await
         .expect("connect over TLS with SASL");
-    lock_round_trip(backend, &name("zks")).await;
+    lock_round_trip(backend.clone(), &name("zks")).await;
     let (e, took) = refused(&secure("not-the-password"), options()).await;
     assert!(took < QUICKLY, "refused after {took:?}: {}", chain(&e));
     assert!(matches!(e, Error::Auth { .. }), "{}", chain(&e));
+
+    // The server killed and started again with its data, a lock held across it. ZooKeeper
+    // keeps no authentication across connections: the client must log in again on the new
+    // one, or the release (a delete the queue node's ACL allows the user only) is refused
+    // and the lock stays held until the session expires.
+    let session = Session::with_options(
+        backend,
+        SessionOptions::new().with_ttl(Duration::from_secs(30)),
+    )
+    .await
+    .expect("a session");
+    let lock = name("zks-restart");
+    let guard = Mutex::new(&session, &lock)
+        .unwrap()
+        .lock()
+        .await
+        .expect("lock");
+    let before = guard.fencing_token();
+    node.restart().await.unwrap();
+    guard
+        .release()
+        .await
+        .expect("released after the restart: authenticated again");
+    let again = Mutex::new(&session, &lock)
+        .unwrap()
+        .lock()
+        .await
+        .expect("locked again after the restart");
+    assert!(again.fencing_token() > before);
+    // Its entry is the user's, as before the restart.
+    let intruder = raw_tls(&node, &tls, &other_user(&node)).await;
+    assert_eq!(
+        intruder.delete(&format!("/{}", again.key()), None).await,
+        Err(zookeeper_client::Error::NoAuth),
+        "another identity deletes the entry made after the restart"
+    );
+    again.release().await.expect("unlock");
+    session.close().await.expect("close");
 }

@@ -288,7 +288,7 @@ impl Primary {
         if self.sentinels.is_none() {
             return Some(self.current());
         }
-        let announced = self.announced_from().is_some();
+        let announced = self.on_the_old_primary();
         if announced || self.stalls.stalled() {
             tracing::debug!(
                 announced,
@@ -297,11 +297,17 @@ impl Primary {
             if self.follow(self.generation()).await {
                 self.stalls.answered();
             }
-            if self.announced_from().is_some() {
+            if self.on_the_old_primary() {
                 return None;
             }
         }
         Some(self.current())
+    }
+
+    /// Whether the backend is still on the primary an announced failover left.
+    fn on_the_old_primary(&self) -> bool {
+        self.announced_from()
+            .is_some_and(|from| from == self.current().address)
     }
 
     /// The old primary of a failover announced and not yet followed, if any (an announcement
@@ -371,8 +377,9 @@ impl Primary {
         let old = self.current().address;
         if let Some(from) = self.announced_from() {
             if address == from {
+                // A Sentinel that has not heard of the failover yet: never move (back) there.
                 tracing::debug!(%address, "the Sentinel asked still names the primary a failover moved away from");
-                return false;
+                return old != from;
             }
             if address == old {
                 // Followed already (the announcement came after the move).
