@@ -34,26 +34,29 @@ fn url(node: &ZkNode, user: &str, password: &str) -> String {
     format!("zk://{user}:{password}@{}", node.connect_string())
 }
 
+/// A zookeeper-client connector that authenticates as `user`.
+fn as_user(user: &str, password: &str) -> zookeeper_client::Connector {
+    Client::connector().with_sasl(SaslOptions::digest_md5(
+        user.to_owned(),
+        password.to_owned(),
+    ))
+}
+
 /// A zookeeper-client session of our own, authenticated as `user`: another client of the
 /// same ensemble, as an operator's tool would be.
 async fn raw(node: &ZkNode, user: &str, password: &str) -> Client {
-    Client::connector()
-        .with_sasl(SaslOptions::digest_md5(
-            user.to_owned(),
-            password.to_owned(),
-        ))
+    as_user(user, password)
         .connect(&node.connect_string())
         .await
         .expect("a raw SASL session")
 }
 
 /// [`raw`] over TLS, trusting `tls`'s CA.
-async fn raw_tls(node: &ZkNode, tls: &ZkTls, (user, password): &(String, String)) -> Client {
+async fn raw_tls(node: &ZkNode, tls: &ZkTls, user: &str, password: &str) -> Client {
     let trust = TlsOptions::new()
         .with_pem_ca(tls.ca_pem())
         .expect("the fixture's CA");
-    Client::connector()
-        .with_sasl(SaslOptions::digest_md5(user.clone(), password.clone()))
+    as_user(user, password)
         .with_tls(trust)
         .secure_connect(&node.connect_string())
         .await
@@ -321,7 +324,8 @@ async fn sasl_over_tls_takes_a_lock_and_refuses_a_wrong_password() {
         .expect("locked again after the restart");
     assert!(again.fencing_token() > before);
     // Its entry is the user's, as before the restart.
-    let intruder = raw_tls(&node, &tls, &other_user(&node)).await;
+    let (other, other_password) = other_user(&node);
+    let intruder = raw_tls(&node, &tls, &other, &other_password).await;
     assert_eq!(
         intruder.delete(&format!("/{}", again.key()), None).await,
         Err(zookeeper_client::Error::NoAuth),

@@ -847,16 +847,16 @@ impl RedisBackend {
     {
         let mut retry = Retry::new(op, self.inner.options.retry_for);
         loop {
-            self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // After a stall of this process or a failover's announcement, the Sentinels are
             // asked first.
             let Some(primary) = self.inner.primary.current_checked().await else {
-                // A failover announced and not followed yet: nothing was sent.
+                // A failover announced and not followed yet: nothing is sent.
                 retry
                     .pause(Box::new(primary::Moving), &self.inner.endpoint)
                     .await?;
                 continue;
             };
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
             let attempt = Box::pin(tokio::time::timeout(
                 self.inner.options.request_timeout,
                 f(primary.conn),

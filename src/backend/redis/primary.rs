@@ -58,9 +58,10 @@ pub(super) struct Primary {
 /// primary until Sentinel reconfigures it (a second or more later), and a lookup may still
 /// name it (a Sentinel that has not heard of the failover yet): a session or a grant made
 /// there meanwhile is lost when it resyncs. The TLS test saw one made 125 ms after the
-/// announcement, while the listener was still connecting to the new primary. So from the
-/// announcement on, requests wait ([`Primary::current_checked`] answers `None`) until a
-/// lookup names a primary other than `from`, or until [`ANNOUNCED_FOR`] has passed.
+/// announcement, while the listener was still connecting to the new primary. So while the
+/// backend is on `from`, requests wait ([`Primary::current_checked`] answers `None`) until a
+/// lookup names a primary other than `from`, or until [`ANNOUNCED_FOR`] has passed; and a
+/// lookup that names `from` never moves the backend (back) there.
 #[derive(Debug)]
 struct Announced {
     /// The primary the failover moved away from (`host:port` as the Sentinels name it).
@@ -335,6 +336,14 @@ impl Primary {
         });
     }
 
+    /// The announced failover, if any, is followed.
+    fn forget_announcement(&self) {
+        self.announced
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+    }
+
     /// The primary as it is now.
     pub(super) fn current(&self) -> Current {
         // A panic elsewhere while holding the lock leaves a whole `Current` behind.
@@ -375,21 +384,14 @@ impl Primary {
             }
         };
         let old = self.current().address;
-        if let Some(from) = self.announced_from() {
-            if address == from {
-                // A Sentinel that has not heard of the failover yet: never move (back) there.
-                tracing::debug!(%address, "the Sentinel asked still names the primary a failover moved away from");
-                return old != from;
-            }
-            if address == old {
-                // Followed already (the announcement came after the move).
-                self.announced
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take();
-                return true;
-            }
-        } else if address == old {
+        if self.announced_from().as_deref() == Some(address.as_str()) {
+            // A Sentinel that has not heard of the failover yet: never move (back) there.
+            tracing::debug!(%address, "the Sentinel asked still names the primary a failover moved away from");
+            return old != address;
+        }
+        if address == old {
+            // Where the Sentinels say (an announcement that came after the move is done with).
+            self.forget_announcement();
             return true;
         }
         let conn = tokio::time::timeout(
@@ -421,10 +423,7 @@ impl Primary {
             generation,
             address,
         };
-        self.announced
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.forget_announcement();
         true
     }
 }
@@ -478,15 +477,15 @@ async fn listen(primary: Weak<Primary>) {
             let mut messages = pubsub.into_on_message();
             while let Some(message) = messages.next().await {
                 let payload = String::from_utf8_lossy(message.get_payload_bytes()).into_owned();
-                if payload.split(' ').next() != Some(service.as_str()) {
+                // `<service> <old ip> <old port> <new ip> <new port>`
+                let parts: Vec<&str> = payload.split(' ').collect();
+                if parts.first() != Some(&service.as_str()) {
                     continue;
                 }
                 let Some(primary) = primary.upgrade() else {
                     return;
                 };
                 tracing::debug!(%payload, "Sentinel announced a failover");
-                // `<service> <old ip> <old port> <new ip> <new port>`
-                let parts: Vec<&str> = payload.split(' ').collect();
                 if let [_, ip, port, ..] = parts.as_slice() {
                     primary.announce(format!("{ip}:{port}"));
                 }
