@@ -177,6 +177,88 @@ async fn connect_rejects_bad_input_and_dead_endpoints() {
     );
 }
 
+/// A member that accepts connections but never answers (a frozen process: its kernel still
+/// completes the TCP handshake) costs one request timeout, not one in every few requests:
+/// after a request to it timed out, requests go to the other members. Here the frozen
+/// member is a listener that never accepts, beside the real etcd: five connects succeed
+/// within a connect timeout shorter than the wait for it, and of 20 renewals one after the
+/// other, at most one waits for it, and every one succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_never_answers_is_avoided_after_one_timeout() {
+    support::capture_logs();
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let frozen_at = format!("http://{}", frozen.local_addr().unwrap());
+    let mut endpoints = EtcdNode::shared().endpoints().to_vec();
+    endpoints.push(frozen_at);
+    let options = EtcdOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_millis(500))
+        .with_retry_for(Duration::from_secs(5));
+    // The connect asks a member for an answer twice (a probe, the version): were either sent
+    // to the frozen member alone, it would wait for it past the connect timeout.
+    let mut connected = Vec::new();
+    for _ in 0..5 {
+        connected.push(EtcdBackend::connect(&endpoints, options.clone()).await);
+    }
+    let backend = match connected.into_iter().collect::<Result<Vec<_>, _>>() {
+        Ok(mut backends) => backends.pop().unwrap(),
+        Err(e) => panic!("a connect waited for the member that never answers: {e:?}"),
+    };
+    let lease = backend.grant_lease(Duration::from_secs(30)).await.unwrap();
+    let before = backend.requests_sent();
+    let mut failed = Vec::new();
+    for i in 0..20 {
+        if let Err(e) = backend.keep_alive(lease.id()).await {
+            failed.push((i, e));
+        }
+    }
+    let sent = backend.requests_sent() - before;
+    assert!(failed.is_empty(), "renewals failed: {failed:?}");
+    // What a renewal costs with the real member alone; one timeout adds one request.
+    let per_renewal = {
+        let alone = self::backend().await;
+        let before = alone.requests_sent();
+        alone.keep_alive(lease.id()).await.unwrap();
+        alone.requests_sent() - before
+    };
+    assert!(
+        sent <= 20 * per_renewal + 1,
+        "{sent} requests for 20 renewals of {per_renewal} request(s) each: \
+         the member that never answers was tried again and again"
+    );
+    backend.revoke_lease(lease.id()).await.unwrap();
+
+    // A lock handed over: the waiter's watch is opened on a member that answers.
+    let name = test_name("frozen-member");
+    let (a, b) = (
+        Session::new(backend.clone()).await.unwrap(),
+        Session::new(backend.clone()).await.unwrap(),
+    );
+    let held = Mutex::new(&a, &name).unwrap().lock().await.unwrap();
+    let waiter = tokio::spawn(async move {
+        let guard = Mutex::new(&b, &name).unwrap().lock().await.unwrap();
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        token
+    });
+    let first = held.fencing_token();
+    eventually("the waiter is queued", || async {
+        backend
+            .entries(&test_name("frozen-member"))
+            .await
+            .unwrap()
+            .len()
+            == 2
+    })
+    .await;
+    held.release().await.unwrap();
+    let second = within("the hand-over", Duration::from_secs(30), waiter)
+        .await
+        .unwrap();
+    assert!(second > first);
+    drop(frozen);
+}
+
 #[tokio::test]
 async fn granted_ttl_is_used_as_granted() {
     let backend = backend().await;

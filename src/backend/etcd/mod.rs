@@ -27,10 +27,12 @@ use crate::retry::{Backoff, Retry};
 
 mod epoch;
 mod indexed;
+mod members;
 mod reach;
 mod tls;
 mod value;
 mod watch;
+use members::Members;
 use tls::{HandshakeCheck, TlsConfig, refused_of};
 
 pub use self::indexed::EtcdLayout;
@@ -237,6 +239,9 @@ pub struct EtcdBackend {
 
 struct Shared {
     client: Client,
+    /// With more than one endpoint, where each request goes (the balanced `client` serves
+    /// watches and [`EtcdBackend::client`]).
+    members: Option<Arc<Members>>,
     options: EtcdOptions,
     endpoints: Vec<String>,
     watches: WatchHub<EtcdTransport>,
@@ -380,6 +385,19 @@ mod tonic_code {
         }
     }
 
+    /// Whether a failed request says that its member cannot serve now (unreachable, cut
+    /// off from its leader, shutting down): the next requests go elsewhere for a while.
+    pub(super) fn member_unfit(e: &E) -> bool {
+        match e {
+            E::GRpcStatus(s) => {
+                let code = s.code() as i32;
+                code == UNAVAILABLE || code == CANCELLED
+            }
+            E::TransportError(_) | E::IoError(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether a failed request may succeed when sent again (possibly to another member).
     pub(super) fn is_transient(e: &E) -> bool {
         // A certificate refused is refused again: failing at once says what is wrong, where
@@ -479,7 +497,8 @@ impl EtcdBackend {
                 },
             )
             .await?;
-        Self::checked(client, options, endpoints.clone(), retry).await
+        let members = Members::new(&endpoints, &opts).map(Arc::new);
+        Self::checked(client, members, options, endpoints.clone(), retry).await
     }
 
     /// Builds the backend on an etcd-client `Client` the application already has (its
@@ -516,32 +535,44 @@ impl EtcdBackend {
             tls_check: None,
             tls: false,
         };
-        Self::checked(client, options, endpoints.clone(), retry).await
+        Self::checked(client, None, options, endpoints.clone(), retry).await
     }
 
     /// Proves that a member answers (the channel is lazy) and accepts the client's token, and
     /// that it runs a version baton supports; then builds the backend.
     async fn checked(
         client: Client,
+        members: Option<Arc<Members>>,
         options: EtcdOptions,
         endpoints: Vec<String>,
         mut retry: ConnectRetry<'_>,
     ) -> Result<Self> {
+        // With several members, each asks all of them at once, so that one that never
+        // answers (a frozen process) does not hold the connect until its timeout.
+        let members_ref = members.as_deref();
         retry
             .until_answered("probing", || {
-                let mut probe = client.clone();
-                async move { probe.get("\0", None).await }
+                first_answer(members_ref, &client, |mut c| async move {
+                    c.get("\0", None).await.map(drop)
+                })
             })
             .await?;
         let status = retry
             .until_answered("checking the version", || {
-                let mut status = client.clone();
-                async move { status.status().await }
+                first_answer(
+                    members_ref,
+                    &client,
+                    |mut c| async move { c.status().await },
+                )
             })
             .await?;
         check_version(status.version())?;
         let requests = Arc::new(AtomicU64::new(0));
-        let transport = EtcdTransport(client.clone());
+        let transport = EtcdTransport {
+            client: client.clone(),
+            members: members.clone(),
+            open_within: options.request_timeout,
+        };
         let epochs = StoreEpochs::new(
             format!("etcd at {}", endpoints.join(",")),
             options.restart_grace,
@@ -549,6 +580,7 @@ impl EtcdBackend {
         let backend = EtcdBackend {
             inner: Arc::new(Shared {
                 client,
+                members,
                 options,
                 endpoints,
                 watches: WatchHub::new(transport, Arc::clone(&requests)),
@@ -681,14 +713,31 @@ impl EtcdBackend {
         let mut retry = Retry::new(op, retry_for);
         loop {
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
+            let members = self.inner.members.as_deref();
+            let member = members.map(Members::pick);
+            let client = self.inner.client.clone();
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
             // one (a waiter parked on its predecessor, too) would otherwise carry that size
             // for as long as it lives.
             let attempt = Box::pin(tokio::time::timeout(
                 self.inner.options.request_timeout,
-                f(self.inner.client.clone()),
+                async {
+                    let client = match (members, member) {
+                        (Some(members), Some(i)) => members.client(i).await?,
+                        _ => client,
+                    };
+                    f(client).await
+                },
             ));
-            let error: BoxError = match attempt.await {
+            let outcome = attempt.await;
+            if let (Some(members), Some(i)) = (members, member) {
+                match &outcome {
+                    Ok(Err(e)) if tonic_code::member_unfit(e) => members.failed(i),
+                    Err(_) => members.failed(i),
+                    Ok(_) => members.answered(i),
+                }
+            }
+            let error: BoxError = match outcome {
                 Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                 Ok(Err(e)) if !tonic_code::is_transient(&e) => {
                     return Err(if retry.maybe_applied() {
@@ -877,6 +926,22 @@ const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// over the endpoints, so a dead one may take a request while a live one would answer. A
 /// failure that retrying cannot fix ends it at once: every endpoint refused or unknown, a
 /// certificate refused, a TLS endpoint that answers in plain text or the reverse.
+/// `ask`'s answer from the first member to give one, or from the balanced `client` when there
+/// is a single endpoint.
+async fn first_answer<T, Fut>(
+    members: Option<&Members>,
+    client: &Client,
+    ask: impl Fn(Client) -> Fut,
+) -> std::result::Result<T, etcd_client::Error>
+where
+    Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+{
+    match members {
+        Some(members) => members.first_to_answer(ask).await,
+        None => ask(client.clone()).await,
+    }
+}
+
 struct ConnectRetry<'a> {
     /// Until the connect timeout, pauses of at most [`CONNECT_BACKOFF_MAX`]; shared by the
     /// requests of one `connect`.

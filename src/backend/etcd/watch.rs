@@ -23,6 +23,7 @@ use futures::stream::BoxStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::members::Members;
 use crate::error::BoxError;
 
 /// How long a watch is kept after its last waiter finished.
@@ -136,7 +137,14 @@ fn watch_options(watch_id: i64) -> WatchOptions {
 
 /// The real transport: etcd-client's bidirectional watch stream.
 #[derive(Clone)]
-pub(crate) struct EtcdTransport(pub(crate) Client);
+pub(crate) struct EtcdTransport {
+    /// The balanced client, for a single endpoint.
+    pub(crate) client: Client,
+    /// With several endpoints, the member each stream goes to (see `members`).
+    pub(crate) members: Option<Arc<Members>>,
+    /// How long opening a stream may take.
+    pub(crate) open_within: Duration,
+}
 
 impl Transport for EtcdTransport {
     type Sender = WatchRequestSender;
@@ -146,9 +154,38 @@ impl Transport for EtcdTransport {
         key: &[u8],
         watch_id: i64,
     ) -> Result<(WatchRequestSender, Responses), BoxError> {
-        let stream = self.0.watch(key, Some(watch_options(watch_id))).await?;
+        let member = self.members.clone().map(|m| {
+            let i = m.pick();
+            (m, i)
+        });
+        let open = async {
+            let mut client = match &member {
+                Some((members, i)) => members.client(*i).await?,
+                None => self.client.clone(),
+            };
+            client.watch(key, Some(watch_options(watch_id))).await
+        };
+        let stream = match tokio::time::timeout(self.open_within, open).await {
+            Ok(Ok(stream)) => stream,
+            failed => {
+                if let Some((members, i)) = &member {
+                    members.failed(*i);
+                }
+                return Err(match failed {
+                    Ok(Err(e)) => e.into(),
+                    _ => "opening the watch stream timed out".into(),
+                });
+            }
+        };
         let (sender, responses) = stream.split();
-        let responses = responses.map(|r| r.map(Msg::from).map_err(BoxError::from));
+        // A stream that breaks (a member that stopped answering its pings) passes its member
+        // over, so that the stream opened next goes elsewhere.
+        let responses = responses.map(move |r| {
+            if let (Err(_), Some((members, i))) = (&r, &member) {
+                members.failed(*i);
+            }
+            r.map(Msg::from).map_err(BoxError::from)
+        });
         Ok((sender, responses.boxed()))
     }
 }
