@@ -548,7 +548,9 @@ pub(super) struct Report {
 /// Starts one Redis (a container on 127.0.0.1) and measures on it: the three implementations
 /// at each of `ns` contenders for `secs` each, then `waiters` waiters on one lock.
 pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Report> {
-    let node = RedisNode::start().await?;
+    // Durable as Redis advises for data that matters: the append-only file, fsynced every
+    // second (the fixture turns persistence off for tests).
+    let node = RedisNode::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"]).await?;
     let admin = Admin::connect(&node.url()).await?;
     let mut runs = Vec::new();
     for &n in ns {
@@ -604,7 +606,7 @@ fn wake(r: &RedisRun) -> String {
 impl Report {
     pub(super) fn markdown(&self) -> String {
         let mut md = format!(
-            "## Redis\n\nOne Redis in a container on 127.0.0.1, built from Debian's redis-server {} (the server reports {}), persistence off, started for this run, on the same machine as the client. Each configuration ran {:.0} s, hold 0 ms; each implementation had a fresh client. Beside baton (one `RedisBackend`, each contender with its own session): the hand-written pattern (`SET <lock> <owner> NX PX 10000`, on a refusal **a 10 ms sleep** and again; once granted `INCR <lock>:token`; released by the compare-and-delete script; all contenders on one multiplexed connection), and rslock {} on one node (Redlock; `acquire`, which retries with the crate's defaults: up to 3 tries, 0–200 ms apart at random, then again; one lock manager). The rows `{}` are baton through Sentinel, as a Sentinel deployment runs it: a primary with one replica (asynchronous replication, as Sentinel has it) and three Sentinels, each a container of the same image, the backend connected with `redis+sentinel://` (its Redis CPU is the primary's only).\n\n",
+            "## Redis\n\nOne Redis in a container on 127.0.0.1, built from Debian's redis-server {} (the server reports {}), with the append-only file fsynced every second (`appendonly yes`, `appendfsync everysec`, the durability Redis advises), started for this run, on the same machine as the client. Each configuration ran {:.0} s, hold 0 ms; each implementation had a fresh client. Beside baton (one `RedisBackend`, each contender with its own session): the hand-written pattern (`SET <lock> <owner> NX PX 10000`, on a refusal **a 10 ms sleep** and again; once granted `INCR <lock>:token`; released by the compare-and-delete script; all contenders on one multiplexed connection), and rslock {} on one node (Redlock; `acquire`, which retries with the crate's defaults: up to 3 tries, 0–200 ms apart at random, then again; one lock manager). The rows `{}` are baton through Sentinel, as a Sentinel deployment runs it: a primary with one replica (asynchronous replication, as Sentinel has it) and three Sentinels, each a container of the same image, the backend connected with `redis+sentinel://` (its Redis CPU is the primary's only; persistence off there, the fixture's settings).\n\n",
             self.debian_version,
             self.server_version,
             self.secs.as_secs_f64(),

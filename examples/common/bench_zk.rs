@@ -418,7 +418,9 @@ pub(super) struct Report {
 /// waiters on one baton lock.
 pub(super) async fn run(secs: Duration, ns: &[usize], waiters: usize) -> Res<Report> {
     let started = Instant::now();
-    let node = ZkNode::start().await?;
+    // Durable, as ZooKeeper ships: every transaction's log write is fsynced before it is
+    // acknowledged (the fixture turns that off for tests).
+    let node = ZkNode::start_with(&["forceSync=yes"]).await?;
     let prefix = format!("bench-{}", std::process::id());
     let mut peers = Vec::new();
     let mut skipped = Vec::new();
@@ -509,7 +511,7 @@ impl Report {
                 .join(", ")
         };
         let mut md = format!(
-            "## ZooKeeper\n\nOne ZooKeeper {} server in a container on 127.0.0.1 (Debian's package, the fixture's settings: standalone, tick 200 ms, **no fsync**), started for this run, on the same machine as the clients; {:.0} s for the section. Each configuration ran {:.0} s, hold 0 ms, on a path of its own. Beside baton (one `ZkBackend`, Curator's layout; **each contender with its own `Session`, i.e. its own ZooKeeper session and connection**, as each peer contender has its own client; the backend's own connection carries the reads, waits and deletes of all of them): the peers of tests/peers in their `--bench N` mode, {peers}: a process each, each contender its own client (session), `acquire(); release()` back to back. All three follow the same protocol: the acquisition that finds the window over is released and not counted.\n\n",
+            "## ZooKeeper\n\nOne ZooKeeper {} server in a container on 127.0.0.1 (Debian's package, standalone, tick 200 ms, durable as ZooKeeper ships: `forceSync=yes`, each transaction's log write fsynced before it is acknowledged), started for this run, on the same machine as the clients; {:.0} s for the section. Each configuration ran {:.0} s, hold 0 ms, on a path of its own. Beside baton (one `ZkBackend`, Curator's layout; **each contender with its own `Session`, i.e. its own ZooKeeper session and connection**, as each peer contender has its own client; the backend's own connection carries the reads, waits and deletes of all of them): the peers of tests/peers in their `--bench N` mode, {peers}: a process each, each contender its own client (session), `acquire(); release()` back to back. All three follow the same protocol: the acquisition that finds the window over is released and not counted.\n\n",
             self.server_version,
             self.wall.as_secs_f64(),
             self.secs.as_secs_f64(),
