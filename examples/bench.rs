@@ -574,6 +574,9 @@ struct Scale {
     sessions_time: Duration,
     /// Queueing every waiter, their sessions open.
     queue_time: Duration,
+    /// Requests the backend sent while they queued, per waiter (enqueues and their retries,
+    /// predecessor reads, watch creations, and whatever renewals fell due).
+    queue_requests: f64,
     drain_time: Duration,
     fifo: bool,
 }
@@ -581,6 +584,7 @@ struct Scale {
 async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize) -> Res<Scale> {
     let holder = Session::new(backend.clone()).await?;
     let guard = Mutex::new(&holder, name)?.lock().await?;
+    let (created, counting) = count_created(backend, name).await?;
     let watchers_before = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await?;
     let (rss0, heap0) = (rss_bytes(), live_bytes());
     let opening = Instant::now();
@@ -588,26 +592,13 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
     let sessions_time = opening.elapsed();
     let heap_sessions = live_bytes();
     let started = Instant::now();
+    let requests_before = backend.requests_sent();
     let mut rx = queue_in_order(&sessions, name, || async {
-        // Counted on the server: reading 10,000 keys every few ms would slow the queueing
-        // that is being measured.
-        let count = backend
-            .client()
-            .clone()
-            .get(
-                format!("{name}/"),
-                Some(
-                    baton::etcd_client::GetOptions::new()
-                        .with_prefix()
-                        .with_count_only(),
-                ),
-            )
-            .await?
-            .count();
-        Ok(usize::try_from(count)?)
+        Ok(created.load(std::sync::atomic::Ordering::Relaxed) + 1)
     })
     .await?;
     let queue_time = started.elapsed();
+    let queue_requests = (backend.requests_sent() - requests_before) as f64 / waiters as f64;
     let (rss1, heap1) = (rss_bytes(), live_bytes());
     let watchers = metric(endpoint, "etcd_debugging_mvcc_watcher_total").await? - watchers_before;
     let drain_start = Instant::now();
@@ -615,6 +606,7 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
     let tokens = drain(&mut rx, waiters).await?;
     let drain_time = drain_start.elapsed();
     let fifo = tokens.windows(2).all(|w| w[0] < w[1]);
+    counting.abort();
     futures::future::join_all(sessions.iter().map(Session::close)).await;
     holder.close().await?;
     Ok(Scale {
@@ -625,9 +617,43 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
         watchers_open: watchers,
         sessions_time,
         queue_time,
+        queue_requests,
         drain_time,
         fifo,
     })
+}
+
+/// Counts the keys created under `name/` from now on (the queue's entries, in either layout),
+/// from a watch (the task that counts, to abort when done): etcd pushes each creation once, where counting the prefix on the server
+/// (even `count_only`) walks every key of the queue each time, and polled every few ms while
+/// 10,000 waiters queue, that walk was a load of its own on the server being measured.
+async fn count_created(
+    backend: &EtcdBackend,
+    name: &str,
+) -> Res<(
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+)> {
+    use baton::etcd_client::{EventType, WatchOptions};
+    let created = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut stream = backend
+        .client()
+        .clone()
+        .watch(format!("{name}/"), Some(WatchOptions::new().with_prefix()))
+        .await?;
+    let counter = std::sync::Arc::clone(&created);
+    let counting = tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            let new = resp
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Put)
+                .filter(|e| e.kv().is_some_and(|kv| kv.version() == 1))
+                .count();
+            counter.fetch_add(new, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    Ok((created, counting))
 }
 
 /// Opens `n` sessions on `backend`, in parallel batches of 64.
@@ -1118,15 +1144,17 @@ async fn main() -> Res<()> {
         sc.waiters, sc.heap_per_waiter, sc.heap_per_session, sc.rss_per_waiter, sc.watchers_open, sc.sessions_time.as_secs_f64(), sc.queue_time.as_secs_f64(), sc.drain_time.as_secs_f64(), if sc.fifo { "yes" } else { "NO" }
     ));
     md.push_str(&format!(
-        "### The indexed layout\n\nThe same {} waiters with `EtcdOptions::with_layout(EtcdLayout::Indexed)` (docs/etcd.md, \"Layouts\"): keys in queue order, so each enqueue, `predecessor` and `was_head` reads a few keys at any depth.\n\n| layout | time to open the sessions | time to queue them all, sessions open | time to drain | drain rate | FIFO |\n| --- | ---: | ---: | ---: | ---: | --- |\n| Go (default) | {:.1} s | {:.1} s | {:.1} s | {:.0} grants/s | {} |\n| indexed | {:.1} s | {:.1} s | {:.1} s | {:.0} grants/s | {} |\n\n",
+        "### The indexed layout\n\nThe same {} waiters with `EtcdOptions::with_layout(EtcdLayout::Indexed)` (docs/etcd.md, \"Layouts\"): keys in queue order, so each enqueue, `predecessor` and `was_head` reads a few keys at any depth.\n\n| layout | time to open the sessions | time to queue them all, sessions open | requests per waiter queued | time to drain | drain rate | FIFO |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n| Go (default) | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n| indexed | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n\n",
         sc.waiters,
         sc.sessions_time.as_secs_f64(),
         sc.queue_time.as_secs_f64(),
+        sc.queue_requests,
         sc.drain_time.as_secs_f64(),
         drain_rate(&sc),
         if sc.fifo { "yes" } else { "NO" },
         indexed.sessions_time.as_secs_f64(),
         indexed.queue_time.as_secs_f64(),
+        indexed.queue_requests,
         indexed.drain_time.as_secs_f64(),
         drain_rate(&indexed),
         if indexed.fifo { "yes" } else { "NO" },
