@@ -10,9 +10,10 @@
 //!
 //! With more than one endpoint, baton therefore picks the member itself, in turn, over a
 //! connection of that member alone; a member whose request timed out or could not be served
-//! is passed over for [`AVOID_FOR`], after which one request tries it again. The balanced
-//! client stays for watches (whose HTTP/2 pings notice a frozen member on their own) and for
-//! [`EtcdBackend::client`](super::EtcdBackend::client).
+//! is passed over for [`AVOID_FOR`], after which one request at a time tries it again. Watch
+//! streams of waits are opened the same way. The balanced client stays for
+//! [`EtcdBackend::client`](super::EtcdBackend::client), value watches and observers (whose
+//! HTTP/2 pings notice a frozen member after about 8 s).
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -34,12 +35,20 @@ pub(super) struct Members {
     /// Until when each member is passed over (`None`: it is not).
     avoided: Mutex<Vec<Option<Instant>>>,
     turn: AtomicUsize,
+    /// How long a request may take (the backend's request timeout): a member tried again is
+    /// passed over for that long meanwhile, so that one request at a time tries it.
+    trial: Duration,
 }
 
 impl Members {
     /// The members of `endpoints`, or `None` for a single endpoint (nothing to choose).
-    pub(super) fn new(endpoints: &[String], options: &ConnectOptions) -> Option<Self> {
+    pub(super) fn new(
+        endpoints: &[String],
+        options: &ConnectOptions,
+        request_timeout: Duration,
+    ) -> Option<Self> {
         (endpoints.len() > 1).then(|| Self {
+            trial: request_timeout,
             endpoints: endpoints.to_vec(),
             options: options.clone(),
             clients: endpoints.iter().map(|_| OnceCell::new()).collect(),
@@ -49,17 +58,23 @@ impl Members {
     }
 
     /// The member the next request goes to: the next in turn that is not passed over, or,
-    /// when every one is, the one passed over longest ago.
+    /// when every one is, the one whose time is up first. A member that was passed over is
+    /// tried by one request at a time: until that request is answered or times out, the
+    /// others pass it over still.
     pub(super) fn pick(&self) -> usize {
         let n = self.endpoints.len();
         let start = self.turn.fetch_add(1, Ordering::Relaxed) % n;
         let now = Instant::now();
-        let avoided = self.avoided.lock().unwrap_or_else(|p| p.into_inner());
-        (0..n)
+        let mut avoided = self.avoided.lock().unwrap_or_else(|p| p.into_inner());
+        let i = (0..n)
             .map(|k| (start + k) % n)
             .find(|&i| avoided[i].is_none_or(|until| until <= now))
             .or_else(|| (0..n).min_by_key(|&i| avoided[i]))
-            .unwrap_or(start)
+            .unwrap_or(start);
+        if avoided[i].is_some() {
+            avoided[i] = Some(now + self.trial);
+        }
+        i
     }
 
     /// The member's own client, connected on first use.
@@ -75,8 +90,8 @@ impl Members {
             .cloned()
     }
 
-    /// `ask`'s answer from the first member to give one, asking all at once; if every one
-    /// fails, the last failure.
+    /// `ask`'s answer from the first member to give one, asking all at once, each within
+    /// the request timeout; if every one fails, the last failure.
     ///
     /// # Cancel safety
     /// Cancel safe if `ask` is: the requests still unanswered are dropped.
@@ -88,8 +103,36 @@ impl Members {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let ask = &ask;
-        let asks = (0..self.endpoints.len())
-            .map(|i| Box::pin(async move { ask(self.client(i).await?).await }));
+        let asks = (0..self.endpoints.len()).map(|i| {
+            Box::pin(async move {
+                // Each within the request timeout, so that the caller hears of the members
+                // that answered with an error (and may ask again) without waiting for one
+                // that never answers.
+                let asked = async { ask(self.client(i).await?).await };
+                match tokio::time::timeout(self.trial, asked).await {
+                    Ok(Ok(answer)) => {
+                        self.answered(i);
+                        Ok(answer)
+                    }
+                    Ok(Err(e)) => {
+                        if super::tonic_code::member_unfit(&e) {
+                            self.failed(i);
+                        }
+                        Err(e)
+                    }
+                    Err(_) => {
+                        self.failed(i);
+                        Err(etcd_client::Error::IoError(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "{} did not answer within {:?}",
+                                self.endpoints[i], self.trial
+                            ),
+                        )))
+                    }
+                }
+            })
+        });
         futures::future::select_ok(asks)
             .await
             .map(|(answer, _)| answer)
@@ -118,14 +161,17 @@ impl Members {
 mod tests {
     use super::*;
 
+    const TRIAL: Duration = Duration::from_secs(1);
+
     fn members(n: usize) -> Members {
         let endpoints: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 1000 + i)).collect();
-        Members::new(&endpoints, &ConnectOptions::new()).unwrap()
+        Members::new(&endpoints, &ConnectOptions::new(), TRIAL).unwrap()
     }
 
     #[test]
     fn a_single_endpoint_has_nothing_to_choose() {
-        assert!(Members::new(&["127.0.0.1:1".to_owned()], &ConnectOptions::new()).is_none());
+        let one = ["127.0.0.1:1".to_owned()];
+        assert!(Members::new(&one, &ConnectOptions::new(), TRIAL).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -142,6 +188,21 @@ mod tests {
         m.failed(1);
         m.answered(1);
         assert_eq!((0..3).map(|_| m.pick()).collect::<Vec<_>>(), [1, 2, 0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_member_whose_time_is_up_is_tried_by_one_request_at_a_time() {
+        let m = members(2);
+        m.failed(0);
+        tokio::time::advance(AVOID_FOR).await;
+        // The trial, then the others while it is out.
+        assert_eq!((0..4).map(|_| m.pick()).collect::<Vec<_>>(), [0, 1, 1, 1]);
+        // Its trial timed out without an answer: tried again, one request.
+        tokio::time::advance(TRIAL).await;
+        assert_eq!((0..3).map(|_| m.pick()).collect::<Vec<_>>(), [0, 1, 1]);
+        // Answered: back in turn.
+        m.answered(0);
+        assert_eq!((0..2).map(|_| m.pick()).collect::<Vec<_>>(), [1, 0]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -239,8 +239,8 @@ pub struct EtcdBackend {
 
 struct Shared {
     client: Client,
-    /// With more than one endpoint, where each request goes (the balanced `client` serves
-    /// watches and [`EtcdBackend::client`]).
+    /// With more than one endpoint, where each request and each wait's watch stream goes (the
+    /// balanced `client` serves [`EtcdBackend::client`], value watches and observers).
     members: Option<Arc<Members>>,
     options: EtcdOptions,
     endpoints: Vec<String>,
@@ -276,6 +276,16 @@ impl std::fmt::Debug for EtcdBackend {
             .field("endpoints", &self.inner.endpoints)
             .field("options", &self.inner.options)
             .finish_non_exhaustive()
+    }
+}
+
+/// The error for a request refused for good: [`Error::OutcomeUnknown`] if an earlier attempt
+/// may have been applied.
+fn final_error(retry: &Retry, op: &'static str, e: etcd_client::Error) -> Error {
+    if retry.maybe_applied() {
+        retry.failed(e.into())
+    } else {
+        etcd_err(op, e)
     }
 }
 
@@ -497,7 +507,7 @@ impl EtcdBackend {
                 },
             )
             .await?;
-        let members = Members::new(&endpoints, &opts).map(Arc::new);
+        let members = Members::new(&endpoints, &opts, options.request_timeout).map(Arc::new);
         Self::checked(client, members, options, endpoints.clone(), retry).await
     }
 
@@ -711,26 +721,43 @@ impl EtcdBackend {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let mut retry = Retry::new(op, retry_for);
+        let timeout = self.inner.options.request_timeout;
         loop {
-            self.inner.requests.fetch_add(1, Ordering::Relaxed);
             let members = self.inner.members.as_deref();
-            let member = members.map(Members::pick);
-            let client = self.inner.client.clone();
+            let member = members.map(|m| (m, m.pick()));
+            // The member's own client, connected (and logged in) on its first use: apart
+            // from the request, since nothing of the request is sent while it connects.
+            let client = match member {
+                None => self.inner.client.clone(),
+                Some((members, i)) => {
+                    // `None`: not connected within the request timeout.
+                    let built = tokio::time::timeout(timeout, members.client(i))
+                        .await
+                        .map_err(|_elapsed| None)
+                        .and_then(|r| r.map_err(Some));
+                    match built {
+                        Ok(client) => client,
+                        Err(e) => {
+                            members.failed(i);
+                            let error: BoxError = match e {
+                                Some(e) if !tonic_code::is_transient(&e) => {
+                                    return Err(final_error(&retry, op, e));
+                                }
+                                Some(e) => e.into(),
+                                None => "connecting to the member timed out".into(),
+                            };
+                            retry.pause(error, "etcd").await?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
             // one (a waiter parked on its predecessor, too) would otherwise carry that size
             // for as long as it lives.
-            let attempt = Box::pin(tokio::time::timeout(
-                self.inner.options.request_timeout,
-                async {
-                    let client = match (members, member) {
-                        (Some(members), Some(i)) => members.client(i).await?,
-                        _ => client,
-                    };
-                    f(client).await
-                },
-            ));
-            let outcome = attempt.await;
-            if let (Some(members), Some(i)) = (members, member) {
+            let outcome = Box::pin(tokio::time::timeout(timeout, f(client))).await;
+            if let Some((members, i)) = member {
                 match &outcome {
                     Ok(Err(e)) if tonic_code::member_unfit(e) => members.failed(i),
                     Err(_) => members.failed(i),
@@ -740,11 +767,7 @@ impl EtcdBackend {
             let error: BoxError = match outcome {
                 Ok(Ok(v)) => return Ok((v, retry.maybe_applied())),
                 Ok(Err(e)) if !tonic_code::is_transient(&e) => {
-                    return Err(if retry.maybe_applied() {
-                        retry.failed(e.into())
-                    } else {
-                        etcd_err(op, e)
-                    });
+                    return Err(final_error(&retry, op, e));
                 }
                 Ok(Err(e)) => {
                     if kind == Kind::Write && !tonic_code::never_sent(&e) {

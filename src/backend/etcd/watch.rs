@@ -166,7 +166,12 @@ impl Transport for EtcdTransport {
             client.watch(key, Some(watch_options(watch_id))).await
         };
         let stream = match tokio::time::timeout(self.open_within, open).await {
-            Ok(Ok(stream)) => stream,
+            Ok(Ok(stream)) => {
+                if let Some((members, i)) = &member {
+                    members.answered(*i);
+                }
+                stream
+            }
             failed => {
                 if let Some((members, i)) = &member {
                     members.failed(*i);
