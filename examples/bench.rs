@@ -623,10 +623,11 @@ async fn scale(backend: &EtcdBackend, endpoint: &str, name: &str, waiters: usize
     })
 }
 
-/// Counts the keys created under `name/` from now on (the queue's entries, in either layout),
-/// from a watch (the task that counts, to abort when done): etcd pushes each creation once, where counting the prefix on the server
-/// (even `count_only`) walks every key of the queue each time, and polled every few ms while
-/// 10,000 waiters queue, that walk was a load of its own on the server being measured.
+/// Counts the keys created under `name/` from now on (the queue's entries, in either layout)
+/// from a watch; returns the count and the task that keeps it, to abort when done. etcd
+/// pushes each creation once, where counting the prefix on the server (even `count_only`)
+/// walks every key of the queue each time: polled every few ms while 10,000 waiters queue,
+/// that walk was a load of its own on the server being measured.
 async fn count_created(
     backend: &EtcdBackend,
     name: &str,

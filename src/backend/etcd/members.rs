@@ -81,7 +81,7 @@ impl Members {
     ///
     /// # Cancel safety
     /// Cancel safe: a connection not yet made is made by the next call.
-    pub(super) async fn client(&self, i: usize) -> Result<Client, etcd_client::Error> {
+    async fn client(&self, i: usize) -> Result<Client, etcd_client::Error> {
         self.clients[i]
             .get_or_try_init(|| {
                 Client::connect([self.endpoints[i].as_str()], Some(self.options.clone()))
@@ -90,8 +90,57 @@ impl Members {
             .cloned()
     }
 
+    /// Member `i`'s client within the request timeout; a member that cannot be reached (or
+    /// logged in to) in that time is passed over.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a connection not yet made is made by the next call.
+    pub(super) async fn connected(&self, i: usize) -> Result<Client, etcd_client::Error> {
+        let connected = tokio::time::timeout(self.trial, self.client(i))
+            .await
+            .unwrap_or_else(|_| Err(self.no_answer(i)));
+        if connected.is_err() {
+            self.failed(i);
+        }
+        connected
+    }
+
+    /// `ask`'s answer from member `i`, within the request timeout: a member that does not
+    /// answer, or answers that it cannot serve, is passed over; one that answers is not.
+    ///
+    /// # Cancel safety
+    /// Cancel safe if `ask` is: an unanswered request is dropped.
+    pub(super) async fn ask<T, Fut>(
+        &self,
+        i: usize,
+        ask: impl FnOnce(Client) -> Fut,
+    ) -> Result<T, etcd_client::Error>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let asked = async { ask(self.client(i).await?).await };
+        match tokio::time::timeout(self.trial, asked).await {
+            Ok(Ok(answer)) => {
+                self.answered(i);
+                Ok(answer)
+            }
+            Ok(Err(e)) => {
+                if super::tonic_code::member_unfit(&e) {
+                    self.failed(i);
+                }
+                Err(e)
+            }
+            Err(_) => {
+                self.failed(i);
+                Err(self.no_answer(i))
+            }
+        }
+    }
+
     /// `ask`'s answer from the first member to give one, asking all at once, each within
-    /// the request timeout; if every one fails, the last failure.
+    /// the request timeout (so that the caller hears of the members that answered with an
+    /// error, and may ask again, without waiting for one that never answers); if every one
+    /// fails, the last failure.
     ///
     /// # Cancel safety
     /// Cancel safe if `ask` is: the requests still unanswered are dropped.
@@ -103,39 +152,21 @@ impl Members {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let ask = &ask;
-        let asks = (0..self.endpoints.len()).map(|i| {
-            Box::pin(async move {
-                // Each within the request timeout, so that the caller hears of the members
-                // that answered with an error (and may ask again) without waiting for one
-                // that never answers.
-                let asked = async { ask(self.client(i).await?).await };
-                match tokio::time::timeout(self.trial, asked).await {
-                    Ok(Ok(answer)) => {
-                        self.answered(i);
-                        Ok(answer)
-                    }
-                    Ok(Err(e)) => {
-                        if super::tonic_code::member_unfit(&e) {
-                            self.failed(i);
-                        }
-                        Err(e)
-                    }
-                    Err(_) => {
-                        self.failed(i);
-                        Err(etcd_client::Error::IoError(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!(
-                                "{} did not answer within {:?}",
-                                self.endpoints[i], self.trial
-                            ),
-                        )))
-                    }
-                }
-            })
-        });
+        let asks = (0..self.endpoints.len()).map(|i| Box::pin(self.ask(i, ask)));
         futures::future::select_ok(asks)
             .await
             .map(|(answer, _)| answer)
+    }
+
+    /// The error for member `i` not answering within the request timeout.
+    fn no_answer(&self, i: usize) -> etcd_client::Error {
+        etcd_client::Error::IoError(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "{} did not answer within {:?}",
+                self.endpoints[i], self.trial
+            ),
+        ))
     }
 
     /// A request to member `i` timed out or could not be served there: pass it over for a

@@ -729,28 +729,16 @@ impl EtcdBackend {
             // from the request, since nothing of the request is sent while it connects.
             let client = match member {
                 None => self.inner.client.clone(),
-                Some((members, i)) => {
-                    // `None`: not connected within the request timeout.
-                    let built = tokio::time::timeout(timeout, members.client(i))
-                        .await
-                        .map_err(|_elapsed| None)
-                        .and_then(|r| r.map_err(Some));
-                    match built {
-                        Ok(client) => client,
-                        Err(e) => {
-                            members.failed(i);
-                            let error: BoxError = match e {
-                                Some(e) if !tonic_code::is_transient(&e) => {
-                                    return Err(final_error(&retry, op, e));
-                                }
-                                Some(e) => e.into(),
-                                None => "connecting to the member timed out".into(),
-                            };
-                            retry.pause(error, "etcd").await?;
-                            continue;
-                        }
+                Some((members, i)) => match members.connected(i).await {
+                    Ok(client) => client,
+                    Err(e) if !tonic_code::is_transient(&e) => {
+                        return Err(final_error(&retry, op, e));
                     }
-                }
+                    Err(e) => {
+                        retry.pause(e.into(), "etcd").await?;
+                        continue;
+                    }
+                },
             };
             self.inner.requests.fetch_add(1, Ordering::Relaxed);
             // Boxed: a gRPC request future is several KiB, and every caller that awaits this
@@ -945,10 +933,6 @@ const PLAIN_TEXT_CHECK_AFTER: Duration = Duration::from_millis(250);
 /// 5 s by default) is short, so attempts stay close together.
 const CONNECT_BACKOFF_MAX: Duration = Duration::from_millis(250);
 
-/// Retries of the requests `connect` makes, until the connect timeout: the channel balances
-/// over the endpoints, so a dead one may take a request while a live one would answer. A
-/// failure that retrying cannot fix ends it at once: every endpoint refused or unknown, a
-/// certificate refused, a TLS endpoint that answers in plain text or the reverse.
 /// `ask`'s answer from the first member to give one, or from the balanced `client` when there
 /// is a single endpoint.
 async fn first_answer<T, Fut>(
@@ -965,6 +949,10 @@ where
     }
 }
 
+/// Retries of the requests `connect` makes, until the connect timeout: the channel balances
+/// over the endpoints, so a dead one may take a request while a live one would answer. A
+/// failure that retrying cannot fix ends it at once: every endpoint refused or unknown, a
+/// certificate refused, a TLS endpoint that answers in plain text or the reverse.
 struct ConnectRetry<'a> {
     /// Until the connect timeout, pauses of at most [`CONNECT_BACKOFF_MAX`]; shared by the
     /// requests of one `connect`.

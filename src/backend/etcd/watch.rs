@@ -142,7 +142,8 @@ pub(crate) struct EtcdTransport {
     pub(crate) client: Client,
     /// With several endpoints, the member each stream goes to (see `members`).
     pub(crate) members: Option<Arc<Members>>,
-    /// How long opening a stream may take.
+    /// How long opening a stream may take on the balanced client (a member's is bounded by
+    /// `members`).
     pub(crate) open_within: Duration,
 }
 
@@ -158,28 +159,21 @@ impl Transport for EtcdTransport {
             let i = m.pick();
             (m, i)
         });
-        let open = async {
-            let mut client = match &member {
-                Some((members, i)) => members.client(*i).await?,
-                None => self.client.clone(),
-            };
-            client.watch(key, Some(watch_options(watch_id))).await
-        };
-        let stream = match tokio::time::timeout(self.open_within, open).await {
-            Ok(Ok(stream)) => {
-                if let Some((members, i)) = &member {
-                    members.answered(*i);
-                }
-                stream
+        let stream = match &member {
+            Some((members, i)) => {
+                let open = |mut c: Client| async move {
+                    c.watch(key, Some(watch_options(watch_id))).await
+                };
+                members.ask(*i, open).await?
             }
-            failed => {
-                if let Some((members, i)) = &member {
-                    members.failed(*i);
-                }
-                return Err(match failed {
-                    Ok(Err(e)) => e.into(),
-                    _ => "opening the watch stream timed out".into(),
-                });
+            None => {
+                let mut client = self.client.clone();
+                tokio::time::timeout(
+                    self.open_within,
+                    client.watch(key, Some(watch_options(watch_id))),
+                )
+                .await
+                .map_err(|_| "opening the watch stream timed out")??
             }
         };
         let (sender, responses) = stream.split();
