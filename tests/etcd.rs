@@ -348,6 +348,60 @@ async fn value_waits_share_one_watch_and_survive_compaction() {
     );
 }
 
+/// A waiter that arrives while the shared watch of its key is ending (its last waiter just
+/// left) is served: it joins a watch that goes on, or starts a new one, never one that is
+/// about to stop feeding it. The hook holds the ending watch at its last step until the new
+/// waiter has subscribed, or for at most a second if subscribing has to wait for the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_waiter_arriving_as_the_watch_ends_is_woken() {
+    let backend = backend().await;
+    let key = test_name("value-ending");
+    assert!(backend.swap(&key, None, b"1").await.unwrap());
+    let (ending_tx, ending_rx) = std::sync::mpsc::channel::<()>();
+    let (joined_tx, joined_rx) = std::sync::mpsc::channel::<()>();
+    let (ending_tx, joined_rx) = (
+        std::sync::Mutex::new(ending_tx),
+        std::sync::Mutex::new(joined_rx),
+    );
+    let watched = key.clone();
+    baton::testing::on_value_watch_end(Some(Box::new(move |k| {
+        if k == watched {
+            let _ = ending_tx.lock().unwrap().send(());
+            let _ = joined_rx
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(1));
+        }
+    })));
+    // The first waiter starts the key's watch, is answered from the watch's read, and
+    // leaves: the watch ends.
+    let first = within(
+        "the first answer",
+        Duration::from_secs(10),
+        backend.wait_value(&key, Some(b"0")),
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.as_deref(), Some(&b"1"[..]));
+    ending_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the watch ends once its only waiter left");
+    // The second arrives while it ends (subscribing is the first poll's first step).
+    let mut second = Box::pin(backend.wait_value(&key, Some(b"1")));
+    assert!(futures::poll!(&mut second).is_pending());
+    let _ = joined_tx.send(());
+    assert!(backend.swap(&key, Some(b"1"), b"2").await.unwrap());
+    let seen = within(
+        "the waiter that came as the watch ended",
+        Duration::from_secs(10),
+        second,
+    )
+    .await
+    .unwrap();
+    baton::testing::on_value_watch_end(None);
+    assert_eq!(seen.as_deref(), Some(&b"2"[..]));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_raw_key_is_respected() {
     let backend = backend().await;

@@ -45,3 +45,17 @@ pub fn step_wall_clock(by_us: i64) {
 pub fn reset_wall_clock() {
     crate::epoch::reset_wall_clock();
 }
+
+/// A hook for [`on_value_watch_end`]: called with the watched key.
+#[cfg(feature = "etcd")]
+pub type ValueWatchEnd = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Calls `hook` with the key each time an etcd backend's shared watch of a plain key (the one
+/// every [`Backend::wait_value`](crate::Backend::wait_value) on that key follows) ends because
+/// its last waiter left, just before it lets go of the key; `None` removes the hook. For tests:
+/// the hook may block, to hold an ending watch at that point while a new waiter arrives, which
+/// must then be served by a watch that goes on. Process-wide; one hook at a time.
+#[cfg(feature = "etcd")]
+pub fn on_value_watch_end(hook: Option<ValueWatchEnd>) {
+    crate::backend::etcd::value::on_end(hook);
+}

@@ -239,6 +239,8 @@ pub use faults::{Call, Fault, FaultyBackend};
     feature = "postgres"
 ))]
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
+#[cfg(feature = "etcd")]
+pub use hooks::{ValueWatchEnd, on_value_watch_end};
 pub use hooks::{reset_wall_clock, starve_keep_alive, step_wall_clock};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};

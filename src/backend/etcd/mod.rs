@@ -30,7 +30,7 @@ mod indexed;
 mod members;
 mod reach;
 mod tls;
-mod value;
+pub(crate) mod value;
 mod watch;
 use members::Members;
 use tls::{HandshakeCheck, TlsConfig, refused_of};

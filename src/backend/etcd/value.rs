@@ -18,10 +18,15 @@ use crate::retry::Backoff;
 /// (`None`: absent).
 type Known = Option<Option<Vec<u8>>>;
 
+/// The followed keys, each with its task's sender. A task ends only under this map's lock,
+/// after it finds itself the sender's last holder: a waiter that subscribes under the same
+/// lock either joins a task that goes on or starts a new one, never one that is ending.
+type ByKey = Arc<StdMutex<HashMap<String, Weak<watch::Sender<Known>>>>>;
+
 /// The shared watches of one backend.
 #[derive(Default)]
 pub(crate) struct ValueWatches {
-    by_key: StdMutex<HashMap<String, Weak<watch::Sender<Known>>>>,
+    by_key: ByKey,
 }
 
 impl ValueWatches {
@@ -45,6 +50,7 @@ impl ValueWatches {
             key.to_owned(),
             client.clone(),
             Arc::downgrade(&sender),
+            Arc::clone(&self.by_key),
             Arc::clone(requests),
         ));
         (sender, rx)
@@ -56,6 +62,7 @@ async fn follow(
     key: String,
     mut client: Client,
     sender: Weak<watch::Sender<Known>>,
+    by_key: ByKey,
     requests: Arc<AtomicU64>,
 ) {
     let mut backoff = Backoff::new();
@@ -93,7 +100,14 @@ async fn follow(
             let msg = tokio::select! {
                 // Every waiter is gone (the map keeps only a weak handle): stop.
                 () = tx.closed() => {
+                    // Under the lock `subscribe` upgrades under: no waiter can join between
+                    // this check and the sender's drop.
+                    let mut followed = by_key.lock().unwrap_or_else(|p| p.into_inner());
                     if Arc::strong_count(&tx) == 1 {
+                        #[cfg(feature = "testing")]
+                        ending(&key);
+                        followed.remove(&key);
+                        drop(tx);
                         return;
                     }
                     continue;
@@ -116,5 +130,23 @@ async fn follow(
                 }
             }
         }
+    }
+}
+
+/// What a follow task calls when it has found no waiter left, just before it ends
+/// ([`crate::testing::on_value_watch_end`]).
+#[cfg(feature = "testing")]
+static END_HOOK: StdMutex<Option<crate::testing::ValueWatchEnd>> = StdMutex::new(None);
+
+/// Sets (or, with `None`, clears) the hook [`follow`] calls as it ends.
+#[cfg(feature = "testing")]
+pub(crate) fn on_end(hook: Option<crate::testing::ValueWatchEnd>) {
+    *END_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+}
+
+#[cfg(feature = "testing")]
+fn ending(key: &str) {
+    if let Some(hook) = END_HOOK.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        hook(key);
     }
 }
