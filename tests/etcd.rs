@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use baton::testing::{Call, EtcdNode, Fault, FaultyBackend};
 use baton::{Backend, Error, EtcdBackend, EtcdLayout, EtcdOptions, Mutex, Session, SessionOptions};
+use futures::StreamExt;
 use support::{Rig, eventually, within};
 
 async fn backend() -> EtcdBackend {
@@ -256,6 +257,59 @@ async fn a_member_that_never_answers_is_avoided_after_one_timeout() {
         .await
         .unwrap();
     assert!(second > first);
+    drop(frozen);
+}
+
+/// Value waits (barriers, semaphores' limits) and queue observers read and watch through a
+/// member that answers: with one that never answers among the endpoints, every wait and
+/// observer still sees its change within a few request timeouts, never waiting for that
+/// member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn value_waits_and_observers_do_not_wait_for_a_member_that_never_answers() {
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut endpoints = EtcdNode::shared().endpoints().to_vec();
+    endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
+    let options = EtcdOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_millis(500))
+        .with_retry_for(Duration::from_secs(5));
+    let backend = EtcdBackend::connect(&endpoints, options).await.unwrap();
+    // Each wait starts a watch of its own key: a read and a watch, each a fresh pick.
+    for i in 0..8 {
+        let key = test_name(&format!("frozen-value-{i}"));
+        assert!(backend.swap(&key, None, b"1").await.unwrap());
+        let waiter = {
+            let backend = backend.clone();
+            let key = key.clone();
+            tokio::spawn(async move { backend.wait_value(&key, Some(b"1")).await })
+        };
+        assert!(backend.swap(&key, Some(b"1"), b"2").await.unwrap());
+        let seen = within(&format!("value wait {i}"), Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(seen.as_deref(), Some(&b"2"[..]));
+    }
+    // So do queue observers (`Election::observe`), whose watch opens after a snapshot.
+    let lease = backend.grant_lease(Duration::from_secs(30)).await.unwrap();
+    for i in 0..8 {
+        let queue = test_name(&format!("frozen-observe-{i}"));
+        let mut heads = backend.observe_head(&queue);
+        let first = within("the snapshot", Duration::from_secs(5), heads.next()).await;
+        assert_eq!(first.unwrap().unwrap(), baton::HeadEvent::Head(None));
+        let entry = backend.enqueue(&queue, "a", lease.id(), b"").await.unwrap();
+        let next = within(
+            &format!("observer {i}"),
+            Duration::from_secs(5),
+            heads.next(),
+        )
+        .await;
+        assert_eq!(
+            next.unwrap().unwrap(),
+            baton::HeadEvent::Head(Some(entry.entry().clone()))
+        );
+    }
+    backend.revoke_lease(lease.id()).await.unwrap();
     drop(frozen);
 }
 

@@ -11,9 +11,9 @@
 //! With more than one endpoint, baton therefore picks the member itself, in turn, over a
 //! connection of that member alone; a member whose request timed out or could not be served
 //! is passed over for [`AVOID_FOR`], after which one request at a time tries it again. Watch
-//! streams of waits are opened the same way. The balanced client stays for
-//! [`EtcdBackend::client`](super::EtcdBackend::client), value watches and observers (whose
-//! HTTP/2 pings notice a frozen member after about 8 s).
+//! streams (of waits, value watches and observers) are opened the same way
+//! ([`EtcdTransport::ask`](super::watch::EtcdTransport::ask)). The balanced client stays for
+//! [`EtcdBackend::client`](super::EtcdBackend::client).
 
 use std::future::Future;
 use std::sync::Mutex;

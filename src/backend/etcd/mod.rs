@@ -239,13 +239,16 @@ pub struct EtcdBackend {
 
 struct Shared {
     client: Client,
-    /// With more than one endpoint, where each request and each wait's watch stream goes (the
-    /// balanced `client` serves [`EtcdBackend::client`], value watches and observers).
+    /// With more than one endpoint, where each request and each watch stream goes (the
+    /// balanced `client` serves [`EtcdBackend::client`]).
     members: Option<Arc<Members>>,
     options: EtcdOptions,
     endpoints: Vec<String>,
     watches: WatchHub<EtcdTransport>,
     values: ValueWatches,
+    /// Where value watches and observers read and watch: a member that answers, within the
+    /// request timeout (as the watches of waits).
+    reach: EtcdTransport,
     requests: Arc<AtomicU64>,
     /// Keys etcd loaded to answer this backend's queue reads ([`EtcdBackend::keys_read`]).
     keys_read: AtomicU64,
@@ -593,8 +596,9 @@ impl EtcdBackend {
                 members,
                 options,
                 endpoints,
-                watches: WatchHub::new(transport, Arc::clone(&requests)),
                 values: ValueWatches::default(),
+                watches: WatchHub::new(transport.clone(), Arc::clone(&requests)),
+                reach: transport,
                 requests,
                 keys_read: AtomicU64::new(0),
                 seqs: Default::default(),
@@ -1628,7 +1632,7 @@ impl Backend for EtcdBackend {
         let (_keep, mut values) =
             self.inner
                 .values
-                .subscribe(key, &self.inner.client, &self.inner.requests);
+                .subscribe(key, &self.inner.reach, &self.inner.requests);
         loop {
             let known = values.borrow_and_update().clone();
             if let Some(value) = known
@@ -1669,6 +1673,7 @@ impl Backend for EtcdBackend {
             pending: VecDeque::new(),
             resume_from: None,
             stream: None,
+            member: None,
             snapshotted: false,
             delay: None,
             backoff: Backoff::new(),
@@ -1698,6 +1703,8 @@ struct Observer {
     /// is needed first. Always `Some` while `stream` is open.
     resume_from: Option<i64>,
     stream: Option<etcd_client::WatchStream>,
+    /// The member `stream` is open on (`None`: the balanced client, a single endpoint).
+    member: Option<usize>,
     /// A snapshot was reported: starting over from another one skips what came between.
     snapshotted: bool,
     /// Wait this long before the next attempt (after a failure).
@@ -1729,9 +1736,18 @@ impl Observer {
                 return self.snapshot().await;
             };
             let options = WatchOptions::new().with_prefix().with_start_revision(start);
-            let mut client = self.backend.inner.client.clone();
-            match client.watch(self.prefix.as_str(), Some(options)).await {
-                Ok(stream) => self.stream = Some(stream),
+            let prefix = self.prefix.as_str();
+            let opened = self
+                .backend
+                .inner
+                .reach
+                .ask(|mut c| async move { c.watch(prefix, Some(options)).await })
+                .await;
+            match opened {
+                Ok((stream, member)) => {
+                    self.stream = Some(stream);
+                    self.member = member;
+                }
                 Err(e) => {
                     tracing::debug!(prefix = %self.prefix, error = %e, "observe: watch failed; retrying");
                     self.failed();
@@ -1741,8 +1757,12 @@ impl Observer {
         };
         let resp = match stream.message().await {
             Ok(Some(resp)) => resp,
-            Ok(None) | Err(_) => {
-                // Broken: resume from the first revision not yet seen, losing nothing.
+            broken @ (Ok(None) | Err(_)) => {
+                // Broken: resume from the first revision not yet seen, losing nothing (on
+                // another member if this one stopped answering).
+                if broken.is_err() {
+                    self.backend.inner.reach.broke(self.member);
+                }
                 self.stream = None;
                 self.failed();
                 return Ok(());

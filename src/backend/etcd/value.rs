@@ -6,12 +6,13 @@
 //! publishes every value it learns; after a broken stream or a compaction it reads and watches
 //! again. It ends when the last waiter is gone.
 
-use etcd_client::{Client, EventType, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use tokio::sync::watch;
 
+use super::watch::EtcdTransport;
 use crate::retry::Backoff;
 
 /// The last value a shared watch learned: `None` until its first read; then the key's value
@@ -30,11 +31,12 @@ pub(crate) struct ValueWatches {
 }
 
 impl ValueWatches {
-    /// A receiver of `key`'s values, starting the key's watch if no one watches it yet.
+    /// A receiver of `key`'s values, starting the key's watch if no one watches it yet. The
+    /// watch reads and watches through `reach` (on a member that answers, as waits do).
     pub(crate) fn subscribe(
         &self,
         key: &str,
-        client: &Client,
+        reach: &EtcdTransport,
         requests: &Arc<AtomicU64>,
     ) -> (Arc<watch::Sender<Known>>, watch::Receiver<Known>) {
         let mut by_key = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
@@ -48,7 +50,7 @@ impl ValueWatches {
         by_key.insert(key.to_owned(), Arc::downgrade(&sender));
         tokio::spawn(follow(
             key.to_owned(),
-            client.clone(),
+            reach.clone(),
             Arc::downgrade(&sender),
             Arc::clone(&self.by_key),
             Arc::clone(requests),
@@ -60,7 +62,7 @@ impl ValueWatches {
 /// Keeps `sender`'s value current until no one holds the sender.
 async fn follow(
     key: String,
-    mut client: Client,
+    reach: EtcdTransport,
     sender: Weak<watch::Sender<Known>>,
     by_key: ByKey,
     requests: Arc<AtomicU64>,
@@ -75,18 +77,21 @@ async fn follow(
                 changed
             });
         };
-        // The read, then the watch from the revision after it.
-        let started = async {
-            requests.fetch_add(1, Ordering::Relaxed);
-            let read = client.get(key.as_str(), None).await?;
-            publish(read.kvs().first().map(|kv| kv.value().to_vec()));
-            let from = read.header().map_or(0, |h| h.revision()) + 1;
-            requests.fetch_add(1, Ordering::Relaxed);
-            let options = WatchOptions::new().with_start_revision(from);
-            client.watch(key.as_str(), Some(options)).await
-        };
-        let mut stream = match started.await {
-            Ok(stream) => stream,
+        // The read, then the watch from the revision after it, both on one member.
+        let started = reach.ask(|mut client| {
+            let (key, publish, requests) = (key.as_str(), &publish, &requests);
+            async move {
+                requests.fetch_add(1, Ordering::Relaxed);
+                let read = client.get(key, None).await?;
+                publish(read.kvs().first().map(|kv| kv.value().to_vec()));
+                let from = read.header().map_or(0, |h| h.revision()) + 1;
+                requests.fetch_add(1, Ordering::Relaxed);
+                let options = WatchOptions::new().with_start_revision(from);
+                client.watch(key, Some(options)).await
+            }
+        });
+        let (mut stream, member) = match started.await {
+            Ok(started) => started,
             Err(e) => {
                 tracing::debug!(%key, error = %e, "value watch: read or watch failed; retrying");
                 // Not held while waiting: if every waiter leaves meanwhile, the task ends.
@@ -123,8 +128,12 @@ async fn follow(
                         });
                     }
                 }
-                // Broken, ended or canceled (compacted past `from`): read and watch again.
-                _ => {
+                // Broken, ended or canceled (compacted past `from`): read and watch again,
+                // elsewhere if the member stopped answering.
+                other => {
+                    if other.is_err() {
+                        reach.broke(member);
+                    }
                     tracing::debug!(%key, "value watch lost; reading and watching again");
                     break;
                 }

@@ -141,10 +141,47 @@ pub(crate) struct EtcdTransport {
     /// The balanced client, for a single endpoint.
     pub(crate) client: Client,
     /// With several endpoints, the member each stream goes to (see `members`).
-    pub(crate) members: Option<Arc<Members>>,
+    pub(super) members: Option<Arc<Members>>,
     /// How long opening a stream may take on the balanced client (a member's is bounded by
     /// `members`).
     pub(crate) open_within: Duration,
+}
+
+impl EtcdTransport {
+    /// `ask`'s answer, within the request timeout, from the member the next stream goes to
+    /// (passed over if it does not answer or cannot serve), or from the balanced client with a
+    /// single endpoint; with that member, for [`broke`](Self::broke).
+    ///
+    /// # Cancel safety
+    /// Cancel safe if `ask` is: an unanswered request is dropped.
+    pub(crate) async fn ask<T, Fut>(
+        &self,
+        ask: impl FnOnce(Client) -> Fut,
+    ) -> Result<(T, Option<usize>), BoxError>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match &self.members {
+            Some(members) => {
+                let i = members.pick();
+                Ok((members.ask(i, ask).await?, Some(i)))
+            }
+            None => {
+                let answer = tokio::time::timeout(self.open_within, ask(self.client.clone()))
+                    .await
+                    .map_err(|_| format!("no answer within {:?}", self.open_within))??;
+                Ok((answer, None))
+            }
+        }
+    }
+
+    /// A stream opened on `member` (from [`ask`](Self::ask)) broke, as when the member stopped
+    /// answering its pings: it is passed over, so that the stream opened next goes elsewhere.
+    pub(crate) fn broke(&self, member: Option<usize>) {
+        if let (Some(members), Some(i)) = (&self.members, member) {
+            members.failed(i);
+        }
+    }
 }
 
 impl Transport for EtcdTransport {
@@ -155,33 +192,14 @@ impl Transport for EtcdTransport {
         key: &[u8],
         watch_id: i64,
     ) -> Result<(WatchRequestSender, Responses), BoxError> {
-        let member = self.members.clone().map(|m| {
-            let i = m.pick();
-            (m, i)
-        });
-        let stream = match &member {
-            Some((members, i)) => {
-                let open = |mut c: Client| async move {
-                    c.watch(key, Some(watch_options(watch_id))).await
-                };
-                members.ask(*i, open).await?
-            }
-            None => {
-                let mut client = self.client.clone();
-                tokio::time::timeout(
-                    self.open_within,
-                    client.watch(key, Some(watch_options(watch_id))),
-                )
-                .await
-                .map_err(|_| "opening the watch stream timed out")??
-            }
-        };
+        let (stream, member) = self
+            .ask(|mut c| async move { c.watch(key, Some(watch_options(watch_id))).await })
+            .await?;
         let (sender, responses) = stream.split();
-        // A stream that breaks (a member that stopped answering its pings) passes its member
-        // over, so that the stream opened next goes elsewhere.
+        let transport = self.clone();
         let responses = responses.map(move |r| {
-            if let (Err(_), Some((members, i))) = (&r, &member) {
-                members.failed(*i);
+            if r.is_err() {
+                transport.broke(member);
             }
             r.map(Msg::from).map_err(BoxError::from)
         });
