@@ -680,6 +680,44 @@ async fn wrong_credentials_are_refused() {
     guard.release().await.unwrap();
 }
 
+/// With credentials and a member that never answers among the endpoints, `connect` still
+/// succeeds within its timeout. etcd-client logs in at connect through one member it picks;
+/// were the attempt that picked the frozen one waited for, the connect would end with its
+/// timeout. Uses a node of its own, as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_at_connect_does_not_wait_for_a_member_that_never_answers() {
+    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
+        eprintln!("external etcd: not enabling authentication on it; skipping");
+        return;
+    }
+    let node = EtcdNode::start().await.expect("a node of its own");
+    let mut client = node.backend().await.unwrap().client().clone();
+    client.user_add("root", "pw", None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut endpoints = node.endpoints().to_vec();
+    endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
+    let options = EtcdOptions::new()
+        .with_user("root", "pw")
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_request_timeout(Duration::from_millis(250));
+    for i in 0..6 {
+        let backend = EtcdBackend::connect(&endpoints, options.clone())
+            .await
+            .unwrap_or_else(|e| {
+                panic!("connect {i} waited for the member that never answers: {e:?}")
+            });
+        assert!(
+            backend
+                .swap(&format!("login-{i}"), None, b"1")
+                .await
+                .unwrap()
+        );
+    }
+    drop(frozen);
+}
+
 /// Watch events etcd has sent so far, from its `/metrics` endpoint (plain HTTP on loopback).
 async fn events_sent(endpoint: &str) -> u64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -497,13 +497,30 @@ impl EtcdBackend {
             tls_check: Some(tls_check),
             tls,
         };
+        // With several endpoints, an attempt (the login, with a user) waits at most the
+        // request timeout: the member it went to may be frozen, and the next attempt's
+        // channel picks again.
+        let attempt_within = (endpoints.len() > 1).then_some(options.request_timeout);
         // `Client::connect` reports its own setup (endpoints, TLS options) as transport
         // errors, before any I/O: those do not pass. What fails on the wire comes back as a
         // gRPC status.
         let client = retry
             .until_answered_if(
                 "connecting",
-                || Client::connect(&endpoints, Some(opts.clone())),
+                || {
+                    let attempt = Client::connect(&endpoints, Some(opts.clone()));
+                    async move {
+                        let Some(within) = attempt_within else {
+                            return attempt.await;
+                        };
+                        tokio::time::timeout(within, attempt).await.unwrap_or_else(|_| {
+                            Err(etcd_client::Error::IoError(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                format!("connecting (and logging in) had no answer within {within:?}"),
+                            )))
+                        })
+                    }
+                },
                 |e| {
                     !matches!(e, etcd_client::Error::TransportError(_))
                         && tonic_code::is_transient(e)
