@@ -274,7 +274,8 @@ async fn value_waits_and_observers_do_not_wait_for_a_member_that_never_answers()
         .with_request_timeout(Duration::from_millis(500))
         .with_retry_for(Duration::from_secs(5));
     let backend = EtcdBackend::connect(&endpoints, options).await.unwrap();
-    // Each wait starts a watch of its own key: a read and a watch, each a fresh pick.
+    // Each wait starts a watch of its own key (a read and a watch, on the member whose turn
+    // it is).
     for i in 0..8 {
         let key = test_name(&format!("frozen-value-{i}"));
         assert!(backend.swap(&key, None, b"1").await.unwrap());
@@ -700,8 +701,11 @@ async fn a_login_at_connect_does_not_wait_for_a_member_that_never_answers() {
     endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
     let options = EtcdOptions::new()
         .with_user("root", "pw")
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_request_timeout(Duration::from_millis(250));
+        .with_connect_timeout(Duration::from_secs(7))
+        .with_request_timeout(Duration::from_secs(1));
+    // A connect's attempts start every 500 ms while none has answered: all of them would
+    // have to pick the frozen member. Without them, the first attempt to pick it waits until
+    // the connect timeout (the HTTP/2 pings give up only after about 8 s).
     for i in 0..6 {
         let backend = EtcdBackend::connect(&endpoints, options.clone())
             .await

@@ -53,8 +53,10 @@ pub type ValueWatchEnd = Box<dyn Fn(&str) + Send + Sync>;
 /// Calls `hook` with the key each time an etcd backend's shared watch of a plain key (the one
 /// every [`Backend::wait_value`](crate::Backend::wait_value) on that key follows) ends because
 /// its last waiter left, just before it lets go of the key; `None` removes the hook. For tests:
-/// the hook may block, to hold an ending watch at that point while a new waiter arrives, which
-/// must then be served by a watch that goes on. Process-wide; one hook at a time.
+/// the hook may block for a while, to hold an ending watch at that point while a new waiter
+/// arrives, which must then be served (by a new watch). It runs under the lock that new
+/// waiters of every key of that backend subscribe under, so it must bound its wait: a new
+/// waiter blocks until it returns. Process-wide; one hook at a time.
 #[cfg(feature = "etcd")]
 pub fn on_value_watch_end(hook: Option<ValueWatchEnd>) {
     crate::backend::etcd::value::on_end(hook);

@@ -497,10 +497,11 @@ impl EtcdBackend {
             tls_check: Some(tls_check),
             tls,
         };
-        // With several endpoints, an attempt (the login, with a user) waits at most the
-        // request timeout: the member it went to may be frozen, and the next attempt's
-        // channel picks again.
-        let attempt_within = (endpoints.len() > 1).then_some(options.request_timeout);
+        // With several endpoints, an attempt (the login, with a user) that has no answer soon
+        // is joined by another, whose channel picks a member again: the one the first went to
+        // may be frozen, and would hold it until the connect timeout.
+        let hedge_after =
+            (endpoints.len() > 1).then(|| options.request_timeout.min(LOGIN_HEDGE_AFTER));
         // `Client::connect` reports its own setup (endpoints, TLS options) as transport
         // errors, before any I/O: those do not pass. What fails on the wire comes back as a
         // gRPC status.
@@ -508,18 +509,9 @@ impl EtcdBackend {
             .until_answered_if(
                 "connecting",
                 || {
-                    let attempt = Client::connect(&endpoints, Some(opts.clone()));
-                    async move {
-                        let Some(within) = attempt_within else {
-                            return attempt.await;
-                        };
-                        tokio::time::timeout(within, attempt).await.unwrap_or_else(|_| {
-                            Err(etcd_client::Error::IoError(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                format!("connecting (and logging in) had no answer within {within:?}"),
-                            )))
-                        })
-                    }
+                    hedged(hedge_after, || {
+                        Client::connect(&endpoints, Some(opts.clone()))
+                    })
                 },
                 |e| {
                     !matches!(e, etcd_client::Error::TransportError(_))
@@ -949,6 +941,36 @@ const TLS_CHECK_LIMIT: Duration = Duration::from_secs(1);
 /// whether they speak TLS at all ([`reach::answers_plain_text`]): a TLS handshake sent to an
 /// etcd without TLS may go unanswered until the connect timeout.
 const PLAIN_TEXT_CHECK_AFTER: Duration = Duration::from_millis(250);
+
+/// How long an attempt of `connect` with several endpoints waits before another joins it
+/// (see [`hedged`]); at most the request timeout.
+const LOGIN_HEDGE_AFTER: Duration = Duration::from_millis(500);
+
+/// The first answer of `attempt`, started again every `every` for as long as none has
+/// answered, all of them running on (`None`: one attempt). A first attempt that is merely
+/// slow is not cut short; one that went to a frozen member is overtaken.
+///
+/// # Cancel safety
+/// Cancel safe if `attempt` is: the attempts still running are dropped.
+async fn hedged<T, E, Fut>(
+    every: Option<Duration>,
+    mut attempt: impl FnMut() -> Fut,
+) -> std::result::Result<T, E>
+where
+    Fut: Future<Output = std::result::Result<T, E>>,
+{
+    let Some(every) = every else {
+        return attempt().await;
+    };
+    let mut running = futures::stream::FuturesUnordered::new();
+    running.push(attempt());
+    loop {
+        tokio::select! {
+            Some(answer) = running.next() => return answer,
+            () = tokio::time::sleep(every) => running.push(attempt()),
+        }
+    }
+}
 
 /// The longest pause between the attempts of `connect`: its limit (the connect timeout,
 /// 5 s by default) is short, so attempts stay close together.
@@ -1754,14 +1776,15 @@ impl Observer {
             };
             let options = WatchOptions::new().with_prefix().with_start_revision(start);
             let prefix = self.prefix.as_str();
-            let opened = self
-                .backend
-                .inner
-                .reach
-                .ask(|mut c| async move { c.watch(prefix, Some(options)).await })
+            let reach = &self.backend.inner.reach;
+            let member = reach.pick();
+            let opened = reach
+                .ask(member, |mut c| async move {
+                    c.watch(prefix, Some(options)).await
+                })
                 .await;
             match opened {
-                Ok((stream, member)) => {
+                Ok(stream) => {
                     self.stream = Some(stream);
                     self.member = member;
                 }
@@ -1777,8 +1800,8 @@ impl Observer {
             broken @ (Ok(None) | Err(_)) => {
                 // Broken: resume from the first revision not yet seen, losing nothing (on
                 // another member if this one stopped answering).
-                if broken.is_err() {
-                    self.backend.inner.reach.broke(self.member);
+                if let Err(e) = &broken {
+                    self.backend.inner.reach.broke(self.member, e);
                 }
                 self.stream = None;
                 self.failed();

@@ -77,21 +77,28 @@ async fn follow(
                 changed
             });
         };
-        // The read, then the watch from the revision after it, both on one member.
-        let started = reach.ask(|mut client| {
-            let (key, publish, requests) = (key.as_str(), &publish, &requests);
-            async move {
-                requests.fetch_add(1, Ordering::Relaxed);
-                let read = client.get(key, None).await?;
-                publish(read.kvs().first().map(|kv| kv.value().to_vec()));
-                let from = read.header().map_or(0, |h| h.revision()) + 1;
-                requests.fetch_add(1, Ordering::Relaxed);
-                let options = WatchOptions::new().with_start_revision(from);
-                client.watch(key, Some(options)).await
-            }
-        });
-        let (mut stream, member) = match started.await {
-            Ok(started) => started,
+        // The read, then the watch from the revision after it, on one member, each within
+        // the request timeout.
+        let member = reach.pick();
+        let key = key.as_str();
+        let started = async {
+            requests.fetch_add(1, Ordering::Relaxed);
+            let read = reach
+                .ask(member, |mut c| async move { c.get(key, None).await })
+                .await?;
+            publish(read.kvs().first().map(|kv| kv.value().to_vec()));
+            let from = read.header().map_or(0, |h| h.revision()) + 1;
+            requests.fetch_add(1, Ordering::Relaxed);
+            let options = WatchOptions::new().with_start_revision(from);
+            reach
+                .ask(
+                    member,
+                    |mut c| async move { c.watch(key, Some(options)).await },
+                )
+                .await
+        };
+        let mut stream = match started.await {
+            Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!(%key, error = %e, "value watch: read or watch failed; retrying");
                 // Not held while waiting: if every waiter leaves meanwhile, the task ends.
@@ -110,8 +117,8 @@ async fn follow(
                     let mut followed = by_key.lock().unwrap_or_else(|p| p.into_inner());
                     if Arc::strong_count(&tx) == 1 {
                         #[cfg(feature = "testing")]
-                        ending(&key);
-                        followed.remove(&key);
+                        ending(key);
+                        followed.remove(key);
                         drop(tx);
                         return;
                     }
@@ -128,13 +135,17 @@ async fn follow(
                         });
                     }
                 }
-                // Broken, ended or canceled (compacted past `from`): read and watch again,
-                // elsewhere if the member stopped answering.
-                other => {
-                    if other.is_err() {
-                        reach.broke(member);
-                    }
+                // Canceled (compacted past `from`) or ended: read and watch again.
+                Ok(_) => {
                     tracing::debug!(%key, "value watch lost; reading and watching again");
+                    break;
+                }
+                // Broken: the same, after a pause, elsewhere if the member stopped answering.
+                Err(e) => {
+                    tracing::debug!(%key, error = %e, "value watch broke; reading and watching again");
+                    reach.broke(member, &e);
+                    drop(tx);
+                    tokio::time::sleep(backoff.next_delay()).await;
                     break;
                 }
             }
@@ -145,17 +156,23 @@ async fn follow(
 /// What a follow task calls when it has found no waiter left, just before it ends
 /// ([`crate::testing::on_value_watch_end`]).
 #[cfg(feature = "testing")]
-static END_HOOK: StdMutex<Option<crate::testing::ValueWatchEnd>> = StdMutex::new(None);
+static END_HOOK: StdMutex<Option<SharedHook>> = StdMutex::new(None);
+
+/// The hook, shared so that it is called without holding [`END_HOOK`].
+#[cfg(feature = "testing")]
+type SharedHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Sets (or, with `None`, clears) the hook [`follow`] calls as it ends.
 #[cfg(feature = "testing")]
 pub(crate) fn on_end(hook: Option<crate::testing::ValueWatchEnd>) {
-    *END_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook;
+    *END_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook.map(Arc::from);
 }
 
+/// Calls the hook, if any, without holding its slot (the hook may set another).
 #[cfg(feature = "testing")]
 fn ending(key: &str) {
-    if let Some(hook) = END_HOOK.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+    let hook = END_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    if let Some(hook) = hook {
         hook(key);
     }
 }

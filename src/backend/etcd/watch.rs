@@ -148,37 +148,41 @@ pub(crate) struct EtcdTransport {
 }
 
 impl EtcdTransport {
-    /// `ask`'s answer, within the request timeout, from the member the next stream goes to
-    /// (passed over if it does not answer or cannot serve), or from the balanced client with a
-    /// single endpoint; with that member, for [`broke`](Self::broke).
+    /// The member the next stream goes to, in turn (see `members`); `None` with a single
+    /// endpoint (the balanced client).
+    pub(crate) fn pick(&self) -> Option<usize> {
+        self.members.as_ref().map(|m| m.pick())
+    }
+
+    /// `ask`'s answer from `member` (from [`pick`](Self::pick)) within the request timeout:
+    /// a member that does not answer or cannot serve is passed over.
     ///
     /// # Cancel safety
     /// Cancel safe if `ask` is: an unanswered request is dropped.
     pub(crate) async fn ask<T, Fut>(
         &self,
+        member: Option<usize>,
         ask: impl FnOnce(Client) -> Fut,
-    ) -> Result<(T, Option<usize>), BoxError>
+    ) -> Result<T, BoxError>
     where
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match &self.members {
-            Some(members) => {
-                let i = members.pick();
-                Ok((members.ask(i, ask).await?, Some(i)))
-            }
-            None => {
-                let answer = tokio::time::timeout(self.open_within, ask(self.client.clone()))
-                    .await
-                    .map_err(|_| format!("no answer within {:?}", self.open_within))??;
-                Ok((answer, None))
-            }
+        match (&self.members, member) {
+            (Some(members), Some(i)) => Ok(members.ask(i, ask).await?),
+            _ => tokio::time::timeout(self.open_within, ask(self.client.clone()))
+                .await
+                .map_err(|_| format!("no answer within {:?}", self.open_within))?
+                .map_err(BoxError::from),
         }
     }
 
-    /// A stream opened on `member` (from [`ask`](Self::ask)) broke, as when the member stopped
-    /// answering its pings: it is passed over, so that the stream opened next goes elsewhere.
-    pub(crate) fn broke(&self, member: Option<usize>) {
-        if let (Some(members), Some(i)) = (&self.members, member) {
+    /// A stream opened on `member` broke with `error`: if that says the member cannot serve
+    /// (it stopped answering its pings, it is unreachable or shutting down), the member is
+    /// passed over, so that the stream opened next goes elsewhere.
+    pub(crate) fn broke(&self, member: Option<usize>, error: &etcd_client::Error) {
+        if let (Some(members), Some(i)) = (&self.members, member)
+            && super::tonic_code::member_unfit(error)
+        {
             members.failed(i);
         }
     }
@@ -192,14 +196,17 @@ impl Transport for EtcdTransport {
         key: &[u8],
         watch_id: i64,
     ) -> Result<(WatchRequestSender, Responses), BoxError> {
-        let (stream, member) = self
-            .ask(|mut c| async move { c.watch(key, Some(watch_options(watch_id))).await })
+        let member = self.pick();
+        let stream = self
+            .ask(member, |mut c| async move {
+                c.watch(key, Some(watch_options(watch_id))).await
+            })
             .await?;
         let (sender, responses) = stream.split();
         let transport = self.clone();
         let responses = responses.map(move |r| {
-            if r.is_err() {
-                transport.broke(member);
+            if let Err(e) = &r {
+                transport.broke(member, e);
             }
             r.map(Msg::from).map_err(BoxError::from)
         });
