@@ -6,6 +6,11 @@
 # fixtures). Prints every run, the medians and HEAD's change; exits 1 if a median of HEAD is
 # more than 5 % below BASE's (a gain is no regression).
 #
+# Both sides run HEAD's bench harness (examples/), built against each side's library: the
+# harness starts the servers and chooses their settings (Redis with its append-only file
+# since 6ef6d47), and a comparison of the library must not compare settings too. With
+# HARNESS=own each side runs its own harness (when HEAD's does not build against BASE).
+#
 # Both commits are built in worktrees under target/ that share target/'s release build (only
 # the crate itself is compiled twice). Hold the shared build lock for the whole run, so that
 # nobody builds meanwhile (docs in /work/helper-common.md).
@@ -32,6 +37,9 @@ for side in base head; do
   git worktree remove --force "$tree" >/dev/null 2>&1 || true
   git worktree add --detach "$tree" "$rev" >/dev/null
   trees+=("$tree")
+  if [ "${HARNESS:-head}" = head ] && [ "$side" = base ]; then
+    git -C "$tree" checkout "$(git rev-parse "$head")" -- examples
+  fi
   CARGO_TARGET_DIR="$root/target" cargo build --quiet --release --example bench \
     --features "$features" --manifest-path "$tree/Cargo.toml"
   cp target/release/examples/bench "target/bench-$side"
