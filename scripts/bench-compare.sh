@@ -6,10 +6,11 @@
 # fixtures). Prints every run, the medians and HEAD's change; exits 1 if a median of HEAD is
 # more than 5 % below BASE's (a gain is no regression).
 #
-# Both sides run HEAD's bench harness (examples/), built against each side's library: the
-# harness starts the servers and chooses their settings (Redis with its append-only file
-# since 6ef6d47), and a comparison of the library must not compare settings too. With
-# HARNESS=own each side runs its own harness (when HEAD's does not build against BASE).
+# Both sides should measure the same servers with the same settings, which the bench harness
+# (examples/) chooses: by default both run HEAD's harness, built against each side's library.
+# When HEAD's harness does not build against BASE, HARNESS=own runs each side's own, and
+# BASE_PATCH=FILE (a patch for `git apply`) may bring BASE's harness to HEAD's settings
+# (scripts/bench-compare-aof.patch: Redis with its append-only file, as since 6ef6d47).
 #
 # Both commits are built in worktrees under target/ that share target/'s release build (only
 # the crate itself is compiled twice). Hold the shared build lock for the whole run, so that
@@ -37,8 +38,12 @@ for side in base head; do
   git worktree remove --force "$tree" >/dev/null 2>&1 || true
   git worktree add --detach "$tree" "$rev" >/dev/null
   trees+=("$tree")
-  if [ "${HARNESS:-head}" = head ] && [ "$side" = base ]; then
-    git -C "$tree" checkout "$(git rev-parse "$head")" -- examples
+  if [ "$side" = base ]; then
+    if [ "${HARNESS:-head}" = head ]; then
+      git -C "$tree" checkout "$(git rev-parse "$head")" -- examples
+    elif [ -n "${BASE_PATCH:-}" ]; then
+      git -C "$tree" apply "$root/$BASE_PATCH"
+    fi
   fi
   CARGO_TARGET_DIR="$root/target" cargo build --quiet --release --example bench \
     --features "$features" --manifest-path "$tree/Cargo.toml"
