@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # No regression, measured in one run: baton's etcd contended rows (N = 8 and 64) and its Redis
 # rows (N = 1, 8, 64) for two commits, BASE and HEAD, run alternately on this machine (PAIRS
-# pairs, default 3: A B A B ...; its speed drifts by a third from hour to hour, so runs of one
+# pairs, default 3: A B B A ...; its speed drifts by a third from hour to hour, so runs of one
 # commit an hour apart compare nothing). Each run starts its own etcd and Redis (the bench's
 # fixtures). Prints every run, the medians and HEAD's change; exits 1 if a median of HEAD is
 # more than 5 % below BASE's (a gain is no regression).
@@ -50,8 +50,12 @@ for side in base head; do
   cp target/release/examples/bench "target/bench-$side"
   echo "built $side = $(git rev-parse --short "$rev")" >&2
 done
+# Pairs alternate which side runs first (A B, B A, ...): a drift within a pair (the machine,
+# the disk's write-back of the run before) then favours neither side.
 for i in $(seq 1 "$pairs"); do
-  for side in base head; do
+  order="base head"
+  if [ $((i % 2)) -eq 0 ]; then order="head base"; fi
+  for side in $order; do
     echo "run $i: $side" >&2
     (cd "target/compare-$side" && "$root/target/bench-$side" --only contended --n 8,64 \
       --seconds "$secs" --out "$out/$side-etcd-$i.md" >/dev/null 2>&1)
