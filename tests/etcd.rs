@@ -641,22 +641,28 @@ async fn stop(child: &mut tokio::process::Child) {
         .unwrap();
 }
 
+/// A node of its own with authentication on, user `root` (role root) with `password`; `None`
+/// (the test skips) against an external etcd, which enabling authentication would lock out.
+async fn node_with_root(password: &str) -> Option<EtcdNode> {
+    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
+        eprintln!("external etcd: not enabling authentication on it; skipping");
+        return None;
+    }
+    let node = EtcdNode::start().await.expect("a node of its own");
+    let mut client = node.backend().await.unwrap().client().clone();
+    client.user_add("root", password, None).await.unwrap();
+    client.user_grant_role("root", "root").await.unwrap();
+    client.auth_enable().await.unwrap();
+    Some(node)
+}
+
 /// Wrong credentials are a distinct error; right ones connect. Uses a node of its own,
 /// since enabling authentication would lock the other tests out of the shared one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_are_refused() {
-    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
-        eprintln!("external etcd: not enabling authentication on it; skipping");
+    let Some(node) = node_with_root("right-password").await else {
         return;
-    }
-    let node = EtcdNode::start().await.expect("a node of its own");
-    let mut client = node.backend().await.unwrap().client().clone();
-    client
-        .user_add("root", "right-password", None)
-        .await
-        .unwrap();
-    client.user_grant_role("root", "root").await.unwrap();
-    client.auth_enable().await.unwrap();
+    };
 
     let wrong = EtcdBackend::connect(
         node.endpoints(),
@@ -687,15 +693,9 @@ async fn wrong_credentials_are_refused() {
 /// timeout. Uses a node of its own, as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_at_connect_does_not_wait_for_a_member_that_never_answers() {
-    if std::env::var("BATON_ETCD_ENDPOINTS").is_ok() {
-        eprintln!("external etcd: not enabling authentication on it; skipping");
+    let Some(node) = node_with_root("pw").await else {
         return;
-    }
-    let node = EtcdNode::start().await.expect("a node of its own");
-    let mut client = node.backend().await.unwrap().client().clone();
-    client.user_add("root", "pw", None).await.unwrap();
-    client.user_grant_role("root", "root").await.unwrap();
-    client.auth_enable().await.unwrap();
+    };
     let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut endpoints = node.endpoints().to_vec();
     endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
