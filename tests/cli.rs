@@ -1778,6 +1778,38 @@ async fn subcommand_help_tells_the_rules() {
 /// The password is baton's, not the command's; it reaches etcd and not the environment of the
 /// command. Without a user, the refusal names `--user`. (Uses a node of its own with
 /// authentication on.)
+/// The command inherits no descriptor of baton's own (not the pipe on which its start step
+/// waits until the watchdog guards the group): it has the same descriptors as when the test
+/// runs it directly (standard input, output and error, and whatever the test itself passes on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_command_inherits_no_descriptor_of_batons() {
+    let list = "ls /proc/$$/fd";
+    let fds = |out: std::process::Output| {
+        assert_exit(&out, 0);
+        let mut fds: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        fds.sort();
+        fds
+    };
+    let direct = Command::new("sh")
+        .args(["-c", list])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let name = name("fds");
+    let under_baton = baton(&["lock", &name, "--", "sh", "-c", list])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(fds(under_baton), fds(direct), "the command's descriptors");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_is_not_passed_to_the_command() {
     let node = EtcdNode::start().await.expect("a node of its own");

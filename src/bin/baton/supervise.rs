@@ -6,8 +6,10 @@
 //! - The command is started through baton itself (`baton __baton-exec ...`): that small step
 //!   runs in the child, asks the kernel to kill it when baton dies (`PR_SET_PDEATHSIG`, on
 //!   Linux), takes the terminal's foreground if baton had it, restores the signal
-//!   dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the command.
-//!   So no `pre_exec` closure runs in a forked copy of the runtime.
+//!   dispositions and mask baton's caller gave it (`sigstate`), waits until baton has told
+//!   the watchdog (below) which group to guard, and then `exec`s the command. So no
+//!   `pre_exec` closure runs in a forked copy of the runtime, and a baton stopped right after
+//!   starting the step leaves no command running unguarded.
 //! - A watchdog (baton again, shown as `baton watchdog <baton's pid>`, in a group of its own,
 //!   no shell)
 //!   holds the read end of a pipe whose write end only baton holds: if baton dies, however it
@@ -24,11 +26,13 @@
 
 use std::ffi::CString;
 use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg, pthread_sigmask};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -151,8 +155,10 @@ fn give_terminal(pgrp: Pid) {
 /// The exec step, run in the child: `__baton-exec <baton pid> <0|1 foreground> <caller's
 /// signals> -- program args...`. Never returns unless the `exec` failed.
 pub(crate) fn exec_step(args: &[String]) -> u8 {
-    let [parent, foreground, signals, dashes, program, rest @ ..] = args else {
-        eprintln!("baton: {EXEC_STEP} needs <pid> <foreground> <signals> -- <program> [args]");
+    let [parent, foreground, signals, go, dashes, program, rest @ ..] = args else {
+        eprintln!(
+            "baton: {EXEC_STEP} needs <pid> <foreground> <signals> <go fd> -- <program> [args]"
+        );
         return exit::USAGE;
     };
     // Die with baton. (Linux; elsewhere the watchdog alone stops the group.)
@@ -179,6 +185,12 @@ pub(crate) fn exec_step(args: &[String]) -> u8 {
     else {
         return exit::NOT_FOUND;
     };
+    // Not before the watchdog guards this group: were baton stopped (SIGSTOP, a starved
+    // process) between starting this step and telling the watchdog, the command would run on
+    // past the lease with no one to stop it (seen in CI once).
+    if !told_to_go(go) {
+        return exit::ERROR;
+    }
     // Last, so that nothing above runs with the caller's mask or dispositions: the command
     // starts with the signals it would have had without baton.
     if let Err(e) = signals.restore() {
@@ -191,6 +203,28 @@ pub(crate) fn exec_step(args: &[String]) -> u8 {
         exit::NOT_FOUND
     } else {
         exit::NOT_EXECUTABLE
+    }
+}
+
+/// Waits for baton's go on the pipe whose read end is the inherited descriptor `fd`, and
+/// closes that descriptor (the command does not inherit it). `false` if the pipe closed
+/// without it (baton is gone) or cannot be read.
+fn told_to_go(fd: &str) -> bool {
+    use std::io::Read;
+    let Ok(fd) = fd.parse::<i32>() else {
+        return false;
+    };
+    // Opened by name, which needs no `unsafe` to adopt a raw descriptor; the name's copy is
+    // close-on-exec, and the inherited one is closed here.
+    let pipe = std::fs::File::open(format!("/dev/fd/{fd}"));
+    let _ = nix::unistd::close(fd);
+    let mut byte = [0u8; 1];
+    loop {
+        match pipe.as_ref().map(|mut p| p.read(&mut byte)) {
+            Ok(Ok(1)) => return true,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            _ => return false,
+        }
     }
 }
 
@@ -252,12 +286,23 @@ impl Group {
             )
         })?;
         let foreground = terminal_foreground();
+        // The step waits on this pipe until the watchdog knows its group; it inherits the read
+        // end alone (the write end is close-on-exec, so that baton's death closes the pipe).
+        let no_pipe = |e: Errno| {
+            Failure::new(
+                exit::ERROR,
+                format!("cannot make the pipe that starts `{}`: {e}", spec.program),
+            )
+        };
+        let (go_read, go_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(no_pipe)?;
+        fcntl(&go_read, FcntlArg::F_SETFD(FdFlag::empty())).map_err(no_pipe)?;
         let mut command = tokio::process::Command::new(baton);
         command
             .arg(EXEC_STEP)
             .arg(getpid().to_string())
             .arg(if foreground { "1" } else { "0" })
             .arg(sigstate::caller().to_arg())
+            .arg(go_read.as_raw_fd().to_string())
             .arg("--")
             .arg(&spec.program)
             .args(&spec.args)
@@ -265,15 +310,20 @@ impl Group {
             // The password is ours, not the command's.
             .env_remove("BATON_PASSWORD")
             .process_group(0);
-        let leader = command.spawn().map_err(|e| {
-            Failure::new(exit::ERROR, format!("cannot run `{}`: {e}", spec.program))
-        })?;
+        let leader = command
+            .spawn()
+            .map_err(|e| Failure::new(exit::ERROR, format!("cannot run `{}`: {e}", spec.program)));
+        drop(go_read);
+        let leader = leader?;
         let pgid = leader
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| Failure::new(exit::ERROR, "the command exited at once"))?;
         watchdog.guard(pgid);
+        // Told (the line is in the watchdog's pipe, read even if baton stops now): go.
+        let _ = nix::unistd::write(&go_write, b"g");
+        drop(go_write);
         Ok(Group {
             leader,
             pgid,
