@@ -1775,9 +1775,6 @@ async fn subcommand_help_tells_the_rules() {
     );
 }
 
-/// The password is baton's, not the command's; it reaches etcd and not the environment of the
-/// command. Without a user, the refusal names `--user`. (Uses a node of its own with
-/// authentication on.)
 /// The command inherits no descriptor of baton's own (not the pipe on which its start step
 /// waits until the watchdog guards the group): it has the same descriptors as when the test
 /// runs it directly (standard input, output and error, and whatever the test itself passes on).
@@ -1810,6 +1807,9 @@ async fn the_command_inherits_no_descriptor_of_batons() {
     assert_eq!(fds(under_baton), fds(direct), "the command's descriptors");
 }
 
+/// The password is baton's, not the command's; it reaches etcd and not the environment of the
+/// command. Without a user, the refusal names `--user`. (Uses a node of its own with
+/// authentication on.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_is_not_passed_to_the_command() {
     let node = EtcdNode::start().await.expect("a node of its own");

@@ -6,8 +6,9 @@
 //! - The command is started through baton itself (`baton __baton-exec ...`): that small step
 //!   runs in the child, asks the kernel to kill it when baton dies (`PR_SET_PDEATHSIG`, on
 //!   Linux), takes the terminal's foreground if baton had it, restores the signal
-//!   dispositions and mask baton's caller gave it (`sigstate`), waits until baton has told
-//!   the watchdog (below) which group to guard, and then `exec`s the command. So no
+//!   waits until baton has told the watchdog (below) which group to guard, restores the
+//!   signal dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the
+//!   command. So no
 //!   `pre_exec` closure runs in a forked copy of the runtime, and a baton stopped right after
 //!   starting the step leaves no command running unguarded.
 //! - A watchdog (baton again, shown as `baton watchdog <baton's pid>`, in a group of its own,
@@ -216,14 +217,27 @@ fn told_to_go(fd: &str) -> bool {
     };
     // Opened by name, which needs no `unsafe` to adopt a raw descriptor; the name's copy is
     // close-on-exec, and the inherited one is closed here.
-    let pipe = std::fs::File::open(format!("/dev/fd/{fd}"));
+    let name = format!("/dev/fd/{fd}");
+    let pipe = std::fs::File::open(&name);
     let _ = nix::unistd::close(fd);
+    let mut pipe = match pipe {
+        Ok(pipe) => pipe,
+        Err(e) => {
+            eprintln!("baton: cannot open {name}, where baton says when to start: {e}");
+            return false;
+        }
+    };
     let mut byte = [0u8; 1];
     loop {
-        match pipe.as_ref().map(|mut p| p.read(&mut byte)) {
-            Ok(Ok(1)) => return true,
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            _ => return false,
+        match pipe.read(&mut byte) {
+            Ok(1) => return true,
+            // baton is gone before it said so: nothing runs.
+            Ok(_) => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("baton: cannot read {name}, where baton says when to start: {e}");
+                return false;
+            }
         }
     }
 }
@@ -320,7 +334,18 @@ impl Group {
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
             .ok_or_else(|| Failure::new(exit::ERROR, "the command exited at once"))?;
-        watchdog.guard(pgid);
+        if !watchdog.guard(pgid) {
+            // No go: the step sees the pipe close and runs nothing (tokio reaps it).
+            drop(go_write);
+            watchdog.stand_down();
+            return Err(Failure::new(
+                exit::ERROR,
+                format!(
+                    "the watchdog that stops `{}` if baton dies is gone; not running it unguarded",
+                    spec.program
+                ),
+            ));
+        }
         // Told (the line is in the watchdog's pipe, read even if baton stops now): go.
         let _ = nix::unistd::write(&go_write, b"g");
         drop(go_write);
@@ -557,8 +582,9 @@ impl Watchdog {
             .is_some_and(|p| writeln!(p, "{line}").and_then(|()| p.flush()).is_ok())
     }
 
-    fn guard(&mut self, pgid: Pid) {
-        self.tell(&format!("group {pgid}"));
+    /// Tells the watchdog the group to guard; `false` if it cannot be told (it is gone).
+    fn guard(&mut self, pgid: Pid) -> bool {
+        self.tell(&format!("group {pgid}"))
     }
 
     fn deadline(&mut self, at: std::time::Instant) {
