@@ -178,6 +178,16 @@ async fn connect_rejects_bad_input_and_dead_endpoints() {
     );
 }
 
+/// `endpoints` and, last, a member that never answers: a listener that never accepts (its
+/// kernel completes the TCP handshake, as a frozen process's does). It answers nothing for as
+/// long as the listener lives.
+fn beside_a_frozen_member(endpoints: &[String]) -> (std::net::TcpListener, Vec<String>) {
+    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut endpoints = endpoints.to_vec();
+    endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
+    (frozen, endpoints)
+}
+
 /// A member that accepts connections but never answers (a frozen process: its kernel still
 /// completes the TCP handshake) costs one request timeout, not one in every few requests:
 /// after a request to it timed out, requests go to the other members. Here the frozen
@@ -187,10 +197,7 @@ async fn connect_rejects_bad_input_and_dead_endpoints() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_never_answers_is_avoided_after_one_timeout() {
     support::capture_logs();
-    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let frozen_at = format!("http://{}", frozen.local_addr().unwrap());
-    let mut endpoints = EtcdNode::shared().endpoints().to_vec();
-    endpoints.push(frozen_at);
+    let (frozen, endpoints) = beside_a_frozen_member(EtcdNode::shared().endpoints());
     let options = EtcdOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_request_timeout(Duration::from_millis(500))
@@ -266,9 +273,7 @@ async fn a_member_that_never_answers_is_avoided_after_one_timeout() {
 /// member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn value_waits_and_observers_do_not_wait_for_a_member_that_never_answers() {
-    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut endpoints = EtcdNode::shared().endpoints().to_vec();
-    endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
+    let (frozen, endpoints) = beside_a_frozen_member(EtcdNode::shared().endpoints());
     let options = EtcdOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_request_timeout(Duration::from_millis(500))
@@ -696,9 +701,7 @@ async fn a_login_at_connect_does_not_wait_for_a_member_that_never_answers() {
     let Some(node) = node_with_root("pw").await else {
         return;
     };
-    let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut endpoints = node.endpoints().to_vec();
-    endpoints.push(format!("http://{}", frozen.local_addr().unwrap()));
+    let (frozen, endpoints) = beside_a_frozen_member(node.endpoints());
     let options = EtcdOptions::new()
         .with_user("root", "pw")
         .with_connect_timeout(Duration::from_secs(7))

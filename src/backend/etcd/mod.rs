@@ -238,17 +238,15 @@ pub struct EtcdBackend {
 }
 
 struct Shared {
-    client: Client,
-    /// With more than one endpoint, where each request and each watch stream goes (the
-    /// balanced `client` serves [`EtcdBackend::client`]).
-    members: Option<Arc<Members>>,
+    /// The balanced client ([`EtcdBackend::client`], and every request with a single
+    /// endpoint) and, with more than one endpoint, the members each request and each watch
+    /// stream goes to, one in turn; the watches of waits (in `watches`), value watches and
+    /// observers open their streams through it.
+    reach: EtcdTransport,
     options: EtcdOptions,
     endpoints: Vec<String>,
     watches: WatchHub<EtcdTransport>,
     values: ValueWatches,
-    /// Where value watches and observers read and watch: a member that answers, within the
-    /// request timeout (as the watches of waits).
-    reach: EtcdTransport,
     requests: Arc<AtomicU64>,
     /// Keys etcd loaded to answer this backend's queue reads ([`EtcdBackend::keys_read`]).
     keys_read: AtomicU64,
@@ -591,8 +589,8 @@ impl EtcdBackend {
         check_version(status.version())?;
         let requests = Arc::new(AtomicU64::new(0));
         let transport = EtcdTransport {
-            client: client.clone(),
-            members: members.clone(),
+            client,
+            members,
             open_within: options.request_timeout,
         };
         let epochs = StoreEpochs::new(
@@ -601,8 +599,6 @@ impl EtcdBackend {
         );
         let backend = EtcdBackend {
             inner: Arc::new(Shared {
-                client,
-                members,
                 options,
                 endpoints,
                 values: ValueWatches::default(),
@@ -666,7 +662,7 @@ impl EtcdBackend {
 
     /// The underlying etcd-client, for operations baton does not wrap.
     pub fn client(&self) -> &Client {
-        &self.inner.client
+        &self.inner.reach.client
     }
 
     /// Runs the read `f` until it succeeds, fails for good, or the retry budget is spent.
@@ -736,12 +732,12 @@ impl EtcdBackend {
         let mut retry = Retry::new(op, retry_for);
         let timeout = self.inner.options.request_timeout;
         loop {
-            let members = self.inner.members.as_deref();
+            let members = self.inner.reach.members.as_deref();
             let member = members.map(|m| (m, m.pick()));
             // The member's own client, connected (and logged in) on its first use: apart
             // from the request, since nothing of the request is sent while it connects.
             let client = match member {
-                None => self.inner.client.clone(),
+                None => self.inner.reach.client.clone(),
                 Some((members, i)) => match members.connected(i).await {
                     Ok(client) => client,
                     Err(e) if !tonic_code::is_transient(&e) => {

@@ -138,7 +138,8 @@ fn watch_options(watch_id: i64) -> WatchOptions {
 /// The real transport: etcd-client's bidirectional watch stream.
 #[derive(Clone)]
 pub(crate) struct EtcdTransport {
-    /// The balanced client, for a single endpoint.
+    /// The balanced client: every request with a single endpoint, and
+    /// [`EtcdBackend::client`](super::EtcdBackend::client).
     pub(crate) client: Client,
     /// With several endpoints, the member each stream goes to (see `members`).
     pub(super) members: Option<Arc<Members>>,

@@ -5,12 +5,11 @@
 //!
 //! - The command is started through baton itself (`baton __baton-exec ...`): that small step
 //!   runs in the child, asks the kernel to kill it when baton dies (`PR_SET_PDEATHSIG`, on
-//!   Linux), takes the terminal's foreground if baton had it, restores the signal
-//!   waits until baton has told the watchdog (below) which group to guard, restores the
-//!   signal dispositions and mask baton's caller gave it (`sigstate`), and then `exec`s the
-//!   command. So no
-//!   `pre_exec` closure runs in a forked copy of the runtime, and a baton stopped right after
-//!   starting the step leaves no command running unguarded.
+//!   Linux), takes the terminal's foreground if baton had it, waits until baton has told
+//!   the watchdog (below) which group to guard, restores the signal dispositions and mask
+//!   baton's caller gave it (`sigstate`), and then `exec`s the command. So no `pre_exec`
+//!   closure runs in a forked copy of the runtime, and a baton stopped right after starting
+//!   the step leaves no command running unguarded.
 //! - A watchdog (baton again, shown as `baton watchdog <baton's pid>`, in a group of its own,
 //!   no shell)
 //!   holds the read end of a pipe whose write end only baton holds: if baton dies, however it
@@ -154,7 +153,9 @@ fn give_terminal(pgrp: Pid) {
 }
 
 /// The exec step, run in the child: `__baton-exec <baton pid> <0|1 foreground> <caller's
-/// signals> -- program args...`. Never returns unless the `exec` failed.
+/// signals> <go fd> -- program args...`, where `<go fd>` is the inherited read end of the
+/// pipe on which baton says when to start. Never returns unless the `exec` failed or baton
+/// gave no go.
 pub(crate) fn exec_step(args: &[String]) -> u8 {
     let [parent, foreground, signals, go, dashes, program, rest @ ..] = args else {
         eprintln!(
