@@ -413,6 +413,11 @@ fn take_turn<'a>(
                     unreachable!("still creating")
                 };
                 pending.trace = Trace::Unknown(slot);
+                // Our entry vanished as the enqueue read on after creating it (etcd's indexed
+                // layout may): most likely our lease ended.
+                if matches!(e, Error::EntryGone { .. }) && session.is_lost() {
+                    return Err(Error::SessionLost(lost.await));
+                }
                 return Err(e);
             }
         };

@@ -1058,12 +1058,208 @@ conformance!(@tests indexed; super::rig_indexed; (flavor = "multi_thread", worke
     one_name_several_kinds_exclude_each_other, a_waiter_behind_one_that_leaves_is_not_the_head);
 
 /// The keys etcd loads for one waiter's enqueue, its look at its predecessor and its head
-/// check do not grow with the queue in the indexed layout (#39): at depth 500 each reads about
-/// one key. In the Go layout each reads the whole queue (run with `Go` to see it fail: about
-/// 500 per read).
+/// check do not grow with the queue in the indexed layout (#39): past the layout's window each
+/// reads a constant number of keys (one or two windows' worth). In the Go layout each reads
+/// the whole queue (run with `Go` to see it fail: about 500 per read at depth 500).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn indexed_layout_reads_do_not_grow_with_the_queue() {
     keys_read_per_op_at_depth(EtcdLayout::Indexed, "indexed-depth").await;
+}
+
+/// Entries of the indexed layout created out of number order, as concurrent enqueues of
+/// several processes create them (the layout lets an entry be numbered up to its window, 64,
+/// below an older one; numbers may be shared), are read in creation order all the same: each
+/// entry's predecessor, the entries ahead of it and the head check agree with the queue read
+/// by create revision, and so does each enqueue's predecessor. Dense enough that a look reads
+/// several pages. On the reads of the exact layout (key order taken for creation order) the
+/// first entry created below an older one gets a wrong predecessor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn indexed_reads_follow_creation_when_entries_are_out_of_number_order() {
+    const WINDOW: u64 = 64;
+    let backends = [
+        indexed_backend().await,
+        indexed_backend().await,
+        indexed_backend().await,
+    ];
+    let backend = &backends[0];
+    let mut sessions = Vec::new();
+    for b in &backends {
+        sessions.push(Session::new(b.clone()).await.unwrap());
+    }
+    let queue = test_name("indexed-out-of-order");
+    let mut client = backend.client().clone();
+    // A fixed pseudo-random sequence (an LCG): the same state every run.
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |n: u64| {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (state >> 33) % n
+    };
+    let number = |e: &baton::Entry| {
+        let hex = &e.key()[queue.len() + 4..queue.len() + 20];
+        u64::MAX - u64::from_str_radix(hex, 16).unwrap()
+    };
+    for i in 0..300 {
+        let present = backend.entries(&queue).await.unwrap();
+        let top = present.iter().map(number).max().unwrap_or(0);
+        match next(20) {
+            // Remove an entry anywhere in the queue.
+            0..=2 if !present.is_empty() => {
+                let gone = &present[next(present.len() as u64) as usize];
+                client.delete(gone.key(), None).await.unwrap();
+            }
+            // An enqueue of one of the backends (each numbers on its own).
+            3..=5 => {
+                let k = next(3) as usize;
+                let enqueued = backends[k]
+                    .enqueue(&queue, &format!("t{i}"), sessions[k].lease_id(), b"")
+                    .await
+                    .unwrap();
+                let (_, is_head, predecessor) = enqueued.into_parts();
+                assert_eq!(is_head, present.is_empty(), "enqueue {i}");
+                assert_eq!(
+                    predecessor.map(|p| p.key().to_owned()),
+                    present.last().map(|p| p.key().to_owned()),
+                    "enqueue {i}: its predecessor"
+                );
+            }
+            // An entry numbered anywhere the window allows (no entry numbered 64 above it),
+            // or above the newest, so that the queue spans several windows.
+            _ => {
+                let seq = if next(2) == 0 {
+                    top.saturating_sub(WINDOW - 1) + next(WINDOW + 3)
+                } else {
+                    top + 1 + next(8)
+                };
+                let key = format!("{queue}/_q/{:016x}.r{i}", u64::MAX - seq);
+                client.put(key, "", None).await.unwrap();
+            }
+        }
+    }
+    let queue_now = backend.entries(&queue).await.unwrap();
+    let numbers: Vec<u64> = queue_now.iter().map(number).collect();
+    assert!(
+        numbers.windows(2).any(|w| w[0] > w[1]),
+        "some entry is numbered below an older one: {numbers:?}"
+    );
+    assert!(queue_now.len() > 150, "{} entries", queue_now.len());
+    let keys = |v: Vec<baton::Entry>| v.iter().map(|e| e.key().to_owned()).collect::<Vec<_>>();
+    assert!(
+        numbers.iter().max().unwrap() - numbers.iter().min().unwrap() > 3 * WINDOW,
+        "the queue spans several windows: {numbers:?}"
+    );
+    let mut fewest_read = u64::MAX;
+    for (i, e) in queue_now.iter().enumerate() {
+        let before = backend.keys_read();
+        let predecessor = backend.predecessor(e).await.unwrap();
+        fewest_read = fewest_read.min(backend.keys_read() - before);
+        assert_eq!(
+            predecessor.map(|p| p.key().to_owned()),
+            i.checked_sub(1).map(|j| queue_now[j].key().to_owned()),
+            "the predecessor of entry {i} of {}",
+            queue_now.len()
+        );
+        let ahead = backend.ahead(&queue, e, 3).await.unwrap();
+        let expected: Vec<_> = queue_now[i.saturating_sub(3)..i]
+            .iter()
+            .rev()
+            .cloned()
+            .collect();
+        assert_eq!(
+            keys(ahead),
+            keys(expected),
+            "the entries ahead of entry {i}"
+        );
+        // Every entry numbered more than 64 below the head's is newer, so the head's check
+        // reads no more than its window and answers; no other entry is taken for the head.
+        assert_eq!(
+            backend.was_head(e).await.unwrap(),
+            i == 0,
+            "head check of entry {i}"
+        );
+    }
+    // Some look decided before the end of the queue (by the window, not by reading it all).
+    assert!(
+        (fewest_read as usize) < queue_now.len() / 2,
+        "every predecessor read read at least {fewest_read} of {} keys",
+        queue_now.len()
+    );
+    for s in sessions {
+        s.close().await.unwrap();
+    }
+    client
+        .delete(
+            format!("{queue}/"),
+            Some(baton::etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+}
+
+/// A look at the entries ahead that takes several reads (entries sharing numbers, as
+/// processes numbering alike make) reads the plain key beside them with its last read, not its
+/// first: a semaphore grants on "fewer ahead than the limit", which holds only if the limit was
+/// read no earlier than the entries. A limit lowered while the look reads on is the limit it
+/// answers with. (The first version of the windowed reads took the key from the first read and
+/// answered the old limit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_look_reads_the_limit_with_its_last_page() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let backend = indexed_backend().await;
+    let queue = test_name("indexed-limit-paging");
+    let limit_key = format!("{queue}-limit");
+    let mut client = backend.client().clone();
+    client.put(limit_key.as_str(), "3", None).await.unwrap();
+    // 300 entries numbered alike: no read of a look decides before the last.
+    for i in 0..300 {
+        let key = format!("{queue}/_q/{:016x}.r{i:03}", u64::MAX - 5);
+        client.put(key, "", None).await.unwrap();
+    }
+    let mine = backend.entries(&queue).await.unwrap().pop().unwrap();
+    let pages = Arc::new(AtomicUsize::new(0));
+    {
+        let (pages, key, q) = (Arc::clone(&pages), limit_key.clone(), queue.clone());
+        let endpoints = EtcdNode::shared().endpoints().to_vec();
+        baton::testing::on_indexed_page(Some(Box::new(move |queue| {
+            if queue != q || pages.fetch_add(1, SeqCst) > 0 {
+                return;
+            }
+            // The limit lowered from another client before the look reads on.
+            let (endpoints, key) = (endpoints.clone(), key.clone());
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let mut c = baton::etcd_client::Client::connect(endpoints, None)
+                        .await
+                        .unwrap();
+                    c.put(key, "1", None).await.unwrap();
+                });
+            })
+            .join()
+            .unwrap();
+        })));
+    }
+    let looked = backend.ahead_and_read(&queue, &mine, 3, &limit_key).await;
+    baton::testing::on_indexed_page(None);
+    let (ahead, limit) = looked.unwrap();
+    assert!(pages.load(SeqCst) >= 1, "the look read only once");
+    assert_eq!(ahead.len(), 3);
+    assert_eq!(
+        limit.as_deref(),
+        Some(&b"1"[..]),
+        "the limit as of the look's last read"
+    );
+    client
+        .delete(
+            format!("{queue}/"),
+            Some(baton::etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
 }
 
 async fn keys_read_per_op_at_depth(layout: EtcdLayout, name: &str) {
@@ -1108,14 +1304,27 @@ async fn keys_read_per_op_at_depth(layout: EtcdLayout, name: &str) {
             costs.iter().map(|c| c.1).max().unwrap(),
         )
     };
-    let (shallow, deep_at) = (worst(0..10), worst(DEPTH - 10..DEPTH));
-    eprintln!(
-        "{layout:?}: keys read (enqueue, predecessor + head check): first 10 entries {shallow:?}, last 10 of {DEPTH} {deep_at:?}"
+    let (shallow, middle, deep) = (
+        worst(0..10),
+        worst(DEPTH / 3 - 10..DEPTH / 3),
+        worst(DEPTH - 10..DEPTH),
     );
-    let deep = deep_at.0.max(deep_at.1);
+    eprintln!(
+        "{layout:?}: keys read (enqueue, predecessor + head check): first 10 entries {shallow:?}, entries {} to {} {middle:?}, last 10 of {DEPTH} {deep:?}",
+        DEPTH / 3 - 10,
+        DEPTH / 3
+    );
+    // Past the layout's window (64 numbers each way) a look reads no more keys at any depth:
+    // the same at depth 500 as at depth 160, and about one window's worth for an enqueue, two
+    // for a predecessor read and two for the head check of an entry that is not the head.
     assert!(
-        deep <= 4,
-        "{layout:?}: an enqueue or a predecessor and head check at depth {DEPTH} read {deep} keys"
+        deep.0 <= middle.0 && deep.1 <= middle.1,
+        "{layout:?}: keys read grew from {middle:?} at depth {} to {deep:?} at depth {DEPTH}",
+        DEPTH / 3
+    );
+    assert!(
+        deep.0 <= 130 && deep.1 <= 270,
+        "{layout:?}: an enqueue or a predecessor and head check at depth {DEPTH} read {deep:?} keys"
     );
     // The queue it built is in order, oldest first, as `entries` reads it.
     let entries = backend.entries(&queue).await.unwrap();

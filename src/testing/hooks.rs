@@ -59,5 +59,48 @@ pub type ValueWatchEnd = Box<dyn Fn(&str) + Send + Sync>;
 /// waiter blocks until it returns. Process-wide; one hook at a time.
 #[cfg(feature = "etcd")]
 pub fn on_value_watch_end(hook: Option<ValueWatchEnd>) {
-    crate::backend::etcd::value::on_end(hook);
+    crate::backend::etcd::value::END_HOOK.set(hook);
+}
+
+/// A hook for [`on_indexed_page`]: called with the queue's name.
+#[cfg(feature = "etcd")]
+pub type IndexedPage = Box<dyn Fn(&str) + Send + Sync>;
+
+/// Calls `hook` with the queue's name each time a look at the entries ahead of an entry of
+/// etcd's indexed layout (`predecessor`, `ahead`, `ahead_and_read`) needs another read, between
+/// the two; `None` removes the hook. For tests: what changes in the store meanwhile must not
+/// make the look answer for an instant that never was. The hook runs on the task doing the
+/// look and blocks it until it returns. Process-wide; one hook at a time.
+#[cfg(feature = "etcd")]
+pub fn on_indexed_page(hook: Option<IndexedPage>) {
+    crate::backend::etcd::indexed::PAGE_HOOK.set(hook);
+}
+
+/// A hook called with a key or a name.
+#[cfg(feature = "etcd")]
+type KeyFn = dyn Fn(&str) + Send + Sync;
+
+/// A slot for a hook called with a key or a name, set by a test and called by the library.
+#[cfg(feature = "etcd")]
+pub(crate) struct KeyHook(std::sync::Mutex<Option<std::sync::Arc<KeyFn>>>);
+
+#[cfg(feature = "etcd")]
+impl KeyHook {
+    /// An empty slot.
+    pub(crate) const fn new() -> KeyHook {
+        KeyHook(std::sync::Mutex::new(None))
+    }
+
+    /// Sets the hook, or with `None` clears it.
+    pub(crate) fn set(&self, hook: Option<Box<KeyFn>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = hook.map(std::sync::Arc::from);
+    }
+
+    /// Calls the hook, if any, without holding its slot (the hook may set another).
+    pub(crate) fn call(&self, key: &str) {
+        let hook = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(hook) = hook {
+            hook(key);
+        }
+    }
 }

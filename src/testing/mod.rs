@@ -211,7 +211,7 @@ mod faults;
     feature = "postgres"
 ))]
 mod fixture;
-mod hooks;
+pub(crate) mod hooks;
 #[cfg(feature = "nemesis")]
 pub mod nemesis;
 #[cfg(feature = "postgres")]
@@ -240,7 +240,7 @@ pub use faults::{Call, Fault, FaultyBackend};
 ))]
 pub use fixture::{FixtureError, LABEL, LOCAL_FALLBACK_VAR};
 #[cfg(feature = "etcd")]
-pub use hooks::{ValueWatchEnd, on_value_watch_end};
+pub use hooks::{IndexedPage, ValueWatchEnd, on_indexed_page, on_value_watch_end};
 pub use hooks::{reset_wall_clock, starve_keep_alive, step_wall_clock};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_POSTGRES_IMAGE, PgNode};

@@ -1,17 +1,22 @@
-//! The indexed layout ([`EtcdLayout::Indexed`]): entry keys whose key order is queue order, so
-//! that an enqueue, a look at the predecessor and a head check each read a few keys, however
-//! deep the queue (#39).
+//! The indexed layout ([`EtcdLayout::Indexed`]): entry keys whose key order is queue order up
+//! to a window, so that an enqueue, a look at the predecessor and a head check each read a
+//! bounded number of keys, however deep the queue (#39).
 //!
 //! An entry of queue `q` created with sequence number `seq` (taken by its enqueue, one more
-//! than the newest entry's) is the key `q/_q/<16 hex digits of u64::MAX - seq>.<tag>`, bound to
-//! the session's lease: newer entries get **smaller** keys, so the newest entry older than mine
-//! is the first key after mine in ascending key order, a read etcd answers with `limit`
+//! than the newest entry's it knows of) is the key `q/_q/<16 hex digits of u64::MAX - seq>.<tag>`,
+//! bound to the session's lease: newer entries get **smaller** keys, so the entries older than
+//! mine are found by reading on in ascending key order, a read etcd answers with `limit`
 //! applied as it walks its index. (A read sorted or filtered by create revision, which the Go
 //! layout needs, makes etcd load every key of the range first.) Its position and token are its
 //! create revision, as in the Go layout.
 //!
-//! An enqueue applies only if no entry at or after its sequence number exists: sequence order
-//! is then commit order, which is create-revision order. The key `_baton-tags/q/<tag>` (same
+//! An enqueue with sequence number `seq` applies only if no entry numbered `seq + WINDOW` or
+//! more exists: of two entries present together, the newer's number is then above the older's
+//! minus [`WINDOW`]. Key order is create-revision order up to that window, and a read that
+//! starts `WINDOW` numbers above mine and goes on `WINDOW` numbers past the newest older entry
+//! it meets has seen every candidate ([`newest_before`]). (An exact order, a window of 1, made
+//! most concurrent enqueues of a process lose their number and retry: etcd applies the calls of
+//! one connection in an order close to random.) The key `_baton-tags/q/<tag>` (same
 //! lease, created and deleted with the entry) names the entry of a tag, for retries and
 //! [`find_entry`](crate::Backend::find_entry) after a lost answer.
 //!
@@ -37,12 +42,13 @@ use crate::error::{Error, LostReason, Result};
 /// create revision) by loading every key under the name, so each enqueue and each handoff
 /// costs O(queue length) there.
 ///
-/// **[`Indexed`](Self::Indexed)** names keys so that queue order is key order: an enqueue, a
-/// waiter's look at its predecessor and a head check read O(1) keys (O(log n) work in etcd)
-/// at any depth. Its keys are not the Go layout's: an `etcdctl lock` on the same name sees
-/// baton's entries as older contenders and waits behind them (safe), while baton's indexed
-/// clients, finding a key outside their layout under the name, fall back to reading the whole
-/// queue by create revision (safe, and as costly as the Go layout) until it is gone. Listing a
+/// **[`Indexed`](Self::Indexed)** names keys so that queue order is key order, up to a window
+/// of 64 numbers (docs/etcd.md, "Layouts"): an enqueue, a waiter's look at its predecessor and
+/// a head check read a bounded number of keys (about 65 to 130) at any depth. Its keys are not
+/// the Go layout's: an `etcdctl lock` on the same name sees baton's entries as older
+/// contenders and waits behind them (safe), while baton's indexed clients, finding a key
+/// outside their layout under the name, fall back to reading the whole queue by create
+/// revision (safe, and as costly as the Go layout) until it is gone. Listing a
 /// whole queue ([`head`](crate::Backend::head), `Election::leader`, `baton ls`) still reads
 /// every entry in both layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -71,6 +77,22 @@ impl EtcdLayout {
     }
 }
 
+/// How far out of sequence order entries may be created: an enqueue numbered `seq` applies
+/// only while no entry numbered `seq + WINDOW` or more exists. Wider lets more concurrent
+/// enqueues apply out of order without retrying (etcd applies the concurrent calls of one
+/// connection in an order close to random); narrower makes each look at the entries before
+/// mine read fewer keys (about `2 × WINDOW`). Measured for #39 in docs/design.md (2026-11-29).
+const WINDOW: u64 = 64;
+
+/// How many keys a look at the entries before an entry reads at first: from `WINDOW` numbers
+/// above it, through it, to `WINDOW` numbers past the newest older entry when no number is
+/// shared.
+const LOOK: i64 = 2 * WINDOW as i64 + 1;
+
+/// How many enqueues of one queue a process has in flight at once: no more than the window,
+/// so that its own enqueues, numbered one after the other, rarely fall out of it.
+const IN_FLIGHT: usize = WINDOW as usize;
+
 /// How many times an indexed enqueue takes a new sequence number because other enqueues took
 /// its own first, before it gives up.
 const SEQ_RACES: usize = 4096;
@@ -95,10 +117,68 @@ fn dir_end(queue: &str) -> String {
     format!("{queue}/_q0")
 }
 
-/// The first key of an entry older than `seq` (a larger inverted number), if one can exist.
+/// The first key of the entries numbered `seq` or less (newer entries have smaller keys).
+fn from_seq(queue: &str, seq: u64) -> String {
+    format!("{queue}/_q/{:016x}", u64::MAX - seq)
+}
+
+/// The first key of an entry numbered below `seq`, if one can exist.
 fn older_than(queue: &str, seq: u64) -> Option<String> {
-    let inverted = (u64::MAX - seq).checked_add(1)?;
-    Some(format!("{queue}/_q/{inverted:016x}"))
+    Some(from_seq(queue, seq.checked_sub(1)?))
+}
+
+/// The first key a look at the entries before an entry numbered `seq` reads: no entry created
+/// before it is numbered `seq + WINDOW` or more.
+fn window_start(queue: &str, seq: u64) -> String {
+    from_seq(queue, seq.saturating_add(WINDOW - 1))
+}
+
+/// Of the keys a read returned in key order (sequence numbers descending), given as (sequence
+/// number, create revision), the indices of the `k` newest by create revision among those
+/// created before revision `before` (among all, with `None`), newest first. `None` while a key
+/// the read did not reach (`complete` false: there are more) may still be one of them.
+///
+/// Why the keys read can decide it: a key not read is numbered at most `last`, the last read.
+/// Were its entry `z` newer than an entry `y` read numbered `last + WINDOW` or more, `y` existed
+/// when `z` was created (both are present, `y` created first), and `z`'s enqueue would not have
+/// applied. So once `k` entries created before `before` and numbered that high are read, every
+/// key not read is older than each of them. (Across reads made one after another this still
+/// holds: an entry created after the first read is newer than `before`, whose entry exists.)
+fn newest_before(
+    read: &[(u64, i64)],
+    before: Option<i64>,
+    k: usize,
+    complete: bool,
+) -> Option<Vec<usize>> {
+    let mut older: Vec<usize> = (0..read.len())
+        .filter(|&i| before.is_none_or(|b| read[i].1 < b))
+        .collect();
+    if !complete {
+        let bound = read.last()?.0.checked_add(WINDOW)?;
+        if older.iter().filter(|&&i| read[i].0 >= bound).count() < k {
+            return None;
+        }
+    }
+    older.sort_by_key(|&i| std::cmp::Reverse(read[i].1));
+    older.truncate(k);
+    Some(older)
+}
+
+/// The (sequence number, create revision) of each key of `kvs`, all entries of `queue`; `None`
+/// if one is not (a key under `<name>/_q/` that baton did not write, or a nested queue's),
+/// whose place in creation order its key does not bound.
+fn numbered(queue: &str, kvs: &[etcd_client::KeyValue]) -> Option<Vec<(u64, i64)>> {
+    kvs.iter()
+        .map(|kv| match parse(kv.key()) {
+            Some((q, seq, _)) if q == queue => Some((seq, kv.create_revision())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether the read `resp` stopped at its limit with keys left in its range.
+fn more(resp: Option<&TxnOpResponse>) -> bool {
+    matches!(resp, Some(TxnOpResponse::Get(get)) if get.more())
 }
 
 /// The key range of entries at or after `seq`: `[dir, end)`.
@@ -139,28 +219,50 @@ fn kvs(resp: Option<&TxnOpResponse>) -> &[etcd_client::KeyValue] {
     }
 }
 
+/// This process's numbering of one queue of the indexed layout.
+#[derive(Debug)]
+pub(super) struct Numbering {
+    /// The next sequence number to propose.
+    next: u64,
+    /// The enqueues of the queue in flight ([`IN_FLIGHT`]).
+    in_flight: std::sync::Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Numbering {
+    fn default() -> Numbering {
+        Numbering {
+            next: 0,
+            in_flight: std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT)),
+        }
+    }
+}
+
 impl EtcdBackend {
     pub(super) fn indexed(&self) -> bool {
         self.inner.options.layout == EtcdLayout::Indexed
     }
 
-    /// The next sequence number this process proposes for `queue`.
-    fn next_seq(&self, queue: &str) -> u64 {
+    /// This process's numbering of `queue`, kept or started.
+    fn numbering<T>(&self, queue: &str, f: impl FnOnce(&mut Numbering) -> T) -> T {
         let mut seqs = self.inner.seqs.lock().unwrap_or_else(|p| p.into_inner());
         if seqs.len() >= SEQS_KEPT && !seqs.contains_key(queue) {
             seqs.clear();
         }
-        let next = seqs.entry(queue.to_owned()).or_insert(0);
-        let seq = *next;
-        *next = next.saturating_add(1);
-        seq
+        f(seqs.entry(queue.to_owned()).or_default())
+    }
+
+    /// The next sequence number this process proposes for `queue`.
+    fn next_seq(&self, queue: &str) -> u64 {
+        self.numbering(queue, |n| {
+            let seq = n.next;
+            n.next = n.next.saturating_add(1);
+            seq
+        })
     }
 
     /// Records that `queue` has an entry with sequence number `seq`.
     fn saw_seq(&self, queue: &str, seq: u64) {
-        let mut seqs = self.inner.seqs.lock().unwrap_or_else(|p| p.into_inner());
-        let next = seqs.entry(queue.to_owned()).or_insert(0);
-        *next = (*next).max(seq.saturating_add(1));
+        self.numbering(queue, |n| n.next = n.next.max(seq.saturating_add(1)));
     }
 
     /// Reads that tell whether `queue` holds keys outside its entries' directory (keys only,
@@ -186,11 +288,14 @@ impl EtcdBackend {
         let fence = fence_key(lease);
         let tags = tag_key(queue, tag);
         let (mut fence_races, mut seq_races, mut mixed) = (0, 0, false);
+        // Never closed: a failure to acquire can only mean going on without a slot.
+        let in_flight = self.numbering(queue, |n| std::sync::Arc::clone(&n.in_flight));
+        let _slot = in_flight.acquire_owned().await.ok();
         loop {
             let epoch = self.epoch().await?;
             let seq = self.next_seq(queue);
             let key = entry_key(queue, seq, tag);
-            let (newer, newer_end) = at_or_after(queue, seq);
+            let (newer, newer_end) = at_or_after(queue, seq.saturating_add(WINDOW));
             let txn = |fence_seen: i64| {
                 let mut when = vec![
                     Compare::create_revision(tags.as_str(), CompareOp::Equal, 0),
@@ -200,19 +305,19 @@ impl EtcdBackend {
                     Self::in_epoch(&epoch),
                 ];
                 // The predecessor, read before the puts: in a queue of baton's indexed
-                // entries only, the first key after mine; otherwise the newest key under the
-                // name by create revision, as the Go layout reads it.
+                // entries only, the newest entries in key order, enough of them to decide
+                // which is the newest by create revision ([`newest_before`]); otherwise the
+                // newest key under the name by create revision, as the Go layout reads it.
                 let predecessor = if mixed {
                     TxnOp::get(format!("{queue}/"), Some(newest_first(1)))
                 } else {
                     when.extend(others(queue).map(|(start, end)| {
                         Compare::create_revision(start, CompareOp::Equal, 0).with_range(end)
                     }));
-                    match older_than(queue, seq) {
-                        Some(start) => TxnOp::get(start, Some(key_ascending(1, dir_end(queue)))),
-                        // Nothing can be older than sequence number 0: an empty range.
-                        None => TxnOp::get(dir_end(queue), Some(key_ascending(1, dir_end(queue)))),
-                    }
+                    TxnOp::get(
+                        window_start(queue, seq),
+                        Some(key_ascending(LOOK, dir_end(queue))),
+                    )
                 };
                 let bound = || Some(PutOptions::new().with_lease(lease.get()));
                 let [other_low, other_high] = Self::others_reads(queue, false);
@@ -259,7 +364,30 @@ impl EtcdBackend {
                 if let Some(TxnOpResponse::Get(get)) = ops.first() {
                     self.read_keys(get, mixed);
                 }
-                return self.created(&resp, key, value, lease);
+                let read = kvs(ops.first());
+                if mixed {
+                    let predecessor = read.first().map(|kv| self.to_entry(kv));
+                    return self.created(&resp, key, value, lease, predecessor);
+                }
+                if let Some((_, newest, _)) = read.first().and_then(|kv| parse(kv.key())) {
+                    self.saw_seq(queue, newest);
+                }
+                let complete = !more(ops.first());
+                let decided =
+                    numbered(queue, read).and_then(|read| newest_before(&read, None, 1, complete));
+                return match decided {
+                    Some(newest) => {
+                        let predecessor = newest.first().map(|&i| self.to_entry(&read[i]));
+                        self.created(&resp, key, value, lease, predecessor)
+                    }
+                    // Entries numbered alike (other processes') filled the read, or a key the
+                    // layout does not bound was in it: read on.
+                    None => {
+                        let entry = self.created(&resp, key, value, lease, None)?.into_parts().0;
+                        let predecessor = self.predecessor_indexed(&entry).await?;
+                        Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
+                    }
+                };
             }
             if self.marker_moved(&resp, 3, &epoch).await? {
                 return Err(Error::SessionLost(LostReason::StoreReset));
@@ -374,9 +502,12 @@ impl EtcdBackend {
     }
 
     /// Up to `limit` entries of `queue` just before the indexed entry `mine` (its own queue),
-    /// newest first, and the plain key `key` if asked: the first keys after mine, in one
-    /// transaction that runs only while `mine` exists. A mixed queue takes the Go layout's
-    /// read.
+    /// newest first, and the plain key `key` if asked: keys from `WINDOW` numbers above mine
+    /// on, in key order, in one transaction that runs only while `mine` exists, and in more
+    /// such reads if those keys do not decide it ([`newest_before`]). The plain key is read in
+    /// each of them and its value taken from the last: the caller relies on it being read no
+    /// earlier than the entries. A mixed queue, or a key under `<name>/_q/` that is not one of
+    /// its entries, takes the Go layout's read.
     pub(super) async fn ahead_indexed(
         &self,
         op: &'static str,
@@ -388,49 +519,59 @@ impl EtcdBackend {
         let Some((_, seq, _)) = parse(mine.key_bytes()) else {
             return Err(malformed(op));
         };
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let start = older_than(queue, seq).unwrap_or_else(|| dir_end(queue));
-        let [other_low, other_high] = Self::others_reads(queue, false);
-        let mut ops = vec![
-            TxnOp::get(start, Some(key_ascending(limit, dir_end(queue)))),
-            other_low,
-            other_high,
-        ];
-        ops.extend(key.map(|key| TxnOp::get(key, None)));
-        let resp = self.if_live(op, mine, ops).await?;
-        if !resp.succeeded() {
-            return Err(Error::EntryGone {
-                key: mine.key().to_owned(),
-            });
+        let page = i64::try_from(limit)
+            .unwrap_or(i64::MAX)
+            .saturating_add(LOOK);
+        let mut start = window_start(queue, seq).into_bytes();
+        let mut read: Vec<etcd_client::KeyValue> = Vec::new();
+        loop {
+            let [other_low, other_high] = Self::others_reads(queue, false);
+            let mut ops = vec![
+                TxnOp::get(start.clone(), Some(key_ascending(page, dir_end(queue)))),
+                other_low,
+                other_high,
+            ];
+            ops.extend(key.map(|key| TxnOp::get(key, None)));
+            let resp = self.if_live(op, mine, ops).await?;
+            if !resp.succeeded() {
+                return Err(Error::EntryGone {
+                    key: mine.key().to_owned(),
+                });
+            }
+            let ops = resp.op_responses();
+            if !kvs(ops.get(1)).is_empty() || !kvs(ops.get(2)).is_empty() {
+                return self.ahead_txn(op, queue, mine, limit, key).await;
+            }
+            if let Some(TxnOpResponse::Get(get)) = ops.first() {
+                self.read_keys(get, false);
+            }
+            let page_kvs = kvs(ops.first());
+            read.extend_from_slice(page_kvs);
+            let Some(numbers) = numbered(queue, &read) else {
+                return self.ahead_txn(op, queue, mine, limit, key).await;
+            };
+            let complete = !more(ops.first());
+            if let Some(newest) = newest_before(&numbers, Some(revision(mine)), limit, complete) {
+                let ahead = newest.iter().map(|&i| self.to_entry(&read[i])).collect();
+                let value = kvs(ops.get(3)).first().map(|kv| kv.value().to_vec());
+                return Ok((ahead, value));
+            }
+            // Read on from just after the last key read.
+            let Some(last) = page_kvs.last() else {
+                return Err(malformed(op));
+            };
+            start = last.key().to_vec();
+            start.push(0);
+            #[cfg(feature = "testing")]
+            PAGE_HOOK.call(queue);
         }
-        let ops = resp.op_responses();
-        if !kvs(ops.get(1)).is_empty() || !kvs(ops.get(2)).is_empty() {
-            return self
-                .ahead_txn(
-                    op,
-                    queue,
-                    mine,
-                    usize::try_from(limit).unwrap_or(usize::MAX),
-                    key,
-                )
-                .await;
-        }
-        if let Some(TxnOpResponse::Get(get)) = ops.first() {
-            self.read_keys(get, false);
-        }
-        let value = kvs(ops.get(3)).first().map(|kv| kv.value().to_vec());
-        Ok((
-            kvs(ops.first())
-                .iter()
-                .map(|kv| self.to_entry(kv))
-                .collect(),
-            value,
-        ))
     }
 
     /// [`Backend::was_head`](crate::Backend::was_head) for the indexed entry `mine`: one
-    /// serializable transaction that sees `mine`, no key after it, nothing else under the name,
-    /// and this client's epoch marker.
+    /// serializable transaction that reads keys from `WINDOW` numbers above mine to the end of
+    /// the queue (no more than one look's worth: a longer read answers "not known to be the
+    /// head", and the caller reads on), nothing else under the name, and this client's epoch
+    /// marker. The head is the entry that sees no entry created before it.
     pub(super) async fn was_head_indexed(&self, mine: &Entry) -> Result<bool> {
         let Some((queue, seq, _)) = parse(mine.key_bytes()) else {
             return Ok(false);
@@ -438,20 +579,15 @@ impl EtcdBackend {
         let Some(epoch) = self.inner.epochs.current() else {
             return Ok(false);
         };
-        let start = older_than(queue, seq).unwrap_or_else(|| dir_end(queue));
         let [other_low, other_high] = Self::others_reads(queue, true);
         let txn = Txn::new().and_then([
             TxnOp::get(
-                start,
+                window_start(queue, seq),
                 Some(
-                    key_ascending(1, dir_end(queue))
+                    key_ascending(LOOK, dir_end(queue))
                         .with_keys_only()
                         .with_serializable(),
                 ),
-            ),
-            TxnOp::get(
-                mine.key_bytes(),
-                Some(GetOptions::new().with_keys_only().with_serializable()),
             ),
             other_low,
             other_high,
@@ -470,17 +606,20 @@ impl EtcdBackend {
         if let Some(TxnOpResponse::Get(get)) = ops.first() {
             self.read_keys(get, false);
         }
-        if kvs(ops.get(4)).first().map(etcd_client::KeyValue::value)
+        if kvs(ops.get(3)).first().map(etcd_client::KeyValue::value)
             != Some(epoch.encode().as_bytes())
         {
             return Ok(false);
         }
-        Ok(kvs(ops.first()).is_empty()
-            && kvs(ops.get(1))
-                .first()
-                .is_some_and(|kv| kv.create_revision() == revision(mine))
-            && kvs(ops.get(2)).is_empty()
-            && kvs(ops.get(3)).is_empty())
+        let read = kvs(ops.first());
+        let rev = revision(mine);
+        Ok(!more(ops.first())
+            && read
+                .iter()
+                .any(|kv| kv.key() == mine.key_bytes() && kv.create_revision() == rev)
+            && read.iter().all(|kv| kv.create_revision() >= rev)
+            && kvs(ops.get(1)).is_empty()
+            && kvs(ops.get(2)).is_empty())
     }
 
     /// The tag key deleted with the indexed entry `entry`, if it is one.
@@ -489,6 +628,10 @@ impl EtcdBackend {
         self.indexed().then(|| tag_key(queue, tag))
     }
 }
+
+/// What a look calls before it reads on ([`crate::testing::on_indexed_page`]).
+#[cfg(feature = "testing")]
+pub(crate) static PAGE_HOOK: crate::testing::hooks::KeyHook = crate::testing::hooks::KeyHook::new();
 
 #[cfg(test)]
 mod tests {
@@ -515,5 +658,58 @@ mod tests {
         assert!(l0 <= "q/1234" && "q/1234" < l1 && l1 <= a.as_str());
         assert!(dir_end("q").as_str() <= h0 && h0 <= "q/abcd" && "q/abcd" < h1);
         assert!(h1 > "q/sub/_q/x" && "q/sub/_q/x" >= h0);
+        // A look starts `WINDOW` numbers above the entry.
+        assert_eq!(window_start("q", 5), from_seq("q", 5 + WINDOW - 1));
+        assert_eq!(window_start("q", u64::MAX), from_seq("q", u64::MAX));
+    }
+
+    /// (sequence number, create revision) in key order, as a read returns them.
+    fn keys(read: &[(u64, i64)]) -> Vec<(u64, i64)> {
+        let mut read = read.to_vec();
+        read.sort_by_key(|&(seq, _)| std::cmp::Reverse(seq));
+        read
+    }
+
+    #[test]
+    fn a_complete_read_is_sorted_by_creation() {
+        // Entries created out of number order, within the window.
+        let read = keys(&[(10, 100), (9, 105), (12, 101), (8, 103)]);
+        assert_eq!(read, [(12, 101), (10, 100), (9, 105), (8, 103)]);
+        assert_eq!(newest_before(&read, None, 1, true), Some(vec![2]));
+        assert_eq!(newest_before(&read, None, 3, true), Some(vec![2, 3, 0]));
+        assert_eq!(newest_before(&read, Some(103), 9, true), Some(vec![0, 1]));
+        assert_eq!(newest_before(&read, Some(100), 1, true), Some(vec![]));
+        assert_eq!(newest_before(&[], None, 1, true), Some(vec![]));
+    }
+
+    #[test]
+    fn an_incomplete_read_decides_only_past_the_window() {
+        let w = WINDOW;
+        // Numbers 2w down to 0, one entry each, created in number order.
+        let read: Vec<(u64, i64)> = (0..=2 * w).rev().map(|n| (n, n as i64 + 1)).collect();
+        let upto = |last: usize| &read[..=last];
+        // Keys not read (numbered at most the last read) may be newer than any entry read
+        // fewer than `WINDOW` numbers above them.
+        assert_eq!(newest_before(upto(w as usize - 1), None, 1, false), None);
+        // One entry `WINDOW` numbers above the last read: it is newer than every key not read.
+        assert_eq!(
+            newest_before(upto(w as usize), None, 1, false),
+            Some(vec![0])
+        );
+        assert_eq!(newest_before(upto(w as usize), None, 2, false), None);
+        assert_eq!(
+            newest_before(upto(w as usize + 1), None, 2, false),
+            Some(vec![0, 1])
+        );
+        // Entries created after `before` do not count.
+        let before = Some(2 * w as i64 + 1);
+        assert_eq!(newest_before(upto(w as usize), before, 1, false), None);
+        assert_eq!(
+            newest_before(upto(w as usize + 1), before, 1, false),
+            Some(vec![1])
+        );
+        // Nothing read, or numbers too high to add the window to: not decided.
+        assert_eq!(newest_before(&[], None, 1, false), None);
+        assert_eq!(newest_before(&[(u64::MAX, 1)], None, 1, false), None);
     }
 }

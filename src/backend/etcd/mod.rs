@@ -26,7 +26,7 @@ use crate::error::{BoxError, Error, LostReason, Result};
 use crate::retry::{Backoff, Retry};
 
 mod epoch;
-mod indexed;
+pub(crate) mod indexed;
 mod members;
 mod reach;
 mod tls;
@@ -251,7 +251,7 @@ struct Shared {
     /// Keys etcd loaded to answer this backend's queue reads ([`EtcdBackend::keys_read`]).
     keys_read: AtomicU64,
     /// The next sequence number this process proposes, per queue of the indexed layout.
-    seqs: std::sync::Mutex<std::collections::HashMap<String, u64>>,
+    seqs: std::sync::Mutex<std::collections::HashMap<String, indexed::Numbering>>,
     /// The mod revision of each lease's fence ([`fence_key`]) as this process last set or
     /// read it; a lease absent here has never moved its fence (0: no such key).
     fences: std::sync::Mutex<std::collections::HashMap<i64, i64>>,
@@ -1167,18 +1167,18 @@ impl EtcdBackend {
         }
     }
 
-    /// The entry `key` an enqueue transaction `resp` created (at its revision), and the
-    /// predecessor its first operation read (none: the entry is the head).
+    /// The entry `key` an enqueue transaction `resp` created (at its revision), and its
+    /// predecessor as the transaction read it (none: the entry is the head).
     fn created(
         &self,
         resp: &etcd_client::TxnResponse,
         key: String,
         value: &[u8],
         lease: LeaseId,
+        predecessor: Option<Entry>,
     ) -> Result<Enqueued> {
         let rev = resp.header().map_or(0, |h| h.revision());
         let rev = u64::try_from(rev).map_err(|_| malformed("enqueue"))?;
-        let predecessor = self.first_kv(resp.op_responses().first());
         let entry = Entry::new(key, value, Position::new(rev), self.token(rev), Some(lease));
         Ok(Enqueued::new(entry, predecessor.is_none(), predecessor))
     }
@@ -1363,7 +1363,8 @@ impl Backend for EtcdBackend {
                 self.read_keys(get, true);
             }
             if resp.succeeded() {
-                return self.created(&resp, key, value, lease);
+                let predecessor = self.first_kv(resp.op_responses().first());
+                return self.created(&resp, key, value, lease, predecessor);
             }
             // The store is in another epoch: this session is from before it.
             if self.marker_moved(&resp, 3, &epoch).await? {

@@ -117,7 +117,7 @@ async fn follow(
                     let mut followed = by_key.lock().unwrap_or_else(|p| p.into_inner());
                     if Arc::strong_count(&tx) == 1 {
                         #[cfg(feature = "testing")]
-                        ending(key);
+                        END_HOOK.call(key);
                         followed.remove(key);
                         drop(tx);
                         return;
@@ -156,23 +156,4 @@ async fn follow(
 /// What a follow task calls when it has found no waiter left, just before it ends
 /// ([`crate::testing::on_value_watch_end`]).
 #[cfg(feature = "testing")]
-static END_HOOK: StdMutex<Option<SharedHook>> = StdMutex::new(None);
-
-/// The hook, shared so that it is called without holding [`END_HOOK`].
-#[cfg(feature = "testing")]
-type SharedHook = Arc<dyn Fn(&str) + Send + Sync>;
-
-/// Sets (or, with `None`, clears) the hook [`follow`] calls as it ends.
-#[cfg(feature = "testing")]
-pub(crate) fn on_end(hook: Option<crate::testing::ValueWatchEnd>) {
-    *END_HOOK.lock().unwrap_or_else(|p| p.into_inner()) = hook.map(Arc::from);
-}
-
-/// Calls the hook, if any, without holding its slot (the hook may set another).
-#[cfg(feature = "testing")]
-fn ending(key: &str) {
-    let hook = END_HOOK.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    if let Some(hook) = hook {
-        hook(key);
-    }
-}
+pub(crate) static END_HOOK: crate::testing::hooks::KeyHook = crate::testing::hooks::KeyHook::new();
