@@ -1145,7 +1145,7 @@ async fn main() -> Res<()> {
         sc.waiters, sc.heap_per_waiter, sc.heap_per_session, sc.rss_per_waiter, sc.watchers_open, sc.sessions_time.as_secs_f64(), sc.queue_time.as_secs_f64(), sc.drain_time.as_secs_f64(), if sc.fifo { "yes" } else { "NO" }
     ));
     md.push_str(&format!(
-        "### The indexed layout\n\nThe same {} waiters with `EtcdOptions::with_layout(EtcdLayout::Indexed)` (docs/etcd.md, \"Layouts\"): keys in queue order up to a window of 64 numbers, so each enqueue, `predecessor` and `was_head` reads a bounded number of keys (about 65 to 130) at any depth.\n\n| layout | time to open the sessions | time to queue them all, sessions open | requests per waiter queued | time to drain | drain rate | FIFO |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n| Go (default) | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n| indexed | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n\n",
+        "### The indexed layout\n\nThe same {} waiters with `EtcdOptions::with_layout(EtcdLayout::Indexed)` (docs/etcd.md, \"Layouts\"): keys in queue order up to a window of 64 numbers, so each enqueue, `predecessor` and `was_head` reads at most about 130 keys at any depth (a semaphore's look, its permits more).\n\n| layout | time to open the sessions | time to queue them all, sessions open | requests per waiter queued | time to drain | drain rate | FIFO |\n| --- | ---: | ---: | ---: | ---: | ---: | --- |\n| Go (default) | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n| indexed | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.0} grants/s | {} |\n\n",
         sc.waiters,
         sc.sessions_time.as_secs_f64(),
         sc.queue_time.as_secs_f64(),

@@ -114,7 +114,10 @@ pub enum Error {
 
     /// A ZooKeeper queue holds nodes named in another layout than the backend's
     /// (`ZkOptions::with_layout`): clients of one lock must all use Curator's or all kazoo's
-    /// names, or they would not exclude each other. Nothing was created.
+    /// names, or they would not exclude each other. Also etcd's indexed layout
+    /// (`EtcdLayout::Indexed`) when a key inside a queue's `<name>/_q/` is not one of its
+    /// entries and sorts below them (another lock named `<name>/_q/...`): it would fail every
+    /// enqueue. Nothing was created.
     #[error("queue `{queue}` holds `{node}`, a node in {layout}'s layout; use one layout per lock")]
     ForeignLayout {
         /// The queue (lock name).

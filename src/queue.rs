@@ -414,9 +414,12 @@ fn take_turn<'a>(
                 };
                 pending.trace = Trace::Unknown(slot);
                 // Our entry vanished as the enqueue read on after creating it (etcd's indexed
-                // layout may): most likely our lease ended.
-                if matches!(e, Error::EntryGone { .. }) && session.is_lost() {
-                    return Err(Error::SessionLost(lost.await));
+                // layout may): most likely our lease ended. (No await here: a value held
+                // across one would take room in every waiter's state.)
+                if matches!(e, Error::EntryGone { .. })
+                    && let Some(reason) = session.loss().check()
+                {
+                    return Err(Error::SessionLost(reason));
                 }
                 return Err(e);
             }

@@ -1262,6 +1262,43 @@ async fn an_indexed_look_reads_the_limit_with_its_last_page() {
         .unwrap();
 }
 
+/// A key inside an indexed queue's `<name>/_q/` that is not one of its entries and sorts below
+/// them (here the Go-layout key of a lock named `<name>/_q/Alpha`) fails every enqueue's
+/// compare. The enqueue says so at once, naming the key, and creates nothing; before, it
+/// retried 4,096 times and then blamed other enqueues.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_indexed_enqueue_names_a_key_that_blocks_the_queue() {
+    let backend = indexed_backend().await;
+    let queue = test_name("indexed-blocked");
+    let session = Session::new(backend.clone()).await.unwrap();
+    let mut client = backend.client().clone();
+    let blocking = format!("{queue}/_q/Alpha/694d7a1c3b2e0f11");
+    client.put(blocking.as_str(), "", None).await.unwrap();
+    let requests = backend.requests_sent();
+    let refused = backend
+        .enqueue(&queue, "t1", session.lease_id(), b"")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, Error::ForeignLayout { node, .. } if *node == blocking),
+        "{refused:?}"
+    );
+    assert!(
+        backend.requests_sent() - requests < 10,
+        "{} requests before it gave up",
+        backend.requests_sent() - requests
+    );
+    client.delete(blocking.as_str(), None).await.unwrap();
+    // Gone, the queue works again; nothing was left behind.
+    let enqueued = backend
+        .enqueue(&queue, "t1", session.lease_id(), b"")
+        .await
+        .unwrap();
+    assert!(enqueued.is_head());
+    assert_eq!(backend.entries(&queue).await.unwrap().len(), 1);
+    session.close().await.unwrap();
+}
+
 async fn keys_read_per_op_at_depth(layout: EtcdLayout, name: &str) {
     const DEPTH: usize = 500;
     let backend = EtcdBackend::connect(
@@ -1323,7 +1360,7 @@ async fn keys_read_per_op_at_depth(layout: EtcdLayout, name: &str) {
         DEPTH / 3
     );
     assert!(
-        deep.0 <= 130 && deep.1 <= 270,
+        deep.0 <= 70 && deep.1 <= 270,
         "{layout:?}: an enqueue or a predecessor and head check at depth {DEPTH} read {deep:?} keys"
     );
     // The queue it built is in order, oldest first, as `entries` reads it.

@@ -144,8 +144,8 @@ pub(crate) enum Layout {
     Kazoo,
     /// etcd: `<name>/<lease id in hex>`, as etcd's Go recipes and `etcdctl lock`.
     Go,
-    /// etcd: `<name>/_q/<sequence>.<tag>`, in queue order by key (reads a few keys per
-    /// enqueue at any depth; not shared with `etcdctl lock`).
+    /// etcd: `<name>/_q/<sequence>.<tag>`, in queue order by key up to a window (reads at
+    /// most about 130 keys per enqueue at any depth; not shared with `etcdctl lock`).
     Indexed,
 }
 
