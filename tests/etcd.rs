@@ -1188,11 +1188,14 @@ async fn indexed_reads_follow_creation_when_entries_are_out_of_number_order() {
     for s in sessions {
         s.close().await.unwrap();
     }
+    delete_queue(&mut client, &queue).await;
+}
+
+/// Deletes every key under `queue/` (entries written without a lease outlive the test).
+async fn delete_queue(client: &mut baton::etcd_client::Client, queue: &str) {
+    let prefix = baton::etcd_client::DeleteOptions::new().with_prefix();
     client
-        .delete(
-            format!("{queue}/"),
-            Some(baton::etcd_client::DeleteOptions::new().with_prefix()),
-        )
+        .delete(format!("{queue}/"), Some(prefix))
         .await
         .unwrap();
 }
@@ -1253,13 +1256,7 @@ async fn an_indexed_look_reads_the_limit_with_its_last_page() {
         Some(&b"1"[..]),
         "the limit as of the look's last read"
     );
-    client
-        .delete(
-            format!("{queue}/"),
-            Some(baton::etcd_client::DeleteOptions::new().with_prefix()),
-        )
-        .await
-        .unwrap();
+    delete_queue(&mut client, &queue).await;
 }
 
 /// A key inside an indexed queue's `<name>/_q/` that is not one of its entries and sorts below
