@@ -380,12 +380,12 @@ impl EtcdBackend {
                     let predecessor = read.first().map(|kv| self.to_entry(kv));
                     return self.created(&resp, key, value, lease, predecessor);
                 }
-                if let Some((_, newest, _)) = read.first().and_then(|kv| parse(kv.key())) {
+                let numbers = numbered(queue, read);
+                if let Some(&(newest, _)) = numbers.as_ref().and_then(|n| n.first()) {
                     self.saw_seq(queue, newest);
                 }
                 let complete = !more(ops.first());
-                let decided =
-                    numbered(queue, read).and_then(|read| newest_before(&read, None, 1, complete));
+                let decided = numbers.and_then(|n| newest_before(&n, None, 1, complete));
                 return match decided {
                     Some(newest) => {
                         let predecessor = newest.first().map(|&i| self.to_entry(&read[i]));
@@ -546,7 +546,7 @@ impl EtcdBackend {
             .unwrap_or(i64::MAX)
             .saturating_add(LOOK);
         let mut start = window_start(queue, seq).into_bytes();
-        let mut read: Vec<etcd_client::KeyValue> = Vec::new();
+        let (mut read, mut numbers) = (Vec::new(), Vec::new());
         loop {
             let [other_low, other_high] = Self::others_reads(queue, false);
             let mut ops = vec![
@@ -569,10 +569,11 @@ impl EtcdBackend {
                 self.read_keys(get, false);
             }
             let page_kvs = kvs(ops.first());
-            read.extend_from_slice(page_kvs);
-            let Some(numbers) = numbered(queue, &read) else {
+            let Some(page_numbers) = numbered(queue, page_kvs) else {
                 return self.ahead_txn(op, queue, mine, limit, key).await;
             };
+            read.extend_from_slice(page_kvs);
+            numbers.extend(page_numbers);
             let complete = !more(ops.first());
             if let Some(newest) = newest_before(&numbers, Some(revision(mine)), limit, complete) {
                 let ahead = newest.iter().map(|&i| self.to_entry(&read[i])).collect();
